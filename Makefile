@@ -1,0 +1,54 @@
+# Every target bootstraps what it needs: a pinned uv in .tools/, then the locked .venv.
+SHELL := /bin/bash
+PYTHON ?= python3
+UV_VERSION := 0.13.8
+UV := .tools/bin/uv
+VENV := .venv
+SYNCED := $(VENV)/.synced
+export UV_PYTHON_DOWNLOADS := never
+export UV_PROJECT_ENVIRONMENT := $(VENV)
+export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
+
+.PHONY: demo test lint fmt dev bench env ray-up ray-down clean
+
+$(UV):
+	$(PYTHON) -m venv .tools
+	.tools/bin/pip install --quiet uv==$(UV_VERSION)
+
+$(SYNCED): pyproject.toml uv.lock | $(UV)
+	$(UV) sync --frozen --python $(PYTHON)
+	@touch $@
+
+env: $(SYNCED)
+
+demo: $(SYNCED)
+	@mkdir -p $(DAGSTER_HOME)
+	$(VENV)/bin/python -m zipline_dagster.demo
+
+test: $(SYNCED)
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+lint: $(SYNCED)
+	$(VENV)/bin/ruff check zipline_dagster tests trainers
+	$(VENV)/bin/ruff format --check zipline_dagster tests trainers
+	$(VENV)/bin/mypy
+
+fmt: $(SYNCED)
+	$(VENV)/bin/ruff format zipline_dagster tests trainers
+	$(VENV)/bin/ruff check --fix zipline_dagster tests trainers
+
+dev: $(SYNCED)
+	@mkdir -p $(DAGSTER_HOME)
+	$(VENV)/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+
+bench: $(SYNCED)
+	$(VENV)/bin/pytest tests/bench -s -p no:cacheprovider $(PYTEST_ARGS)
+
+ray-up: $(SYNCED)
+	$(VENV)/bin/zipline-dagster ray up
+
+ray-down: $(SYNCED)
+	$(VENV)/bin/zipline-dagster ray down
+
+clean:
+	rm -rf $(VENV) .tools .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,114 @@
+"""Shared fixtures: real services on loopback, started by the tests and stopped after them."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAINERS = ROOT / "trainers"
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_http(url: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(url, timeout=2).read()
+            return
+        except Exception as exc:  # not up yet
+            last = exc
+            time.sleep(0.2)
+    raise RuntimeError(f"{url} did not answer within {timeout}s: {last}")
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[dict[str, str]]:
+    """A real S3 API server (moto in server mode) on loopback, with test credentials.
+
+    Yields the environment a client needs (endpoint + credentials); tests that want the
+    standard AWS environment use the ``s3_env`` fixture.
+    """
+    port = free_port()
+    proc = subprocess.Popen(
+        [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(endpoint + "/moto-api/")
+        yield {
+            "AWS_ENDPOINT_URL": endpoint,
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing-secret",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture
+def s3_env(s3_server: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    for k, v in s3_server.items():
+        monkeypatch.setenv(k, v)
+    return s3_server
+
+
+@pytest.fixture
+def s3_bucket(s3_env: dict[str, str]) -> str:
+    """A fresh bucket on the loopback S3 server; returns ``s3://name``."""
+    import uuid
+
+    from zipline_dagster.storage import default_s3_client
+
+    name = f"test-{uuid.uuid4().hex[:12]}"
+    default_s3_client().create_bucket(Bucket=name)
+    return f"s3://{name}"
+
+
+@pytest.fixture
+def trainer_copy(tmp_path: Path) -> Path:
+    """A private copy of the reference trainer package (tests may modify it)."""
+    dst = tmp_path / "listing_ctr_model"
+    shutil.copytree(
+        TRAINERS / "listing_ctr_model", dst, ignore=shutil.ignore_patterns("__pycache__")
+    )
+    return dst
+
+
+@pytest.fixture
+def file_base(tmp_path: Path) -> str:
+    base = tmp_path / "warehouse"
+    base.mkdir()
+    return base.as_uri()
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(BIN / "zipline-dagster"), *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=300,
+    )

@@ -1,0 +1,1 @@
+"""Reference trainer: an xgboost binary classifier for listing click-through."""

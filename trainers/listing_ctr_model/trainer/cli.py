@@ -1,0 +1,62 @@
+"""Flags of the reference trainer.
+
+The platform always passes ``--input-table``, ``--start-ds``, ``--end-ds``, ``--model-dir``
+and ``--warehouse``; every ``job_configs`` entry arrives as ``--key=value``. The same
+command runs by hand, without Ray or Dagster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+from collections.abc import Sequence
+
+
+def _day(value: str) -> str:
+    try:
+        dt.date.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a day (YYYY-MM-DD)") from None
+    return value
+
+
+def _non_negative_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number >= 0")
+    return n
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m trainer.train", description=__doc__)
+    p.add_argument("--input-table", required=True, help="training table, ns.name")
+    p.add_argument("--start-ds", required=True, type=_day, help="first partition, inclusive")
+    p.add_argument("--end-ds", required=True, type=_day, help="last partition, inclusive")
+    p.add_argument(
+        "--model-dir", required=True, help="output URI (file:///..., s3://..., or a path)"
+    )
+    p.add_argument("--warehouse", required=True, help="warehouse root URI holding ns/name/ds=.../")
+    p.add_argument("--label-column", default="label")
+    p.add_argument("--partition-column", default="ds")
+    p.add_argument(
+        "--features",
+        default="",
+        help="comma list 'name' or 'name:column'; default: every numeric column but the label",
+    )
+    p.add_argument(
+        "--eval-days",
+        type=_non_negative_int,
+        default=1,
+        help="most recent partitions held out for evaluation (a date split)",
+    )
+    p.add_argument("--max-depth", type=_non_negative_int, default=4)
+    p.add_argument("--num-rounds", type=_non_negative_int, default=50)
+    p.add_argument("--learning-rate", type=float, default=0.3)
+    p.add_argument("--seed", type=_non_negative_int, default=0)
+    args = p.parse_args(argv)
+    if args.start_ds > args.end_ds:
+        p.error(f"--start-ds={args.start_ds} is after --end-ds={args.end_ds}")
+    return args

@@ -1,0 +1,309 @@
+"""Train the listing-CTR classifier on the days [--start-ds, --end-ds] of --input-table.
+
+Split by date, never at random: the ``--eval-days`` most recent days are held out. Writes
+``model.json`` (xgboost), ``metrics.json`` (the report) and ``pr_curve.png`` into
+``--model-dir``. Run by hand: ``python -m trainer.train --input-table=ns.t ...``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from trainer import io as tio
+from trainer.cli import parse_args
+
+log = logging.getLogger("trainer")
+
+
+class TrainingDataError(RuntimeError):
+    pass
+
+
+def days(start: str, end: str) -> list[str]:
+    d0, d1 = dt.date.fromisoformat(start), dt.date.fromisoformat(end)
+    return [(d0 + dt.timedelta(n)).isoformat() for n in range((d1 - d0).days + 1)]
+
+
+def read_window(warehouse: str, table: str, window: list[str], partition_column: str) -> Any:
+    """All rows of the window's partitions; fails naming missing or empty partitions."""
+    import pandas as pd
+    import pyarrow.parquet as pq
+
+    ns, name = table.split(".", 1)
+    fs, root = tio.filesystem(tio.join(warehouse, ns, name))
+    frames, missing, empty = [], [], []
+    for ds in window:
+        files = tio.partition_files(fs, f"{root}/{partition_column}={ds}")
+        if not files:
+            missing.append(ds)
+            continue
+        part = pd.concat(
+            [pq.read_table(f, filesystem=fs).to_pandas() for f in files], ignore_index=True
+        )
+        if part.empty:
+            empty.append(ds)
+        part[partition_column] = ds
+        frames.append(part)
+    if missing:
+        raise TrainingDataError(
+            f"table {table} at {tio.join(warehouse, ns, name)} is missing partitions "
+            f"{', '.join(missing)} of the window {window[0]}..{window[-1]}"
+        )
+    data = pd.concat(frames, ignore_index=True)
+    if data.empty:
+        raise TrainingDataError(
+            f"table {table}: the window {window[0]}..{window[-1]} has no rows "
+            f"(empty partitions: {', '.join(empty)})"
+        )
+    return data
+
+
+def feature_columns(data: Any, spec: str, label: str, partition_column: str) -> dict[str, str]:
+    """{feature name: column}. Default: every numeric column but the label and partition."""
+    import pandas as pd
+
+    if spec:
+        out = {}
+        for item in spec.split(","):
+            name, _, col = item.strip().partition(":")
+            out[name] = col or name
+        missing = [c for c in out.values() if c not in data.columns]
+        if missing:
+            raise TrainingDataError(
+                f"--features names columns {missing} that the table does not have; "
+                f"it has {sorted(data.columns)}"
+            )
+        return out
+    return {
+        c: c
+        for c in data.columns
+        if c not in (label, partition_column) and pd.api.types.is_numeric_dtype(data[c])
+    }
+
+
+def _class_status(y: Any, split: str) -> str | None:
+    if len(y) == 0:
+        return f"empty split: the {split} set has no rows"
+    classes = sorted({int(v) for v in y})
+    if len(classes) < 2:
+        who = "holdout" if split == "holdout" else "training set"
+        return f"{who} has one class (every label is {classes[0]}); AUC and PR curve are undefined"
+    return None
+
+
+def split_metrics(y: Any, p: Any, split: str) -> tuple[dict[str, float | None], dict[str, str]]:
+    """Metrics of one split and, for each metric that is missing, why."""
+    from sklearn.metrics import accuracy_score, log_loss, roc_auc_score
+
+    names = ("auc", "logloss", "accuracy", "positive_rate")
+    status: dict[str, str] = {}
+    if len(y) == 0:
+        reason = f"empty split: the {split} set has no rows"
+        return dict.fromkeys(names), dict.fromkeys(names, reason)
+    out: dict[str, float | None] = {
+        "logloss": float(log_loss(y, p, labels=[0, 1])),
+        "accuracy": float(accuracy_score(y, (p >= 0.5).astype(int))),
+        "positive_rate": float(y.mean()),
+    }
+    one_class = _class_status(y, split)
+    if one_class:
+        out["auc"] = None
+        status["auc"] = one_class
+    else:
+        out["auc"] = float(roc_auc_score(y, p))
+    return {k: out[k] for k in names}, status
+
+
+def pr_curve(y: Any, p: Any, points: int = 101) -> dict[str, list[float]]:
+    import numpy as np
+    from sklearn.metrics import precision_recall_curve
+
+    precision, recall, thresholds = precision_recall_curve(y, p)
+    idx = np.unique(np.linspace(0, len(precision) - 1, min(points, len(precision))).astype(int))
+    return {
+        "precision": [round(float(v), 6) for v in precision[idx]],
+        "recall": [round(float(v), 6) for v in recall[idx]],
+        "thresholds": [round(float(thresholds[min(i, len(thresholds) - 1)]), 6) for i in idx],
+    }
+
+
+def pr_curve_png(curve: dict[str, list[float]], title: str) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 4), dpi=80)
+    ax.plot(curve["recall"], curve["precision"])
+    ax.set_xlabel("recall")
+    ax.set_ylabel("precision")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1.02)
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png", metadata={"Software": None})
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _range(ds_values: list[str]) -> dict[str, str | None]:
+    return (
+        {"start": min(ds_values), "end": max(ds_values)}
+        if ds_values
+        else {"start": None, "end": None}
+    )
+
+
+def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    import numpy as np
+    import xgboost as xgb
+
+    args = parse_args(argv)
+    t0 = time.monotonic()
+    window = days(args.start_ds, args.end_ds)
+    eval_days = min(args.eval_days, len(window))
+    holdout_days = window[len(window) - eval_days :] if eval_days else []
+    train_days = window[: len(window) - eval_days]
+    log.info(
+        "reading %s %s..%s from %s", args.input_table, args.start_ds, args.end_ds, args.warehouse
+    )
+    data = read_window(args.warehouse, args.input_table, window, args.partition_column)
+    if args.label_column not in data.columns:
+        raise TrainingDataError(
+            f"label column {args.label_column!r} is not in {args.input_table}; "
+            f"columns: {sorted(data.columns)}"
+        )
+    features = feature_columns(data, args.features, args.label_column, args.partition_column)
+    if not features:
+        raise TrainingDataError(f"{args.input_table} has no numeric feature columns")
+
+    part = data[args.partition_column]
+    train_df = data[part.isin(train_days)]
+    hold_df = data[part.isin(holdout_days)]
+    if train_df.empty:
+        raise TrainingDataError(
+            f"empty split: the training set is empty (window {window[0]}..{window[-1]}, "
+            f"eval-days={args.eval_days} holds out {holdout_days}); widen the window or "
+            "lower eval-days"
+        )
+    cols = list(features.values())
+    y_train = train_df[args.label_column].astype(int).to_numpy()
+    y_hold = hold_df[args.label_column].astype(int).to_numpy()
+    dtrain = xgb.DMatrix(
+        train_df[cols].to_numpy(dtype=float), label=y_train, feature_names=list(features)
+    )
+    params = {
+        "objective": "binary:logistic",
+        "eval_metric": "logloss",
+        "max_depth": args.max_depth,
+        "eta": args.learning_rate,
+        "seed": args.seed,
+        "nthread": int(os.environ.get("TRAINER_NTHREAD", "1")),
+        # A one-class training set has no base rate to estimate; 0.5 keeps xgboost defined.
+        "base_score": 0.5 if len(set(y_train.tolist())) < 2 else float(y_train.mean()),
+    }
+    booster = xgb.train(params, dtrain, num_boost_round=args.num_rounds)
+    p_train = booster.predict(dtrain)
+    p_hold = (
+        booster.predict(
+            xgb.DMatrix(hold_df[cols].to_numpy(dtype=float), feature_names=list(features))
+        )
+        if len(hold_df)
+        else np.array([])
+    )
+
+    train_metrics, train_status = split_metrics(y_train, p_train, "train")
+    hold_metrics, hold_status = split_metrics(y_hold, p_hold, "holdout")
+    status: dict[str, str] = {f"train.{k}": v for k, v in train_status.items()}
+    status.update({f"holdout.{k}": v for k, v in hold_status.items()})
+
+    gain = booster.get_score(importance_type="gain")
+    total = sum(gain.values()) or 1.0
+    importance = sorted(
+        (
+            {
+                "feature": f,
+                "gain": float(gain.get(f, 0.0)),
+                "share": float(gain.get(f, 0.0)) / total,
+            }
+            for f in features
+        ),
+        key=lambda r: -r["gain"],
+    )
+
+    curve_split = "holdout" if _class_status(y_hold, "holdout") is None else None
+    curve = pr_curve(y_hold, p_hold) if curve_split else None
+    if curve is None:
+        status["pr_curve"] = _class_status(y_hold, "holdout") or "holdout unavailable"
+
+    ds_train = sorted(set(train_df[args.partition_column]))
+    ds_hold = sorted(set(hold_df[args.partition_column]))
+    report: dict[str, Any] = {
+        "model_type": "xgboost.binary:logistic",
+        "input_table": args.input_table,
+        "window": {"start": args.start_ds, "end": args.end_ds, "days": len(window)},
+        "split": {
+            "method": "date",
+            "eval_days": args.eval_days,
+            "train_days": train_days,
+            "holdout_days": holdout_days,
+        },
+        "train": {"rows": len(train_df), "date_range": _range(ds_train), "metrics": train_metrics},
+        "holdout": {"rows": len(hold_df), "date_range": _range(ds_hold), "metrics": hold_metrics},
+        "status": status,
+        "features": features,
+        "feature_importance": importance,
+        "pr_curve": curve,
+        "params": {k: v for k, v in params.items() if k != "nthread"},
+        "num_rounds": args.num_rounds,
+        "training_seconds": round(time.monotonic() - t0, 3),
+    }
+
+    tio.write_bytes(args.model_dir, "model.json", bytes(booster.save_raw(raw_format="json")))
+    if curve is not None:
+        tio.write_bytes(
+            args.model_dir,
+            "pr_curve.png",
+            pr_curve_png(
+                curve, f"{args.input_table} holdout {holdout_days[0]}..{holdout_days[-1]}"
+            ),
+        )
+    tio.write_bytes(
+        args.model_dir, "metrics.json", json.dumps(report, indent=2, sort_keys=True).encode()
+    )
+    log.info(
+        "trained on %d rows, holdout %d rows; holdout auc=%s; wrote %s",
+        len(train_df),
+        len(hold_df),
+        hold_metrics["auc"],
+        args.model_dir,
+    )
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        stream=sys.stdout,
+    )
+    try:
+        train(argv)
+    except TrainingDataError as exc:
+        log.error("training data error: %s", exc)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

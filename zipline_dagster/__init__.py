@@ -1,0 +1,33 @@
+"""zipline_dagster: ML models as daily-partitioned Dagster assets, trained as Ray Jobs.
+
+Importing this package never imports Ray or Spark: the code location must load without
+starting either.
+"""
+
+from zipline_dagster.spec import (
+    EventSource,
+    InferenceSpec,
+    Model,
+    ModelBackend,
+    ModelSpecError,
+    Query,
+    ResourceConfig,
+    TimeUnit,
+    TrainingSpec,
+    Window,
+    selects,
+)
+
+__all__ = [
+    "EventSource",
+    "InferenceSpec",
+    "Model",
+    "ModelBackend",
+    "ModelSpecError",
+    "Query",
+    "ResourceConfig",
+    "TimeUnit",
+    "TrainingSpec",
+    "Window",
+    "selects",
+]

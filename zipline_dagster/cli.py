@@ -1,0 +1,69 @@
+"""``zipline-dagster``: build and verify trainer archives, run the embedded Ray head, backfill."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+
+def _build_trainer(args: argparse.Namespace) -> int:
+    from zipline_dagster.archive import publish_trainer_archive
+
+    print(f"building trainer archive from {args.path} ...", file=sys.stderr)
+    published = publish_trainer_archive(args.path, model_name=args.model_name, base=args.base)
+    print(f"uploaded {published.size} bytes to {published.uri}", file=sys.stderr)
+    print(f"version={published.version}")
+    print(f"uri={published.uri}")
+    return 0
+
+
+def _verify_trainer(args: argparse.Namespace) -> int:
+    from zipline_dagster.archive import verify_trainer_archive
+
+    uri = verify_trainer_archive(base=args.base, model_name=args.model_name, version=args.version)
+    print(f"ok: {uri} hashes to {args.version}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="zipline-dagster", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser(
+        "build-trainer", help="build a trainer archive, upload it, print its version"
+    )
+    p.add_argument("path", help="trainer package folder (holds setup.py)")
+    p.add_argument(
+        "--model-name", required=True, help="names the archive: {base}/builds/{name}-{version}.zip"
+    )
+    p.add_argument(
+        "--base", required=True, help="model_artifact_base_uri (file:///... or s3://...)"
+    )
+    p.set_defaults(func=_build_trainer)
+
+    p = sub.add_parser(
+        "verify-trainer", help="re-hash a stored archive; fail on mismatch or absence"
+    )
+    p.add_argument("--model-name", required=True)
+    p.add_argument("--version", required=True)
+    p.add_argument("--base", required=True)
+    p.set_defaults(func=_verify_trainer)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from zipline_dagster.archive import ArchiveVerificationError, TrainerArchiveError
+    from zipline_dagster.storage import BlobStorageError
+
+    args = build_parser().parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except (ArchiveVerificationError, TrainerArchiveError, BlobStorageError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,315 @@
+"""Chronon-compatible model declarations, validated when they are constructed.
+
+Everything here is plain Python with no Dagster, Ray or Spark import, so a code location
+that declares models fails at load time (not at training time) with an error that names
+the model, the field, the value given and what would be accepted.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+VERSION_RE = re.compile(r"^[0-9a-f]{12,64}$")
+MODEL_NAME_RE = re.compile(r"^[a-z0-9_][a-z0-9_-]*$")
+JOB_CONFIG_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+TABLE_RE = re.compile(r"^[A-Za-z0-9_]+\.[A-Za-z0-9_]+$")
+DATE_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+
+#: Flags the platform always sets from the partition being trained; never user-set.
+RESERVED_JOB_CONFIG_KEYS = frozenset({"input-table", "start-ds", "end-ds"})
+#: Flags the platform derives but a user may override through ``job_configs``.
+DERIVED_JOB_CONFIG_KEYS = frozenset({"model-dir", "warehouse"})
+
+SUPPORTED_URI_SCHEMES = ("file", "s3", "gs", "abfss")
+
+# Key names that announce a credential. Values under such keys must be environment
+# variable *names* (upper-case identifiers), passed as e.g. "client-secret-env".
+_SECRET_KEY_WORDS = frozenset(
+    {"secret", "password", "passwd", "pwd", "token", "apikey", "credential", "credentials"}
+)
+_SECRET_KEY_PAIRS = frozenset({("api", "key"), ("access", "key"), ("private", "key")})
+_ENV_VAR_NAME_RE = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+# Value shapes that are credentials whatever key they sit under.
+_SECRET_VALUE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("an AWS access key id", re.compile(r"\b(AKIA|ASIA)[0-9A-Z]{16}\b")),
+    ("a GitHub token", re.compile(r"\bgh[pousr]_[A-Za-z0-9]{30,}\b")),
+    ("a Slack token", re.compile(r"\bxox[abprs]-[A-Za-z0-9-]{10,}\b")),
+    ("a Databricks token", re.compile(r"\bdapi[0-9a-f]{32}\b")),
+    ("a private key", re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----")),
+    ("a JSON web token", re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.")),
+    ("credentials inside a URL", re.compile(r"://[^/\s:@]+:[^/\s@]+@")),
+)
+
+
+class ModelSpecError(ValueError):
+    """A model declaration is invalid; the message names the model, field and value."""
+
+
+def _fail(model: str | None, fld: str, value: object, accepted: str) -> ModelSpecError:
+    who = f"Model {model!r}" if model else "Model"
+    return ModelSpecError(f"{who}: {fld}={value!r} is invalid; {accepted}.")
+
+
+class TimeUnit(enum.Enum):
+    DAYS = "DAYS"
+
+
+class ModelBackend(enum.Enum):
+    RAY = "RAY"
+
+
+def selects(*columns: str, **aliased: str) -> dict[str, str]:
+    """Chronon's ``selects``: ``selects("a", b="expr")`` -> ``{"a": "a", "b": "expr"}``."""
+    out = {c: c for c in columns}
+    out.update(aliased)
+    return out
+
+
+@dataclass(frozen=True)
+class Query:
+    selects: Mapping[str, str] = field(default_factory=dict)
+    start_partition: str | None = None
+    wheres: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.start_partition is not None and not DATE_RE.match(self.start_partition):
+            raise ModelSpecError(
+                f"Query.start_partition={self.start_partition!r} is invalid; "
+                "expected a day as YYYY-MM-DD."
+            )
+
+
+@dataclass(frozen=True)
+class EventSource:
+    table: str
+    query: Query = field(default_factory=Query)
+    #: Set True only for a table no asset in these definitions produces; its
+    #: partitions are then observed in the warehouse, never assumed fresh.
+    external: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.table, str) or not TABLE_RE.match(self.table):
+            raise ModelSpecError(
+                f"EventSource.table={self.table!r} is invalid; expected 'namespace.name' "
+                "with letters, digits and underscores."
+            )
+
+
+@dataclass(frozen=True)
+class Window:
+    length: int
+    time_unit: TimeUnit = TimeUnit.DAYS
+
+    def __post_init__(self) -> None:
+        if isinstance(self.length, bool) or not isinstance(self.length, int) or self.length < 1:
+            raise ModelSpecError(
+                f"Window.length={self.length!r} is invalid; expected a whole number >= 1."
+            )
+        if self.time_unit is not TimeUnit.DAYS:
+            raise ModelSpecError(
+                f"Window.time_unit={self.time_unit!r} is invalid; only TimeUnit.DAYS is "
+                "supported (partitions are daily)."
+            )
+
+    @property
+    def days(self) -> int:
+        return self.length
+
+
+@dataclass(frozen=True)
+class ResourceConfig:
+    """Ray worker counts. 0 workers: the job runs on one Ray process (the head).
+
+    An unset ``max_replica_count`` defaults to ``min_replica_count``.
+    """
+
+    min_replica_count: int = 0
+    max_replica_count: int | None = None
+    cpus_per_replica: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("min_replica_count", "max_replica_count"):
+            v = getattr(self, name)
+            if v is None and name == "max_replica_count":
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ModelSpecError(
+                    f"ResourceConfig.{name}={v!r} is invalid; expected a whole number >= 0."
+                )
+        if self.max_replica_count is None:
+            object.__setattr__(self, "max_replica_count", self.min_replica_count)
+        assert self.max_replica_count is not None
+        if self.min_replica_count > self.max_replica_count:
+            raise ModelSpecError(
+                f"ResourceConfig.min_replica_count={self.min_replica_count!r} is greater "
+                f"than max_replica_count={self.max_replica_count!r}; min must be <= max."
+            )
+        if not isinstance(self.cpus_per_replica, (int, float)) or self.cpus_per_replica <= 0:
+            raise ModelSpecError(
+                f"ResourceConfig.cpus_per_replica={self.cpus_per_replica!r} is invalid; "
+                "expected a number > 0."
+            )
+
+    @property
+    def workers(self) -> int:
+        """Workers to train with: the maximum the config allows."""
+        assert self.max_replica_count is not None
+        return self.max_replica_count
+
+
+@dataclass(frozen=True)
+class InferenceSpec:
+    model_backend: ModelBackend = ModelBackend.RAY
+    model_backend_params: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TrainingSpec:
+    training_data_source: EventSource
+    training_data_window: Window
+    python_module: str = "trainer.train"
+    resource_config: ResourceConfig = field(default_factory=ResourceConfig)
+    job_configs: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Model:
+    """A model trained on Ray from a content-addressed trainer archive.
+
+    Args:
+        version: the trainer archive's content address (12-64 lowercase hex chars).
+        model_artifact_base_uri: where ``builds/`` and ``models/`` live
+            (``file:///...``, ``s3://...``, ``gs://...``, ``abfss://...``).
+        inference_spec: backend and ``model_backend_params["model_name"]``.
+        training_conf: training data, window, entrypoint, resources and job configs.
+
+    Raises:
+        ModelSpecError: at construction, naming the model, the field and the value.
+    """
+
+    version: str
+    model_artifact_base_uri: str
+    inference_spec: InferenceSpec
+    training_conf: TrainingSpec
+
+    def __post_init__(self) -> None:
+        params = dict(self.inference_spec.model_backend_params)
+        name = params.get("model_name")
+        if not isinstance(name, str) or not MODEL_NAME_RE.match(name):
+            raise _fail(
+                None,
+                "inference_spec.model_backend_params['model_name']",
+                name,
+                "expected a safe path segment matching [a-z0-9_][a-z0-9_-]* "
+                "(it names the trainer archive and the output directory)",
+            )
+        if not isinstance(self.version, str) or not VERSION_RE.match(self.version):
+            raise _fail(
+                name,
+                "version",
+                self.version,
+                "expected the trainer archive's content address: 12 to 64 lowercase hex "
+                "characters (mutable tags like '1.0' or 'latest' are refused; "
+                "`zipline-dagster build-trainer` prints it)",
+            )
+        if self.inference_spec.model_backend is not ModelBackend.RAY:
+            raise _fail(
+                name,
+                "inference_spec.model_backend",
+                self.inference_spec.model_backend,
+                "expected ModelBackend.RAY",
+            )
+        _check_base_uri(name, self.model_artifact_base_uri)
+        _check_python_module(name, self.training_conf.python_module)
+        check_job_configs(name, self.training_conf.job_configs)
+
+    @property
+    def name(self) -> str:
+        return str(self.inference_spec.model_backend_params["model_name"])
+
+    @property
+    def table(self) -> str:
+        return self.training_conf.training_data_source.table
+
+    @property
+    def window_days(self) -> int:
+        return self.training_conf.training_data_window.days
+
+
+def _check_base_uri(model: str, uri: Any) -> None:
+    scheme = uri.split("://", 1)[0] if isinstance(uri, str) and "://" in uri else None
+    if scheme not in SUPPORTED_URI_SCHEMES or not uri.split("://", 1)[1].strip("/"):
+        raise _fail(
+            model,
+            "model_artifact_base_uri",
+            uri,
+            "expected a URI with a path: " + ", ".join(f"{s}://..." for s in SUPPORTED_URI_SCHEMES),
+        )
+    if scheme == "file" and not uri.startswith("file:///"):
+        raise _fail(model, "model_artifact_base_uri", uri, "expected an absolute file:///path")
+
+
+def _check_python_module(model: str, module: Any) -> None:
+    if not isinstance(module, str) or not re.match(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$", module):
+        raise _fail(
+            model,
+            "training_conf.python_module",
+            module,
+            "expected a dotted module name such as 'trainer.train'",
+        )
+
+
+def check_job_configs(model: str, job_configs: Mapping[str, Any]) -> None:
+    """Refuse reserved keys, malformed keys/values and anything that looks like a secret."""
+    for key, value in job_configs.items():
+        fld = f"training_conf.job_configs[{key!r}]"
+        if not isinstance(key, str) or not JOB_CONFIG_KEY_RE.match(key):
+            raise _fail(
+                model,
+                "training_conf.job_configs key",
+                key,
+                "expected a flag name of letters, digits, '-' and '_' (it becomes --key=value)",
+            )
+        if key in RESERVED_JOB_CONFIG_KEYS:
+            raise _fail(
+                model,
+                fld,
+                value,
+                f"{key!r} is set by the platform from the partition being trained; "
+                f"remove it (platform-owned keys: {', '.join(sorted(RESERVED_JOB_CONFIG_KEYS))})",
+            )
+        if not isinstance(value, str):
+            raise _fail(model, fld, value, "expected a string value")
+        if "\n" in value or "\x00" in value:
+            raise _fail(model, fld, value, "expected a single-line value")
+        reason = _secret_reason(key, value)
+        if reason:
+            # Never echo the value: it may be a real credential.
+            raise ModelSpecError(
+                f"Model {model!r}: training_conf.job_configs[{key!r}] looks like a secret "
+                f"({reason}); its value is not shown. job_configs become command-line "
+                "arguments visible in process listings, Ray job info and logs. Pass the "
+                "name of an environment variable instead, e.g. "
+                '{"client-secret-env": "DATABRICKS_CLIENT_SECRET"}, and set that variable '
+                "on the Ray cluster."
+            )
+
+
+def _secret_reason(key: str, value: str) -> str | None:
+    for what, pattern in _SECRET_VALUE_PATTERNS:
+        if pattern.search(value):
+            return f"the value contains {what}"
+    words = [w for w in re.split(r"[-_]", key.lower()) if w]
+    names_secret = bool(_SECRET_KEY_WORDS.intersection(words)) or any(
+        pair in _SECRET_KEY_PAIRS for pair in itertools.pairwise(words)
+    )
+    if names_secret and not _ENV_VAR_NAME_RE.match(value):
+        return (
+            f"the key {key!r} names a credential and the value is not an environment variable name"
+        )
+    return None
