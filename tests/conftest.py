@@ -11,6 +11,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -112,3 +113,24 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
         env={**os.environ, **(env or {})},
         timeout=300,
     )
+
+
+FIXTURE_TRAINERS = Path(__file__).resolve().parent / "fixtures" / "trainers"
+
+
+@pytest.fixture(scope="session")
+def ray_head(s3_server: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real local Ray head (its own process group and ports), stopped after the session.
+
+    It is started with the loopback S3 server's endpoint and credentials in its
+    environment: Ray's runtime-env agent fetches s3:// working_dirs with them, and jobs
+    inherit them (never through runtime_env).
+    """
+    from zipline_dagster.ray_cluster import LocalRayHead
+
+    head = LocalRayHead(tmp_path_factory.mktemp("ray"), num_cpus=2, env=dict(s3_server))
+    info = head.ensure_running()
+    try:
+        yield info
+    finally:
+        head.stop()

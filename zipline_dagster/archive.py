@@ -196,13 +196,13 @@ def publish_trainer_archive(
     return PublishedArchive(version=archive.version, uri=uri, size=len(archive.data))
 
 
-def verify_trainer_archive(
+def load_verified_archive(
     *, base: str, model_name: str, version: str, s3_client: object | None = None
-) -> str:
-    """Check the archive exists at its derived path and hashes to ``version``.
+) -> tuple[str, bytes]:
+    """Read the archive at its derived path and check it hashes to ``version``.
 
     Returns:
-        The archive URI.
+        The archive URI and its bytes.
 
     Raises:
         ArchiveVerificationError: absent, or its bytes hash to another version (both
@@ -227,4 +227,13 @@ def verify_trainer_archive(
             f"{actual[: len(version)]}, not {version}. The object was modified after upload; "
             "rebuild and re-upload it, and never overwrite a content-addressed archive."
         )
-    return uri
+    return uri, data
+
+
+def verify_trainer_archive(
+    *, base: str, model_name: str, version: str, s3_client: object | None = None
+) -> str:
+    """Check the archive exists at its derived path and hashes to ``version``; its URI."""
+    return load_verified_archive(
+        base=base, model_name=model_name, version=version, s3_client=s3_client
+    )[0]

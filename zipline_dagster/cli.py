@@ -26,6 +26,33 @@ def _verify_trainer(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ray(args: argparse.Namespace) -> int:
+    from zipline_dagster.ray_cluster import LocalRayHead
+
+    head = LocalRayHead(args.state_dir, num_cpus=args.num_cpus)
+    if args.action == "up":
+        print("starting the embedded Ray head (reused if already running) ...", file=sys.stderr)
+        info = head.ensure_running()
+        print(
+            f"ray head running: pid={info.pid} dashboard={info.dashboard_url} ray={info.ray_version}"
+        )
+        print(f"export RAY_ADDRESS={info.dashboard_url}  # to point other tools at it")
+        return 0
+    if args.action == "down":
+        stopped = head.stop()
+        print("ray head stopped" if stopped else "no embedded ray head was running")
+        return 0
+    running = head.status()
+    if running is None:
+        print("no embedded ray head is running (start it with `zipline-dagster ray up`)")
+        return 3
+    print(
+        f"ray head running: pid={running.pid} dashboard={running.dashboard_url} "
+        f"ray={running.ray_version} log={running.log_path}"
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="zipline-dagster", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -49,18 +76,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", required=True)
     p.add_argument("--base", required=True)
     p.set_defaults(func=_verify_trainer)
+
+    p = sub.add_parser("ray", help="the embedded local Ray head: up | down | status")
+    p.add_argument("action", choices=["up", "down", "status"])
+    p.add_argument("--state-dir", default=None, help="default: $ZIPLINE_HOME/ray")
+    p.add_argument("--num-cpus", type=int, default=None)
+    p.set_defaults(func=_ray)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     from zipline_dagster.archive import ArchiveVerificationError, TrainerArchiveError
+    from zipline_dagster.ray_cluster import RayHeadError
     from zipline_dagster.storage import BlobStorageError
 
     args = build_parser().parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)
-    except (ArchiveVerificationError, TrainerArchiveError, BlobStorageError) as exc:
+    except (ArchiveVerificationError, TrainerArchiveError, BlobStorageError, RayHeadError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
 

@@ -42,7 +42,8 @@ def local_path(uri: str) -> Path:
 
 
 def file_uri(path: str | os.PathLike[str]) -> str:
-    return Path(path).resolve().as_uri()
+    """``/a/b`` -> ``file:///a/b``, unescaped, so Hive folders stay ``ds=YYYY-MM-DD``."""
+    return "file://" + Path(path).resolve().as_posix()
 
 
 class LocalStore:
@@ -74,7 +75,11 @@ class LocalStore:
         root = local_path(prefix_uri)
         if not root.is_dir():
             return []
-        return sorted(p.as_uri() for p in root.rglob("*") if p.is_file())
+        return sorted(
+            file_uri(p)
+            for p in root.rglob("*")
+            if p.is_file() and not (p.name.startswith(".") and p.name.endswith(".tmp"))
+        )
 
     def delete(self, uri: str) -> None:
         local_path(uri).unlink(missing_ok=True)
@@ -149,7 +154,12 @@ class S3Store:
             for page in self.client.get_paginator("list_objects_v2").paginate(
                 Bucket=bucket, Prefix=prefix
             ):
-                out.extend(f"s3://{bucket}/{o['Key']}" for o in page.get("Contents", []))
+                # Keys ending in "/" are folder markers some writers (pyarrow) create.
+                out.extend(
+                    f"s3://{bucket}/{o['Key']}"
+                    for o in page.get("Contents", [])
+                    if not o["Key"].endswith("/")
+                )
         except Exception as exc:
             raise self._err("list", prefix_uri, exc) from exc
         return sorted(out)

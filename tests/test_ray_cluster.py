@@ -1,0 +1,94 @@
+"""The embedded head: started once, reused across processes, stopped by its own command."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+from zipline_dagster.ray_jobs import RayJobRunner, RayUnreachableError
+
+
+@pytest.mark.ray
+def test_ray_up_is_shared_and_down_stops_it(tmp_path: Path) -> None:
+    state = str(tmp_path / "ray")
+    # Two `up` at once: one head, both report the same dashboard.
+    results: list[str] = []
+
+    def up() -> None:
+        res = run_cli("ray", "up", "--state-dir", state, "--num-cpus", "1")
+        assert res.returncode == 0, res.stderr
+        results.append(res.stdout)
+
+    threads = [threading.Thread(target=up) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        dashboards = {
+            line.split("dashboard=")[1].split()[0]
+            for out in results
+            for line in out.splitlines()
+            if "dashboard=" in line
+        }
+        assert len(dashboards) == 1
+        (dashboard,) = dashboards
+        assert dashboard.startswith("http://127.0.0.1:")  # loopback only
+        status = run_cli("ray", "status", "--state-dir", state)
+        assert status.returncode == 0 and dashboard in status.stdout
+        head = json.loads((tmp_path / "ray" / "head.json").read_text())
+        assert head["dashboard_url"] == dashboard
+    finally:
+        down = run_cli("ray", "down", "--state-dir", state)
+    assert down.returncode == 0 and "stopped" in down.stdout
+    status = run_cli("ray", "status", "--state-dir", state)
+    assert status.returncode == 3 and "no embedded ray head" in status.stdout
+
+
+@pytest.fixture
+def other_version_dashboard() -> Iterator[str]:
+    """A loopback HTTP server answering /api/version as a Ray 2.9.3 cluster would.
+
+    Stands in for a cluster of another Ray version: installing a second Ray here to run
+    a real one is not possible in one environment.
+    """
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps({"version": "4", "ray_version": "2.9.3", "ray_commit": "x"}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+
+
+def test_version_mismatch_is_refused_before_submitting(other_version_dashboard: str) -> None:
+    import ray
+
+    runner = RayJobRunner(address=other_version_dashboard)
+    with pytest.raises(RayUnreachableError) as exc:
+        runner.client()
+    msg = str(exc.value)
+    assert "Ray version mismatch" in msg and "2.9.3" in msg and ray.__version__ in msg
+
+
+def test_ray_client_address_is_refused_with_hint() -> None:
+    with pytest.raises(RayUnreachableError, match="dashboard address"):
+        RayJobRunner(address="ray://head:10001")

@@ -1,0 +1,66 @@
+"""Turn a trainer's report into Dagster materialization metadata.
+
+Each metric is a float (so the UI plots it across partitions); a metric the report could
+not compute is left out and its ``status`` says why.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import dagster as dg
+
+
+def _range_text(split: dict[str, Any]) -> str:
+    rng = split.get("date_range") or {}
+    if not rng.get("start"):
+        return "empty"
+    return f"{rng['start']}..{rng['end']}"
+
+
+def report_metadata(report: dict[str, Any], *, pr_curve_png: bytes | None = None) -> dict[str, Any]:
+    md: dict[str, Any] = {}
+    for split in ("train", "holdout"):
+        part = report.get(split) or {}
+        for name, value in (part.get("metrics") or {}).items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                md[f"{split}/{name}"] = dg.MetadataValue.float(float(value))
+        if "rows" in part:
+            md[f"{split}/rows"] = dg.MetadataValue.int(int(part["rows"]))
+        md[f"{split}/date_range"] = dg.MetadataValue.text(_range_text(part))
+    status = report.get("status") or {}
+    md["metric_status"] = dg.MetadataValue.json(status or {"all": "every metric computed"})
+    for key, why in status.items():
+        md[f"status/{key}"] = dg.MetadataValue.text(str(why))
+
+    importance = report.get("feature_importance") or []
+    if importance:
+        md["feature_importance"] = dg.MetadataValue.table(
+            records=[
+                dg.TableRecord(
+                    {
+                        "feature": str(r.get("feature")),
+                        "gain": float(r.get("gain", 0.0)),
+                        "share": float(r.get("share", 0.0)),
+                    }
+                )
+                for r in importance
+            ],
+            schema=dg.TableSchema(
+                columns=[
+                    dg.TableColumn("feature", "string"),
+                    dg.TableColumn("gain", "float"),
+                    dg.TableColumn("share", "float"),
+                ]
+            ),
+        )
+    if pr_curve_png:
+        b64 = base64.b64encode(pr_curve_png).decode()
+        md["pr_curve"] = dg.MetadataValue.md(
+            f"![precision-recall curve](data:image/png;base64,{b64})"
+        )
+    elif "pr_curve" in status:
+        md["pr_curve"] = dg.MetadataValue.md(f"_no precision-recall curve: {status['pr_curve']}_")
+    md["report"] = dg.MetadataValue.json(report)
+    return md

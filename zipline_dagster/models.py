@@ -1,0 +1,164 @@
+"""Model assets: one daily-partitioned asset per declared ``Model``, trained as a Ray Job."""
+
+import dagster as dg
+
+from zipline_dagster.archive import ArchiveVerificationError, load_verified_archive
+from zipline_dagster.metadata import report_metadata
+from zipline_dagster.partitions import daily_partitions
+from zipline_dagster.paths import join_uri
+from zipline_dagster.resources import RayJobsResource, WarehouseResource
+from zipline_dagster.spec import Model
+from zipline_dagster.storage import BlobNotFoundError, BlobStorageError
+from zipline_dagster.training import (
+    ArtifactError,
+    TrainingDataError,
+    build_training_request,
+    check_training_window,
+    read_install_requires,
+    read_report,
+    supersede_previous,
+    write_manifest,
+)
+
+
+def table_asset_key(table: str) -> dg.AssetKey:
+    """The asset that produces table ``ns.name`` has the key ``ns/name``."""
+    return dg.AssetKey(table.split("."))
+
+
+def build_model_asset(
+    *,
+    model: Model,
+    upstream_key: dg.AssetKey | None = None,
+    partitions_def: dg.PartitionsDefinition = daily_partitions,
+    group_name: str = "models",
+    automation_condition: dg.AutomationCondition | None = None,
+) -> dg.AssetsDefinition:
+    """A daily-partitioned asset whose partition ``ds`` trains ``model`` on Ray.
+
+    Partition ``ds`` depends on exactly the N training-table partitions ``ds-(N-1)..ds``;
+    its ``code_version`` is the trainer version, so a new version shows it unsynced.
+    """
+    n = model.window_days
+    upstream = upstream_key or table_asset_key(model.table)
+
+    @dg.asset(
+        name=model.name,
+        key_prefix=["models"],
+        group_name=group_name,
+        partitions_def=partitions_def,
+        code_version=model.version,
+        kinds={"ray", "python"},
+        deps=[
+            dg.AssetDep(
+                upstream, partition_mapping=dg.TimeWindowPartitionMapping(start_offset=-(n - 1))
+            )
+        ],
+        description=(
+            f"Trains {model.name} (trainer version {model.version}) as a Ray Job on "
+            f"{model.table} over a {n}-day window ending at the partition day; artifacts at "
+            f"{join_uri(model.model_artifact_base_uri, 'models', model.name, model.version)}/{{ds}}."
+        ),
+        metadata={
+            "zipline/model_name": model.name,
+            "zipline/version": model.version,
+            "zipline/input_table": model.table,
+            "zipline/window_days": n,
+        },
+        automation_condition=automation_condition,
+        op_tags={"zipline/model": model.name},
+    )
+    def _model_asset(
+        context: dg.AssetExecutionContext, ray: RayJobsResource, warehouse: WarehouseResource
+    ) -> dg.MaterializeResult:
+        ds = context.partition_key
+        request = build_training_request(model, ds, warehouse=warehouse.uri)
+        artifacts = warehouse.store(request.model_dir)
+        try:
+            counts = check_training_window(warehouse.store(request.warehouse), request)
+            archive_uri, archive = load_verified_archive(
+                base=model.model_artifact_base_uri,
+                model_name=model.name,
+                version=model.version,
+                s3_client=warehouse.s3.get_client()
+                if request.archive_uri.startswith("s3://")
+                else None,
+            )
+        except (TrainingDataError, ArchiveVerificationError, BlobStorageError) as exc:
+            raise dg.Failure(description=str(exc)) from None
+        context.log.info(
+            f"window {request.start_ds}..{request.end_ds}: parquet files per day {counts}"
+        )
+
+        from zipline_dagster.ray_jobs import RayJobError, RayUnreachableError, job_metadata
+
+        superseded: list[str] = []
+
+        def before_submit() -> None:
+            dest = supersede_previous(artifacts, request.model_dir)
+            if dest:
+                superseded.append(dest)
+                context.log.info(f"earlier artifacts of {model.version}/{ds} moved to {dest}")
+
+        try:
+            runner = ray.runner(context.log)
+            outcome = runner.run(
+                request,
+                requirements=read_install_requires(archive),
+                metadata=job_metadata(
+                    model=model.name, version=model.version, ds=ds, dagster_run_id=context.run_id
+                ),
+                before_submit=before_submit,
+            )
+        except RayJobError as exc:
+            raise dg.Failure(
+                description=str(exc),
+                metadata={
+                    "ray_job_id": exc.job_id or "",
+                    "trainer_log_tail": dg.MetadataValue.md(f"```\n{exc.logs_tail}\n```"),
+                },
+            ) from None
+        except RayUnreachableError as exc:
+            raise dg.Failure(description=str(exc)) from None
+
+        try:
+            report = read_report(artifacts, request.model_dir)
+            try:
+                png: bytes | None = artifacts.read_bytes(
+                    join_uri(request.model_dir, "pr_curve.png")
+                )
+            except BlobNotFoundError:
+                png = None
+            manifest = write_manifest(
+                artifacts,
+                request.model_dir,
+                extra={
+                    "model": model.name,
+                    "version": model.version,
+                    "ds": ds,
+                    "window": list(request.days),
+                    "ray_job_id": outcome.job_id,
+                    "archive_uri": archive_uri,
+                    "dagster_run_id": context.run_id,
+                },
+            )
+        except (ArtifactError, BlobNotFoundError) as exc:
+            raise dg.Failure(description=str(exc)) from None
+
+        metadata = {
+            "version": model.version,
+            "archive_uri": archive_uri,
+            "artifact_uri": request.model_dir,
+            "ray_job_id": outcome.job_id,
+            "ray_dashboard": dg.MetadataValue.url(outcome.job_url),
+            "ray_job_seconds": dg.MetadataValue.float(round(outcome.seconds, 3)),
+            "reattached": outcome.attached,
+            "window": f"{request.start_ds}..{request.end_ds}",
+            "artifact_files": dg.MetadataValue.json([f["path"] for f in manifest["files"]]),
+            **report_metadata(report, pr_curve_png=png),
+        }
+        if superseded:
+            metadata["superseded_artifacts"] = superseded[0]
+        return dg.MaterializeResult(metadata=metadata)
+
+    return _model_asset

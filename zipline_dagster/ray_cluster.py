@@ -1,0 +1,241 @@
+"""The embedded Ray head: started once on loopback, reused across runs and processes.
+
+State lives in ``$ZIPLINE_HOME/ray/``: ``head.json`` (pid, addresses, version), the head's
+log, and a lock file that makes two runs starting at once share one head. The head runs
+``ray start --head --block`` in its own process group, so ``stop`` ends exactly this
+head and nothing else of Ray's on the machine (unlike ``ray stop``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from zipline_dagster.settings import zipline_home
+
+#: The embedded head binds to loopback only and runs without token auth. It is set
+#: explicitly on the head and every client: an in-process ``ray.init()`` would otherwise
+#: turn token auth on for later heads (see RAY_NOTES.md).
+EMBEDDED_AUTH_MODE = "disabled"
+
+
+class RayHeadError(RuntimeError):
+    """The embedded Ray head could not be started or reached."""
+
+
+@dataclass(frozen=True)
+class HeadInfo:
+    pid: int
+    dashboard_url: str
+    gcs_address: str
+    ray_version: str
+    log_path: str
+    started_at: float
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _version_at(dashboard_url: str, timeout: float = 2.0) -> str | None:
+    try:
+        with urllib.request.urlopen(f"{dashboard_url}/api/version", timeout=timeout) as r:
+            return str(json.load(r).get("ray_version"))
+    except Exception:
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class LocalRayHead:
+    """Start, find and stop the embedded head under ``state_dir``.
+
+    Args:
+        state_dir: where ``head.json``, the log and the lock live
+            (default ``$ZIPLINE_HOME/ray``).
+        num_cpus: CPUs the head offers (default: all of the machine's).
+        env: extra environment for the head; jobs inherit the head's environment,
+            which is where platform-injected secrets belong (never in ``runtime_env``).
+    """
+
+    def __init__(
+        self,
+        state_dir: str | os.PathLike[str] | None = None,
+        *,
+        num_cpus: int | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.state_dir = Path(state_dir) if state_dir else zipline_home() / "ray"
+        self.num_cpus = num_cpus
+        self.env = dict(env or {})
+
+    @property
+    def _state_file(self) -> Path:
+        return self.state_dir / "head.json"
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.state_dir / "head.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _read(self) -> HeadInfo | None:
+        try:
+            return HeadInfo(**json.loads(self._state_file.read_text()))
+        except (FileNotFoundError, ValueError, TypeError):
+            return None
+
+    def status(self) -> HeadInfo | None:
+        """The running head, or None when there is none (or it stopped answering)."""
+        info = self._read()
+        if info and _alive(info.pid) and _version_at(info.dashboard_url):
+            return info
+        return None
+
+    def ensure_running(self, timeout: float = 120.0) -> HeadInfo:
+        """Return the running head, starting it first when there is none.
+
+        Safe when several processes call it at once: one starts, the others wait on
+        the lock and then find it running.
+        """
+        with self._locked():
+            info = self.status()
+            if info:
+                return info
+            stale = self._read()
+            if stale and _alive(stale.pid):
+                self._kill_group(stale.pid)
+            return self._start(timeout)
+
+    def _start(self, timeout: float) -> HeadInfo:
+        import ray
+
+        gcs_port, dash_port = _free_port(), _free_port()
+        log_path = self.state_dir / "head.log"
+        cmd = [
+            str(Path(sys.executable).parent / "ray"),
+            "start",
+            "--head",
+            "--block",
+            "--node-ip-address=127.0.0.1",
+            "--dashboard-host=127.0.0.1",
+            f"--port={gcs_port}",
+            f"--dashboard-port={dash_port}",
+            f"--ray-client-server-port={_free_port()}",
+            f"--dashboard-agent-listen-port={_free_port()}",
+            "--disable-usage-stats",
+        ]
+        if self.num_cpus is not None:
+            cmd.append(f"--num-cpus={self.num_cpus}")
+        env = {
+            **os.environ,
+            **self.env,
+            "RAY_AUTH_MODE": EMBEDDED_AUTH_MODE,
+            "RAY_USAGE_STATS_ENABLED": "0",
+            # Job entrypoints run `python -m ...` through a shell: it must be this
+            # environment's python, where the platform's packages are installed.
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        }
+        env.pop("RAY_ADDRESS", None)
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
+        dashboard_url = f"http://127.0.0.1:{dash_port}"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                tail = log_path.read_text(errors="replace")[-3000:]
+                raise RayHeadError(
+                    f"the embedded Ray head exited with code {proc.returncode} while starting "
+                    f"(log {log_path}):\n{tail}"
+                )
+            version = _version_at(dashboard_url, timeout=1.0)
+            if version:
+                info = HeadInfo(
+                    pid=proc.pid,
+                    dashboard_url=dashboard_url,
+                    gcs_address=f"127.0.0.1:{gcs_port}",
+                    ray_version=version,
+                    log_path=str(log_path),
+                    started_at=time.time(),
+                )
+                tmp = self._state_file.with_suffix(".tmp")
+                tmp.write_text(json.dumps(info.as_dict(), indent=2))
+                os.replace(tmp, self._state_file)
+                if version != ray.__version__:
+                    raise RayHeadError(
+                        f"embedded head runs Ray {version}, client {ray.__version__}"
+                    )
+                return info
+            time.sleep(0.3)
+        self._kill_group(proc.pid)
+        raise RayHeadError(
+            f"the embedded Ray head did not answer within {timeout:.0f}s (log {log_path})"
+        )
+
+    def stop(self, timeout: float = 8.0) -> bool:
+        """Stop the head this state dir started; True when one was running."""
+        with self._locked():
+            info = self._read()
+            self._state_file.unlink(missing_ok=True)
+            if not info or not _alive(info.pid):
+                return False
+            self._kill_group(info.pid, timeout)
+            return True
+
+    @staticmethod
+    def _kill_group(pid: int, timeout: float = 8.0) -> None:
+        """SIGTERM the head's process group, SIGKILL what is left after ``timeout``.
+
+        Ray's services exit within a second of SIGTERM, but the ``ray start --block``
+        supervisor itself lingers about 30 s before exiting; nothing is lost by killing it.
+        """
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pid, 0)
+            except ProcessLookupError:
+                return
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+            time.sleep(0.3)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)

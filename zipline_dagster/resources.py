@@ -1,0 +1,96 @@
+"""Dagster resources: where Ray is, and where tables and artifacts live."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import dagster as dg
+from dagster_aws.s3 import S3Resource
+from pydantic import Field
+
+from zipline_dagster.settings import warehouse_uri
+from zipline_dagster.storage import BlobStore, blob_store
+
+
+class RayJobsResource(dg.ConfigurableResource):
+    """Submits training as Ray Jobs.
+
+    The cluster is, in order: ``address`` if set, else ``RAY_ADDRESS``, else the embedded
+    default: a local head on loopback that the platform starts once and reuses
+    (``zipline-dagster ray up | down | status``).
+    """
+
+    address: str | None = Field(
+        default=None,
+        description="Dashboard address of the Ray cluster, e.g. http://raycluster-head-svc:8265. "
+        "Unset: RAY_ADDRESS, else the embedded local head.",
+    )
+    auth_mode: str | None = Field(
+        default=None,
+        description="RAY_AUTH_MODE for the client: 'disabled' or 'token' (the token comes from "
+        "RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH in the environment, never from config). "
+        "Unset: RAY_AUTH_MODE, else 'disabled' for the embedded head.",
+    )
+    timeout_s: float = Field(
+        default=6 * 3600, description="Stop the Ray job and fail the step after this many seconds."
+    )
+    poll_max_s: float = Field(default=2.0, description="Longest wait between job status checks.")
+    install_requirements: bool = Field(
+        default=True,
+        description="Install the trainer's install_requires into the job (Ray pip runtime env, cached per set).",
+    )
+    embedded_state_dir: str | None = Field(
+        default=None, description="State folder of the embedded head (default $ZIPLINE_HOME/ray)."
+    )
+
+    def resolved_address(self) -> tuple[str, str | None]:
+        """(dashboard address, auth mode), starting the embedded head when nothing is configured."""
+        address = self.address or os.environ.get("RAY_ADDRESS")
+        auth = self.auth_mode or os.environ.get("RAY_AUTH_MODE")
+        if address:
+            return address, auth
+        from zipline_dagster.ray_cluster import EMBEDDED_AUTH_MODE, LocalRayHead
+
+        head = LocalRayHead(self.embedded_state_dir).ensure_running()
+        return head.dashboard_url, EMBEDDED_AUTH_MODE
+
+    def runner(self, log: Any) -> Any:
+        from zipline_dagster.ray_jobs import RayJobRunner
+
+        address, auth = self.resolved_address()
+        return RayJobRunner(
+            address=address,
+            auth_mode=auth,
+            timeout_s=self.timeout_s,
+            poll_max_s=self.poll_max_s,
+            install_requirements=self.install_requirements,
+            log=log,
+        )
+
+
+class WarehouseResource(dg.ConfigurableResource):
+    """The warehouse root (tables) and the client for ``s3://`` locations."""
+
+    uri: str = Field(
+        description="Warehouse root: file:///... (embedded default) or s3://bucket/prefix."
+    )
+    s3: S3Resource = Field(
+        default_factory=S3Resource,
+        description="dagster-aws S3 client settings (endpoint_url, region_name ...); credentials "
+        "come from the standard AWS environment.",
+    )
+
+    def store(self, uri: str) -> BlobStore:
+        return blob_store(uri, s3_client=self.s3.get_client() if uri.startswith("s3://") else None)
+
+
+def default_warehouse() -> WarehouseResource:
+    return WarehouseResource(
+        uri=warehouse_uri(),
+        s3=S3Resource(
+            endpoint_url=os.environ.get("AWS_ENDPOINT_URL_S3")
+            or os.environ.get("AWS_ENDPOINT_URL"),
+            region_name=os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION"),
+        ),
+    )
