@@ -21,8 +21,11 @@ $(SYNCED): pyproject.toml uv.lock | $(UV)
 
 env: $(SYNCED)
 
-demo: $(SYNCED)
+$(DAGSTER_HOME)/dagster.yaml:
 	@mkdir -p $(DAGSTER_HOME)
+	@printf 'telemetry:\n  enabled: false\n' > $@
+
+demo: $(SYNCED) $(DAGSTER_HOME)/dagster.yaml
 	$(VENV)/bin/python -m zipline_dagster.demo
 
 test: $(SYNCED)
@@ -37,8 +40,7 @@ fmt: $(SYNCED)
 	$(VENV)/bin/ruff format zipline_dagster tests trainers
 	$(VENV)/bin/ruff check --fix zipline_dagster tests trainers
 
-dev: $(SYNCED)
-	@mkdir -p $(DAGSTER_HOME)
+dev: $(SYNCED) $(DAGSTER_HOME)/dagster.yaml
 	$(VENV)/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
 bench: $(SYNCED)

@@ -134,3 +134,13 @@ def ray_head(s3_server: dict[str, str], tmp_path_factory: pytest.TempPathFactory
         yield info
     finally:
         head.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_resource() -> Iterator[Any]:
+    """A real local Spark session (local[2]), shared by the session's tests."""
+    from zipline_dagster.spark import SparkResource
+
+    res = SparkResource(master="local[2]")
+    yield res
+    res.spark_session.stop()

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from zipline_dagster.paths import table_partition_uri
 from zipline_dagster.storage import blob_store
+from zipline_dagster.tables import write_partition_frame
 
 
 def days_ending(ds: str, n: int) -> list[str]:
@@ -35,13 +35,7 @@ def ctr_rows(ds: str, rows: int, *, seed: int = 0, label: int | None = None) -> 
 
 
 def write_partition(warehouse: str, table: str, ds: str, df: pd.DataFrame) -> str:
-    uri = table_partition_uri(warehouse, table, ds) + "/part-00000.parquet"
-    import io
-
-    buf = io.BytesIO()
-    df.to_parquet(buf, index=False)
-    blob_store(uri).write_bytes(uri, buf.getvalue())
-    return uri
+    return write_partition_frame(blob_store(warehouse), warehouse, table, ds, df)
 
 
 def write_table(warehouse: str, table: str, days: list[str], rows: int = 400, **kw: object) -> None:

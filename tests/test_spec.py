@@ -203,7 +203,7 @@ def test_python_module_checked() -> None:
         )
 
 
-@pytest.mark.parametrize("table", ["labels", "cat.ctr.labels", "ctr.labels-v1", ""])
+@pytest.mark.parametrize("table", ["labels", "a.b.c.d", "ctr.labels-v1", ""])
 def test_table_name_shape_checked(table: str) -> None:
     with pytest.raises(ModelSpecError, match="EventSource.table"):
         EventSource(table=table)

@@ -3,6 +3,7 @@
 import dagster as dg
 
 from zipline_dagster.archive import ArchiveVerificationError, load_verified_archive
+from zipline_dagster.feature_assets import table_asset_key
 from zipline_dagster.metadata import report_metadata
 from zipline_dagster.partitions import daily_partitions
 from zipline_dagster.paths import join_uri
@@ -19,11 +20,6 @@ from zipline_dagster.training import (
     supersede_previous,
     write_manifest,
 )
-
-
-def table_asset_key(table: str) -> dg.AssetKey:
-    """The asset that produces table ``ns.name`` has the key ``ns/name``."""
-    return dg.AssetKey(table.split("."))
 
 
 def build_model_asset(

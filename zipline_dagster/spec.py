@@ -17,7 +17,9 @@ from typing import Any
 VERSION_RE = re.compile(r"^[0-9a-f]{12,64}$")
 MODEL_NAME_RE = re.compile(r"^[a-z0-9_][a-z0-9_-]*$")
 JOB_CONFIG_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
-TABLE_RE = re.compile(r"^[A-Za-z0-9_]+\.[A-Za-z0-9_]+$")
+# ns.name; a catalog-qualified cat.ns.name is accepted here so that the registry can
+# report it as a near miss of the table an asset actually emits.
+TABLE_RE = re.compile(r"^([A-Za-z0-9_]+\.)?[A-Za-z0-9_]+\.[A-Za-z0-9_]+$")
 DATE_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
 #: Flags the platform always sets from the partition being trained; never user-set.
@@ -96,7 +98,7 @@ class EventSource:
         if not isinstance(self.table, str) or not TABLE_RE.match(self.table):
             raise ModelSpecError(
                 f"EventSource.table={self.table!r} is invalid; expected 'namespace.name' "
-                "with letters, digits and underscores."
+                "with letters, digits and underscores (the exact name its producer emits)."
             )
 
 

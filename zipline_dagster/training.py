@@ -26,6 +26,7 @@ from zipline_dagster.paths import (
 )
 from zipline_dagster.spec import Model
 from zipline_dagster.storage import BlobStore
+from zipline_dagster.tables import existing_partitions, format_days
 
 REPORT_NAME = "metrics.json"
 SUPERSEDED_DIR = "_superseded"
@@ -121,34 +122,6 @@ def build_training_request(model: Model, ds: str, *, warehouse: str) -> Training
     )
 
 
-def existing_partitions(store: BlobStore, warehouse: str, table: str) -> dict[str, int]:
-    """{ds: number of parquet files} for every partition folder the table has."""
-    root = table_uri(warehouse, table)
-    out: dict[str, int] = {}
-    for uri in store.list(root):
-        rel = uri[len(root) :].lstrip("/")
-        part, _, name = rel.partition("/")
-        if part.startswith("ds=") and name.endswith(".parquet") and "/" not in name:
-            out[part[3:]] = out.get(part[3:], 0) + 1
-    return out
-
-
-def _ranges(days: list[str]) -> str:
-    """Compact day ranges: 2026-07-01..2026-07-03, 2026-07-05."""
-    if not days:
-        return "none"
-    parts: list[str] = []
-    start = prev = dt.date.fromisoformat(days[0])
-    for d in [dt.date.fromisoformat(x) for x in days[1:]] + [None]:
-        if d is not None and d - prev == dt.timedelta(days=1):
-            prev = d
-            continue
-        parts.append(start.isoformat() if start == prev else f"{start}..{prev}")
-        if d is not None:
-            start = prev = d
-    return ", ".join(parts)
-
-
 def check_training_window(store: BlobStore, request: TrainingRequest) -> dict[str, int]:
     """Fail before anything is submitted when a window partition is missing.
 
@@ -164,9 +137,9 @@ def check_training_window(store: BlobStore, request: TrainingRequest) -> dict[st
     if missing:
         raise TrainingDataError(
             f"model {request.model.name!r} partition {request.ds}: training table {table} "
-            f"({table_uri(request.warehouse, table)}) is missing partitions {_ranges(missing)} "
+            f"({table_uri(request.warehouse, table)}) is missing partitions {format_days(missing)} "
             f"of the window {request.start_ds}..{request.end_ds}; the table has "
-            f"{_ranges(sorted(have))}. Materialize the upstream partitions first "
+            f"{format_days(sorted(have))}. Materialize the upstream partitions first "
             "(a backfill of the model does it)."
         )
     return {d: have[d] for d in request.days}

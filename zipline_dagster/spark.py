@@ -1,0 +1,286 @@
+"""Spark: the session resource and the computations behind GroupBy, Join and StagingQuery.
+
+``pyspark`` is imported inside functions only: loading the code location never starts
+(or imports) Spark.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import dagster as dg
+from pydantic import Field
+
+from zipline_dagster.features import GroupBy, Join, Operation, StagingQuery
+from zipline_dagster.paths import table_partition_uri, table_uri
+from zipline_dagster.storage import BlobStore
+from zipline_dagster.tables import days_between, existing_partitions, format_days, shift_day
+
+DEFAULT_SPARK_CONFIG = {
+    "spark.sql.session.timeZone": "UTC",
+    # ds stays the string YYYY-MM-DD it is in the folder name
+    "spark.sql.sources.partitionColumnTypeInference.enabled": "false",
+    "spark.sql.shuffle.partitions": "4",
+    "spark.ui.enabled": "false",
+    "spark.driver.memory": "2g",
+    "spark.sql.parquet.compression.codec": "snappy",
+    "spark.sql.ansi.enabled": "false",
+    "spark.log.level": "WARN",
+}
+
+_sessions: dict[tuple[tuple[str, str], ...], Any] = {}
+_lock = threading.Lock()
+
+
+class UpstreamDataError(RuntimeError):
+    """An upstream table lacks partitions a producer needs; names them and what exists."""
+
+
+class SparkResource(dg.ConfigurableResource):
+    """A Spark session built by dagster-pyspark's session builder, started on first use.
+
+    Embedded default ``local[*]``; point ``master`` (or ``SPARK_MASTER``) at a cluster to
+    scale out. Steps in one process share one session.
+    """
+
+    master: str | None = Field(
+        default=None, description="Spark master URL; unset: SPARK_MASTER, else local[*]."
+    )
+    spark_config: dict[str, str] = Field(
+        default_factory=dict, description="Extra Spark settings (spark.executor.memory ...)."
+    )
+
+    def config(self) -> dict[str, str]:
+        return {
+            **DEFAULT_SPARK_CONFIG,
+            "spark.master": self.master or os.environ.get("SPARK_MASTER") or "local[*]",
+            "spark.app.name": "zipline_dagster",
+            **self.spark_config,
+        }
+
+    @property
+    def spark_session(self) -> Any:
+        from dagster_pyspark.resources import spark_session_from_config
+
+        conf = self.config()
+        key = tuple(sorted(conf.items()))
+        with _lock:
+            session = _sessions.get(key)
+            if session is None or session.sparkContext._jsc is None:
+                session = spark_session_from_config(conf)
+                _sessions[key] = session
+        return session
+
+
+def spark_path(uri: str) -> str:
+    """Spark reads ``file:///x`` as is; ``s3://`` goes through Hadoop's s3a connector."""
+    return "s3a://" + uri[len("s3://") :] if uri.startswith("s3://") else uri
+
+
+def read_days(
+    spark: Any,
+    store: BlobStore,
+    warehouse: str,
+    table: str,
+    days: Sequence[str],
+    *,
+    first_day: str,
+    who: str,
+) -> Any:
+    """Rows of ``table`` for ``days`` (with a string ``ds`` column).
+
+    Days before ``first_day`` (the partitions definition's start) do not exist and are
+    skipped; any other missing day fails, naming it and what the table has.
+    """
+    wanted = [d for d in days if d >= first_day]
+    have = existing_partitions(store, warehouse, table)
+    missing = [d for d in wanted if d not in have]
+    if missing:
+        raise UpstreamDataError(
+            f"{who}: upstream table {table} ({table_uri(warehouse, table)}) is missing partitions "
+            f"{format_days(missing)}; it has {format_days(sorted(have))}. Materialize them first."
+        )
+    if not wanted:
+        return None
+    root = spark_path(table_uri(warehouse, table))
+    paths = [spark_path(table_partition_uri(warehouse, table, d)) for d in wanted]
+    return spark.read.option("basePath", root).parquet(*paths)
+
+
+def write_days(
+    df: Any, store: BlobStore, warehouse: str, table: str, days: Sequence[str]
+) -> dict[str, int]:
+    """Overwrite exactly the partitions ``days`` of ``table`` (re-runs are idempotent).
+
+    Every day gets a partition folder, an empty one too (then with a schema-only file),
+    so "the day was computed and had no rows" differs from "the day was never computed".
+    Returns rows written per day.
+    """
+    from pyspark.sql import functions as F
+
+    df = df.persist()
+    try:
+        counts = {r["ds"]: int(r["count"]) for r in df.groupBy("ds").count().collect()}
+        for ds in days:
+            part = df.filter(F.col("ds") == ds).drop("ds").coalesce(1)
+            part.write.mode("overwrite").parquet(
+                spark_path(table_partition_uri(warehouse, table, ds))
+            )
+    finally:
+        df.unpersist()
+    return {d: counts.get(d, 0) for d in days}
+
+
+def compute_group_by(
+    spark: Any,
+    store: BlobStore,
+    warehouse: str,
+    gb: GroupBy,
+    days: Sequence[str],
+    *,
+    first_day: str,
+) -> Any:
+    """GroupBy partitions ``days``: each aggregation over days ``ds-(n-1)..ds`` per key."""
+    from pyspark.sql import functions as F
+
+    lookback = gb.lookback_days
+    src_days = days_between(shift_day(days[0], -(lookback - 1)), days[-1])
+    events = read_days(
+        spark,
+        store,
+        warehouse,
+        gb.source.table,
+        src_days,
+        first_day=first_day,
+        who=f"GroupBy {gb.name}",
+    )
+    selects = dict(gb.source.query.selects) or None
+    if events is None:
+        raise UpstreamDataError(
+            f"GroupBy {gb.name}: no source partitions exist for {days[0]}..{days[-1]}"
+        )
+    if selects:
+        keep = {*gb.keys, gb.source.time_column, "ds"}
+        cols = [F.expr(expr).alias(name) for name, expr in selects.items()]
+        cols += [F.col(c) for c in keep if c not in selects]
+        events = events.select(*cols)
+    # Each event counts toward the output days ds .. ds+(lookback-1) it falls in.
+    exploded = events.withColumn(
+        "_out",
+        F.explode(F.sequence(F.to_date("ds"), F.date_add(F.to_date("ds"), lookback - 1))),
+    ).withColumn("_age", F.datediff(F.col("_out"), F.to_date("ds")))
+    exploded = exploded.filter(F.col("_out").cast("string").isin(list(days)))
+    aggs = []
+    for agg in gb.aggregations:
+        for out_col, w in agg.output_columns():
+            inside = F.col("_age") < w
+            value = F.when(inside, F.col(agg.input_column))
+            if agg.operation is Operation.COUNT:
+                expr = F.count(value)
+            elif agg.operation is Operation.SUM:
+                expr = F.sum(value)
+            elif agg.operation is Operation.AVERAGE:
+                expr = F.avg(value)
+            elif agg.operation is Operation.MIN:
+                expr = F.min(value)
+            elif agg.operation is Operation.MAX:
+                expr = F.max(value)
+            else:  # LAST: the value of the latest event inside the window
+                expr = F.max_by(value, F.when(inside, F.col(gb.source.time_column)))
+            aggs.append(expr.alias(out_col))
+    out = exploded.groupBy(*gb.keys, F.col("_out").cast("string").alias("ds")).agg(*aggs)
+    return out
+
+
+def compute_join(
+    spark: Any, store: BlobStore, warehouse: str, join: Join, days: Sequence[str], *, first_day: str
+) -> Any:
+    """Left rows of ``days`` with each GroupBy's features as of the end of the previous day."""
+    from pyspark.sql import functions as F
+
+    left = read_days(
+        spark, store, warehouse, join.left.table, days, first_day=first_day, who=f"Join {join.name}"
+    )
+    if left is None:
+        raise UpstreamDataError(
+            f"Join {join.name}: no left partitions exist for {days[0]}..{days[-1]}"
+        )
+    selects = dict(join.left.query.selects)
+    if selects:
+        cols = [F.expr(expr).alias(name) for name, expr in selects.items()]
+        if "ds" not in selects:
+            cols.append(F.col("ds"))
+        left = left.select(*cols)
+    out = left
+    for part in join.right_parts:
+        gb = part.group_by
+        mapping = dict(part.key_mapping or {k: k for k in gb.keys})
+        feat_days = [shift_day(d, -1) for d in days]
+        feats = read_days(
+            spark,
+            store,
+            warehouse,
+            gb.table,
+            feat_days,
+            first_day=first_day,
+            who=f"Join {join.name}",
+        )
+        if feats is None:  # every needed day predates the partitions: no features yet
+            for c in gb.feature_columns:
+                out = out.withColumn(f"{part.prefix}{c}", F.lit(None).cast("double"))
+            continue
+        renamed = feats.select(
+            *[F.col(gk).alias(f"_k_{lk}") for lk, gk in mapping.items()],
+            # features of day d-1 serve left rows of day d
+            F.date_format(F.date_add(F.to_date("ds"), 1), "yyyy-MM-dd").alias("_ds"),
+            *[F.col(c).alias(f"{part.prefix}{c}") for c in gb.feature_columns],
+        )
+        cond = [out["ds"] == renamed["_ds"]] + [out[lk] == renamed[f"_k_{lk}"] for lk in mapping]
+        out = out.join(renamed, on=cond, how="left").drop("_ds", *[f"_k_{lk}" for lk in mapping])
+    return out
+
+
+def compute_staging_query(
+    spark: Any,
+    store: BlobStore,
+    warehouse: str,
+    sq: StagingQuery,
+    days: Sequence[str],
+    *,
+    first_day: str,
+) -> Any:
+    views = {}
+    for dep in sq.dependencies:
+        dep_days = days_between(shift_day(days[0], -sq.lookback_days), days[-1])
+        df = read_days(
+            spark,
+            store,
+            warehouse,
+            dep,
+            dep_days,
+            first_day=first_day,
+            who=f"StagingQuery {sq.name}",
+        )
+        if df is None:
+            raise UpstreamDataError(
+                f"StagingQuery {sq.name}: {dep} has no partitions for {days[0]}..{days[-1]}"
+            )
+        view = "zd_" + dep.replace(".", "__")
+        df.createOrReplaceTempView(view)
+        views[dep] = view
+    if "{{ ds }}" in sq.query and "{{ start_date }}" not in sq.query:
+        # a per-day template: run it once per day of the range
+        out: Any = None
+        for ds in days:
+            part = spark.sql(sq.render(start_date=ds, end_date=ds, table_views=views))
+            out = part if out is None else out.unionByName(part)
+    else:
+        out = spark.sql(sq.render(start_date=days[0], end_date=days[-1], table_views=views))
+    if "ds" not in out.columns:
+        raise UpstreamDataError(
+            f"StagingQuery {sq.name}: the query must return a ds column; it returned {out.columns}"
+        )
+    return out
