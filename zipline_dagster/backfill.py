@@ -178,8 +178,18 @@ def plan_backfill(
     return plan
 
 
-def model_partitions(defs: dg.Definitions, key: dg.AssetKey, start: str, end: str) -> list[str]:
+def _checked_graph(defs: dg.Definitions, target: dg.AssetKey) -> AssetGraph:
     graph = defs.resolve_asset_graph()
+    if not graph.has(target) or not graph.get(target).is_materializable:
+        known = sorted(k.to_user_string() for k in graph.materializable_asset_keys)
+        raise BackfillError(
+            f"no asset {target.to_user_string()!r} in the code location; known: {', '.join(known)}"
+        )
+    return graph
+
+
+def model_partitions(defs: dg.Definitions, key: dg.AssetKey, start: str, end: str) -> list[str]:
+    graph = _checked_graph(defs, key)
     pdef = graph.get(key).partitions_def
     if pdef is None:
         raise BackfillError(f"{key.to_user_string()} is not partitioned")
@@ -200,11 +210,12 @@ def launch_backfill(
 ) -> str:
     """Submit the plan as a Dagster asset backfill (the daemon runs it; visible in the UI)."""
     from dagster._core.definitions.assets.graph.asset_graph_subset import AssetGraphSubset
+    from dagster._core.definitions.events import AssetKeyPartitionKey
     from dagster._core.execution.backfill import PartitionBackfill
     from dagster._core.utils import make_new_backfill_id
 
     graph = defs.resolve_asset_graph()
-    asset_partitions = {dg.AssetKeyPartitionKey(key, p) for key, parts in plan.steps for p in parts}
+    asset_partitions = {AssetKeyPartitionKey(key, p) for key, parts in plan.steps for p in parts}
     subset = AssetGraphSubset.from_asset_partition_set(asset_partitions, graph)
     backfill_id = make_new_backfill_id()
     backfill = PartitionBackfill.from_asset_graph_subset(
@@ -280,3 +291,67 @@ def _contiguous(batches: list[list[str]]) -> list[list[str]]:
         if cur:
             out.append(cur)
     return out
+
+
+def daemon_running(instance: dg.DagsterInstance) -> bool:
+    """True when a dagster-daemon (e.g. the one `dagster dev` starts) is heartbeating."""
+    from dagster._daemon.controller import all_daemons_live
+
+    try:
+        return bool(all_daemons_live(instance, heartbeat_tolerance_seconds=60))
+    except Exception:
+        return False
+
+
+def drive_backfill(
+    instance: dg.DagsterInstance,
+    backfill_id: str,
+    *,
+    workspace_file: str,
+    timeout_s: float = 3600,
+    poll_s: float = 1.0,
+    log=print,  # type: ignore[no-untyped-def]
+) -> str:
+    """Run the daemon's backfill and run-queue iterations here until the backfill ends.
+
+    What ``dagster-daemon`` does every 30 s, done every ``poll_s``: the runs are launched
+    by the instance's run launcher exactly as the daemon would launch them.
+    """
+    import logging
+
+    from dagster._core.execution.backfill import BulkActionStatus
+    from dagster._core.workspace.context import WorkspaceProcessContext
+    from dagster._core.workspace.load_target import WorkspaceFileTarget
+    from dagster._daemon.backfill import execute_backfill_iteration
+    from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import (
+        QueuedRunCoordinatorDaemon,
+    )
+
+    logger = logging.getLogger("zipline_dagster.backfill")
+    queue = QueuedRunCoordinatorDaemon(interval_seconds=poll_s)
+    deadline = time.monotonic() + timeout_s
+    last = ""
+    with WorkspaceProcessContext(instance, WorkspaceFileTarget(paths=[workspace_file])) as ctx:
+        while True:
+            for _ in execute_backfill_iteration(ctx, logger):
+                pass
+            for _ in queue.run_iteration(ctx):
+                pass
+            backfill = instance.get_backfill(backfill_id)
+            if backfill is None:
+                raise BackfillError(f"backfill {backfill_id} disappeared")
+            runs = instance.get_run_records(dg.RunsFilter(tags={"dagster/backfill": backfill_id}))
+            states = sorted(str(r.dagster_run.status.value) for r in runs)
+            summary = f"{backfill.status.value}: {len(runs)} runs " + (
+                ", ".join(f"{states.count(s)} {s.lower()}" for s in sorted(set(states)))
+                if states
+                else ""
+            )
+            if summary != last:
+                log(summary)
+                last = summary
+            if backfill.status != BulkActionStatus.REQUESTED:
+                return str(backfill.status.value)
+            if time.monotonic() > deadline:
+                raise BackfillError(f"backfill {backfill_id} still running after {timeout_s:.0f}s")
+            time.sleep(poll_s)

@@ -53,6 +53,55 @@ def _ray(args: argparse.Namespace) -> int:
     return 0
 
 
+def _backfill(args: argparse.Namespace) -> int:
+    import importlib
+
+    import dagster as dg
+
+    from zipline_dagster.backfill import (
+        daemon_running,
+        drive_backfill,
+        launch_backfill,
+        model_partitions,
+        plan_backfill,
+    )
+
+    defs: dg.Definitions = importlib.import_module(args.module).defs
+    key = (
+        dg.AssetKey(args.model.split("/"))
+        if "/" in args.model
+        else dg.AssetKey(["models", args.model])
+    )
+    instance = dg.DagsterInstance.get()
+    parts = model_partitions(defs, key, args.start_ds, args.end_ds)
+    plan = plan_backfill(defs, instance, key, parts)
+    print(f"plan for {key.to_user_string()} {args.start_ds}..{args.end_ds}:", file=sys.stderr)
+    print(plan.describe(), file=sys.stderr)
+    if plan.empty:
+        print("backfill_id=none (every partition is fresh)")
+        return 0
+    backfill_id = launch_backfill(
+        defs, instance, plan, title=f"{key.to_user_string()} {args.start_ds}..{args.end_ds}"
+    )
+    print(f"backfill_id={backfill_id}", flush=True)
+    if not args.wait:
+        if not daemon_running(instance):
+            print(
+                "note: no dagster-daemon is running for this instance; start `make dev` "
+                "(or pass --wait to run the backfill from this command)",
+                file=sys.stderr,
+            )
+        return 0
+    status = drive_backfill(
+        instance,
+        backfill_id,
+        workspace_file=args.workspace,
+        log=lambda m: print(f"  {m}", file=sys.stderr, flush=True),
+    )
+    print(f"status={status}")
+    return 0 if status == "COMPLETED_SUCCESS" or status == "COMPLETED" else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="zipline-dagster", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -82,11 +131,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state-dir", default=None, help="default: $ZIPLINE_HOME/ray")
     p.add_argument("--num-cpus", type=int, default=None)
     p.set_defaults(func=_ray)
+
+    p = sub.add_parser(
+        "backfill",
+        help="backfill a model's partitions, with every missing or stale upstream partition first",
+    )
+    p.add_argument("model", help="model name (models/NAME) or an asset key a/b")
+    p.add_argument("--start-ds", required=True)
+    p.add_argument("--end-ds", required=True)
+    p.add_argument("--wait", action="store_true", help="run the backfill from here until it ends")
+    p.add_argument("--module", default="zipline_dagster.definitions", help="code location module")
+    p.add_argument("--workspace", default="workspace.yaml", help="workspace file the runs load")
+    p.set_defaults(func=_backfill)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     from zipline_dagster.archive import ArchiveVerificationError, TrainerArchiveError
+    from zipline_dagster.backfill import BackfillError
     from zipline_dagster.ray_cluster import RayHeadError
     from zipline_dagster.storage import BlobStorageError
 
@@ -94,7 +156,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)
-    except (ArchiveVerificationError, TrainerArchiveError, BlobStorageError, RayHeadError) as exc:
+    except (
+        ArchiveVerificationError,
+        TrainerArchiveError,
+        BlobStorageError,
+        RayHeadError,
+        BackfillError,
+    ) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
 
