@@ -44,7 +44,7 @@ dev: $(SYNCED) $(DAGSTER_HOME)/dagster.yaml
 	$(VENV)/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
 bench: $(SYNCED)
-	$(VENV)/bin/pytest tests/bench -s -p no:cacheprovider $(PYTEST_ARGS)
+	$(VENV)/bin/pytest tests/bench -m bench -s -p no:cacheprovider $(PYTEST_ARGS)
 
 ray-up: $(SYNCED)
 	$(VENV)/bin/zipline-dagster ray up
