@@ -16,7 +16,7 @@ $(UV):
 	.tools/bin/pip install --quiet uv==$(UV_VERSION)
 
 $(SYNCED): pyproject.toml uv.lock | $(UV)
-	$(UV) sync --frozen --python $(PYTHON)
+	$(UV) sync --frozen --quiet --python $(PYTHON)
 	@touch $@
 
 env: $(SYNCED)

@@ -33,7 +33,7 @@ import json
 from zipline_dagster.definitions import defs, listing_ctr_model
 r = defs.resources
 print(json.dumps({
-    "ray": r["ray"].address, "spark": r["spark"].config()["spark.master"],
+    "ray": r["launcher"].address, "spark": r["spark"].config()["spark.master"],
     "warehouse": r["warehouse"].uri, "s3": r["warehouse"].s3.endpoint_url,
     "base": listing_ctr_model.model_artifact_base_uri,
 }))

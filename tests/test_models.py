@@ -23,7 +23,7 @@ from zipline_dagster import EventSource, InferenceSpec, Model, ResourceConfig, T
 from zipline_dagster.archive import publish_trainer_archive
 from zipline_dagster.models import build_model_asset
 from zipline_dagster.paths import MANIFEST_NAME
-from zipline_dagster.resources import RayJobsResource, WarehouseResource
+from zipline_dagster.resources import LocalLauncherResource, RayJobsResource, WarehouseResource
 from zipline_dagster.storage import blob_store
 
 DS = "2026-07-10"
@@ -62,13 +62,29 @@ def make_model(
 
 
 def resources(
-    ray_address: str, warehouse: str, s3_env: dict[str, str] | None = None
+    ray_address: str | None, warehouse: str, s3_env: dict[str, str] | None = None
 ) -> dict[str, Any]:
+    """Resources for one test; ``ray_address=None`` selects the local launcher."""
     s3 = S3Resource(endpoint_url=(s3_env or {}).get("AWS_ENDPOINT_URL"), region_name="us-east-1")
-    return {
-        "ray": RayJobsResource(address=ray_address, poll_max_s=0.5, timeout_s=300),
-        "warehouse": WarehouseResource(uri=warehouse, s3=s3),
-    }
+    launcher = (
+        RayJobsResource(address=ray_address, poll_max_s=0.5, timeout_s=300)
+        if ray_address
+        else LocalLauncherResource(timeout_s=300)
+    )
+    return {"launcher": launcher, "warehouse": WarehouseResource(uri=warehouse, s3=s3)}
+
+
+@pytest.fixture(params=["ray", "local"])
+def launcher(request: pytest.FixtureRequest) -> str | None:
+    """The same model-asset tests run on both launchers: a Ray address, or None for local."""
+    if request.param == "ray":
+        request.applymarker(pytest.mark.ray)
+        return str(request.getfixturevalue("ray_head").dashboard_url)
+    return None
+
+
+def job_prefix(launcher: str | None, name: str, version: str, ds: str = DS) -> str:
+    return f"zd-{name}-{version}-{ds}-1" if launcher else f"local-{name}-{version}-{ds}-"
 
 
 def materialize(
@@ -95,6 +111,9 @@ def failure_text(result: dg.ExecuteInProcessResult) -> str:
     assert events, "expected the step to fail"
     err = events[0].step_failure_data.error
     assert err is not None
+    # A clear Failure, not some other exception that happened to carry the text.
+    assert err.cls_name == "Failure", err.to_string()
+    assert err.cause is None, err.to_string()
     return err.to_string()
 
 
@@ -105,16 +124,15 @@ def ray_client(address: str) -> Any:
     return JobSubmissionClient(address)
 
 
-@pytest.mark.ray
-def test_materialize_partition_on_ray_file_warehouse(
-    ray_head: Any, file_base: str, trainer_copy: Path
+def test_materialize_partition_file_warehouse(
+    launcher: str | None, file_base: str, trainer_copy: Path
 ) -> None:
     write_table(file_base, TABLE, days_ending(DS, 4), rows=400)
     version = publish_trainer_archive(
         trainer_copy, model_name="listing_ctr_model", base=file_base
     ).version
     model = make_model(version, file_base)
-    res = resources(ray_head.dashboard_url, file_base)
+    res = resources(launcher, file_base)
 
     result = materialize(model, res)
     assert result.success
@@ -137,20 +155,22 @@ def test_materialize_partition_on_ray_file_warehouse(
     }
     assert md["pr_curve"].startswith("![precision-recall curve](data:image/png;base64,iVBOR")
     assert md["report"]["split"]["method"] == "date"
-    job_id = md["ray_job_id"]
-    assert job_id == f"zd-listing_ctr_model-{version}-{DS}-1"
-    assert md["ray_dashboard"] == f"{ray_head.dashboard_url}/#/jobs/{job_id}"
-
-    client = ray_client(ray_head.dashboard_url)
-    info = client.get_job_info(job_id)
-    assert str(info.status) == "SUCCEEDED"
-    # Exactly the contract's flags reached the trainer.
-    assert info.entrypoint.startswith("python -m trainer.train --input-table=ctr.training_v1 ")
-    assert "--start-ds=2026-07-07 --end-ds=2026-07-10" in info.entrypoint
-    assert (
-        f"--model-dir={model_dir}" in info.entrypoint
-        and f"--warehouse={file_base}" in info.entrypoint
-    )
+    assert md["launcher"] == ("ray" if launcher else "local")
+    if launcher:
+        job_id = md["ray_job_id"]
+        assert job_id == f"zd-listing_ctr_model-{version}-{DS}-1"
+        assert md["ray_dashboard"] == f"{launcher}/#/jobs/{job_id}"
+        info = ray_client(launcher).get_job_info(job_id)
+        assert str(info.status) == "SUCCEEDED"
+        # Exactly the contract's flags reached the trainer.
+        assert info.entrypoint.startswith("python -m trainer.train --input-table=ctr.training_v1 ")
+        assert "--start-ds=2026-07-07 --end-ds=2026-07-10" in info.entrypoint
+        assert f"--model-dir={model_dir}" in info.entrypoint
+        assert f"--warehouse={file_base}" in info.entrypoint
+    else:
+        job_id = md["job_id"]
+        assert job_id.startswith(job_prefix(launcher, "listing_ctr_model", version))
+        assert "ray_job_id" not in md
 
     files = sorted(p.name for p in Path(model_dir[len("file://") :]).iterdir())
     assert files == [MANIFEST_NAME, "metrics.json", "model.json", "pr_curve.png"]
@@ -158,14 +178,15 @@ def test_materialize_partition_on_ray_file_warehouse(
     for entry in manifest["files"]:
         data = Path(model_dir[len("file://") :], entry["path"]).read_bytes()
         assert hashlib.sha256(data).hexdigest() == entry["sha256"]
-    assert manifest["ray_job_id"] == job_id
+    assert manifest["job_id"] == job_id
 
     # Retraining the same (version, ds) keeps the earlier artifacts recoverable.
     first_model = Path(model_dir[len("file://") :], "model.json").read_bytes()
     again = materialize(model, res)
     assert again.success
     md2 = {k: v.value for k, v in only_materialization(again).metadata.items()}
-    assert md2["ray_job_id"] == f"zd-listing_ctr_model-{version}-{DS}-2"
+    if launcher:
+        assert md2["ray_job_id"] == f"zd-listing_ctr_model-{version}-{DS}-2"
     superseded = Path(md2["superseded_artifacts"][len("file://") :])
     assert superseded.parent.name == "_superseded" and superseded.is_relative_to(
         Path(model_dir[len("file://") :])
@@ -174,9 +195,8 @@ def test_materialize_partition_on_ray_file_warehouse(
     assert (superseded / MANIFEST_NAME).exists()
 
 
-@pytest.mark.ray
 def test_materialize_with_archive_and_artifacts_on_s3(
-    ray_head: Any, s3_bucket: str, s3_env: dict[str, str], file_base: str, trainer_copy: Path
+    launcher: str | None, s3_bucket: str, s3_env: dict[str, str], file_base: str, trainer_copy: Path
 ) -> None:
     base = f"{s3_bucket}/ml"
     write_table(file_base, TABLE, days_ending(DS, 4), rows=300)
@@ -184,7 +204,7 @@ def test_materialize_with_archive_and_artifacts_on_s3(
         trainer_copy, model_name="listing_ctr_model", base=base
     ).version
     model = make_model(version, base)
-    result = materialize(model, resources(ray_head.dashboard_url, file_base, s3_env))
+    result = materialize(model, resources(launcher, file_base, s3_env))
     assert result.success, failure_text(result)
     md = {k: v.value for k, v in only_materialization(result).metadata.items()}
     model_dir = f"{base}/models/listing_ctr_model/{version}/{DS}"
@@ -198,20 +218,24 @@ def test_materialize_with_archive_and_artifacts_on_s3(
         "pr_curve.png",
     ]
     assert json.loads(store.read_bytes(f"{model_dir}/metrics.json"))["holdout"]["rows"] == 300
-    # Secrets reach the job through the head's environment, never its public job info.
-    info = ray_client(ray_head.dashboard_url).get_job_info(md["ray_job_id"])
-    public = json.dumps(
-        {"runtime_env": info.runtime_env, "metadata": info.metadata, "entrypoint": info.entrypoint}
-    )
-    assert s3_env["AWS_SECRET_ACCESS_KEY"] not in public
+    if launcher:
+        # Secrets reach the job through the head's environment, never its public job info.
+        info = ray_client(launcher).get_job_info(md["ray_job_id"])
+        public = json.dumps(
+            {
+                "runtime_env": info.runtime_env,
+                "metadata": info.metadata,
+                "entrypoint": info.entrypoint,
+            }
+        )
+        assert s3_env["AWS_SECRET_ACCESS_KEY"] not in public
     assert s3_env["AWS_SECRET_ACCESS_KEY"] not in json.dumps(
         {k: str(v.value) for k, v in only_materialization(result).metadata.items()}
     )
 
 
-@pytest.mark.ray
 def test_one_class_holdout_reports_why_auc_is_missing(
-    ray_head: Any, file_base: str, trainer_copy: Path
+    launcher: str | None, file_base: str, trainer_copy: Path
 ) -> None:
     days = days_ending(DS, 4)
     write_table(file_base, TABLE, days[:-1], rows=300)
@@ -219,9 +243,7 @@ def test_one_class_holdout_reports_why_auc_is_missing(
     version = publish_trainer_archive(
         trainer_copy, model_name="listing_ctr_model", base=file_base
     ).version
-    result = materialize(
-        make_model(version, file_base), resources(ray_head.dashboard_url, file_base)
-    )
+    result = materialize(make_model(version, file_base), resources(launcher, file_base))
     assert result.success
     md = {k: v.value for k, v in only_materialization(result).metadata.items()}
     assert "holdout/auc" not in md
@@ -231,17 +253,18 @@ def test_one_class_holdout_reports_why_auc_is_missing(
     assert md["pr_curve"].startswith("_no precision-recall curve")
 
 
-@pytest.mark.ray
-def test_failing_trainer_fails_step_with_its_traceback(ray_head: Any, file_base: str) -> None:
+def test_failing_trainer_fails_step_with_its_traceback(
+    launcher: str | None, file_base: str
+) -> None:
     write_table(file_base, TABLE, days_ending(DS, 4), rows=50)
     version = publish_trainer_archive(
         FIXTURE_TRAINERS / "failing_trainer", model_name="failing_model", base=file_base
     ).version
     model = make_model(version, file_base, name="failing_model", job_configs={})
-    result = materialize(model, resources(ray_head.dashboard_url, file_base), raise_on_error=False)
+    result = materialize(model, resources(launcher, file_base), raise_on_error=False)
     assert not result.success
     text = failure_text(result)
-    assert f"zd-failing_model-{version}-{DS}-1 FAILED" in text
+    assert job_prefix(launcher, "failing_model", version) in text and " FAILED" in text
     assert "Traceback (most recent call last)" in text
     assert "in load_matrix" in text
     assert "ValueError: feature matrix has NaN in column price_log" in text
@@ -392,3 +415,19 @@ def test_unreachable_ray_fails_clearly(file_base: str, trainer_copy: Path) -> No
         )
     )
     assert f"no Ray cluster answers at {address}" in text and "zipline-dagster ray up" in text
+
+
+def test_local_launcher_refuses_unmet_requirements(file_base: str, tmp_path: Path) -> None:
+    import shutil
+
+    trainer = tmp_path / "needs_more"
+    shutil.copytree(FIXTURE_TRAINERS / "failing_trainer", trainer)
+    (trainer / "setup.py").write_text(
+        'from setuptools import setup\nsetup(name="needs_more", install_requires=["zd-not-installed==1.0", "pandas>=99"])\n'
+    )
+    write_table(file_base, TABLE, days_ending(DS, 4), rows=10)
+    version = publish_trainer_archive(trainer, model_name="needs_more", base=file_base).version
+    model = make_model(version, file_base, name="needs_more", job_configs={})
+    text = failure_text(materialize(model, resources(None, file_base), raise_on_error=False))
+    assert "zd-not-installed==1.0 (not installed)" in text
+    assert "pandas>=99 (installed 2." in text

@@ -37,7 +37,7 @@ from zipline_dagster.features import (
     StagingQuery,
 )
 from zipline_dagster.registry import SourceTable, build_definitions
-from zipline_dagster.resources import RayJobsResource, WarehouseResource
+from zipline_dagster.resources import LocalLauncherResource, RayJobsResource, WarehouseResource
 from zipline_dagster.settings import artifact_base_uri, warehouse_uri
 from zipline_dagster.spark import SparkResource
 
@@ -121,7 +121,10 @@ listing_ctr_model = Model(
 def resources() -> dict[str, object]:
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     return {
-        "ray": RayJobsResource(address=os.environ.get("RAY_ADDRESS") or None),
+        # ZIPLINE_LAUNCHER=local runs trainers as local subprocesses (no cluster).
+        "launcher": LocalLauncherResource()
+        if os.environ.get("ZIPLINE_LAUNCHER") == "local"
+        else RayJobsResource(address=os.environ.get("RAY_ADDRESS") or None),
         "spark": SparkResource(master=os.environ.get("SPARK_MASTER") or None),
         "warehouse": WarehouseResource(
             uri=warehouse_uri(),

@@ -7,12 +7,13 @@ from zipline_dagster.feature_assets import table_asset_key
 from zipline_dagster.metadata import report_metadata
 from zipline_dagster.partitions import daily_partitions
 from zipline_dagster.paths import join_uri
-from zipline_dagster.resources import RayJobsResource, WarehouseResource
+from zipline_dagster.resources import TrainingLauncher, WarehouseResource
 from zipline_dagster.spec import Model
 from zipline_dagster.storage import BlobNotFoundError, BlobStorageError
 from zipline_dagster.training import (
     ArtifactError,
     TrainingDataError,
+    TrainingJobError,
     build_training_request,
     check_training_window,
     read_install_requires,
@@ -65,7 +66,7 @@ def build_model_asset(
         op_tags={"zipline/model": model.name},
     )
     def _model_asset(
-        context: dg.AssetExecutionContext, ray: RayJobsResource, warehouse: WarehouseResource
+        context: dg.AssetExecutionContext, launcher: TrainingLauncher, warehouse: WarehouseResource
     ) -> dg.MaterializeResult:
         ds = context.partition_key
         request = build_training_request(model, ds, warehouse=warehouse.uri)
@@ -86,7 +87,7 @@ def build_model_asset(
             f"window {request.start_ds}..{request.end_ds}: parquet files per day {counts}"
         )
 
-        from zipline_dagster.ray_jobs import RayJobError, RayUnreachableError, job_metadata
+        from zipline_dagster.ray_jobs import RayUnreachableError, job_metadata
 
         superseded: list[str] = []
 
@@ -97,20 +98,21 @@ def build_model_asset(
                 context.log.info(f"earlier artifacts of {model.version}/{ds} moved to {dest}")
 
         try:
-            runner = ray.runner(context.log)
+            runner = launcher.runner(context.log)
             outcome = runner.run(
                 request,
+                archive=archive,
                 requirements=read_install_requires(archive),
                 metadata=job_metadata(
                     model=model.name, version=model.version, ds=ds, dagster_run_id=context.run_id
                 ),
                 before_submit=before_submit,
             )
-        except RayJobError as exc:
+        except TrainingJobError as exc:
             raise dg.Failure(
                 description=str(exc),
                 metadata={
-                    "ray_job_id": exc.job_id or "",
+                    "job_id": exc.job_id or "",
                     "trainer_log_tail": dg.MetadataValue.md(f"```\n{exc.logs_tail}\n```"),
                 },
             ) from None
@@ -133,7 +135,8 @@ def build_model_asset(
                     "version": model.version,
                     "ds": ds,
                     "window": list(request.days),
-                    "ray_job_id": outcome.job_id,
+                    "job_id": outcome.job_id,
+                    "launcher": outcome.launcher,
                     "archive_uri": archive_uri,
                     "dagster_run_id": context.run_id,
                 },
@@ -145,14 +148,18 @@ def build_model_asset(
             "version": model.version,
             "archive_uri": archive_uri,
             "artifact_uri": request.model_dir,
-            "ray_job_id": outcome.job_id,
-            "ray_dashboard": dg.MetadataValue.url(outcome.job_url),
-            "ray_job_seconds": dg.MetadataValue.float(round(outcome.seconds, 3)),
+            "launcher": outcome.launcher,
+            "job_seconds": dg.MetadataValue.float(round(outcome.seconds, 3)),
             "reattached": outcome.attached,
             "window": f"{request.start_ds}..{request.end_ds}",
             "artifact_files": dg.MetadataValue.json([f["path"] for f in manifest["files"]]),
             **report_metadata(report, pr_curve_png=png),
         }
+        if outcome.launcher == "ray":
+            metadata["ray_job_id"] = outcome.job_id
+            metadata["ray_dashboard"] = dg.MetadataValue.url(outcome.job_url or "")
+        else:
+            metadata["job_id"] = outcome.job_id
         if superseded:
             metadata["superseded_artifacts"] = superseded[0]
         return dg.MaterializeResult(metadata=metadata)

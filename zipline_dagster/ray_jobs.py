@@ -21,41 +21,21 @@ import re
 import time
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-from zipline_dagster.training import TrainingRequest
+from zipline_dagster.training import JobOutcome, TrainingJobError, TrainingRequest, traceback_tail
 
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 LIVE = frozenset({"PENDING", "RUNNING"})
 _MAX_ATTEMPT_PROBE = 1000
 
 
-class RayJobError(RuntimeError):
+class RayJobError(TrainingJobError):
     """The Ray job failed, was stopped or timed out; carries the job id and log tail."""
-
-    def __init__(self, message: str, *, job_id: str | None = None, logs_tail: str = "") -> None:
-        super().__init__(message)
-        self.job_id = job_id
-        self.logs_tail = logs_tail
 
 
 class RayUnreachableError(RuntimeError):
     """No Ray cluster answers at the configured address, or its Ray version differs."""
-
-
-@dataclass(frozen=True)
-class JobOutcome:
-    job_id: str
-    status: str
-    dashboard_url: str
-    attached: bool
-    seconds: float
-    logs: str
-
-    @property
-    def job_url(self) -> str:
-        return f"{self.dashboard_url}/#/jobs/{self.job_id}"
 
 
 def _http_address(address: str) -> str:
@@ -80,16 +60,6 @@ def cluster_ray_version(address: str, timeout: float = 5.0) -> str:
             "Start the embedded head with `zipline-dagster ray up`, or point RAY_ADDRESS / the "
             "ray resource's address at a running cluster's dashboard (http://head:8265)."
         ) from None
-
-
-def traceback_tail(logs: str, max_lines: int = 40) -> str:
-    """The trainer's own traceback (from the last 'Traceback'), else the last lines."""
-    lines = logs.rstrip().splitlines()
-    starts = [
-        i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")
-    ]
-    tail = lines[starts[-1] :] if starts else lines
-    return "\n".join(tail[-max_lines:])
 
 
 def _is_not_found(exc: Exception) -> bool:
@@ -313,6 +283,7 @@ class RayJobRunner:
         self,
         request: TrainingRequest,
         *,
+        archive: bytes | None = None,
         requirements: list[str],
         metadata: dict[str, str],
         before_submit: Callable[[], None] | None = None,

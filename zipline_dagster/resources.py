@@ -13,7 +13,30 @@ from zipline_dagster.settings import warehouse_uri
 from zipline_dagster.storage import BlobStore, blob_store
 
 
-class RayJobsResource(dg.ConfigurableResource):
+class TrainingLauncher(dg.ConfigurableResource):
+    """Runs a model partition's trainer: as a Ray Job, or locally for development.
+
+    Both run the same archive with the same flags, paths and report.
+    """
+
+    timeout_s: float = Field(
+        default=6 * 3600, description="Stop the trainer and fail the step after this many seconds."
+    )
+
+    def runner(self, log: Any) -> Any:
+        raise NotImplementedError
+
+
+class LocalLauncherResource(TrainingLauncher):
+    """Runs the trainer as a subprocess of the step, in this environment (no cluster)."""
+
+    def runner(self, log: Any) -> Any:
+        from zipline_dagster.local_launcher import LocalRunner
+
+        return LocalRunner(timeout_s=self.timeout_s, log=log)
+
+
+class RayJobsResource(TrainingLauncher):
     """Submits training as Ray Jobs.
 
     The cluster is, in order: ``address`` if set, else ``RAY_ADDRESS``, else the embedded

@@ -36,6 +36,42 @@ class TrainingDataError(RuntimeError):
     """The window's training data is missing or empty; names what is missing and what exists."""
 
 
+class TrainingJobError(RuntimeError):
+    """The trainer failed, was stopped or timed out; carries the job id and the log tail."""
+
+    def __init__(self, message: str, *, job_id: str | None = None, logs_tail: str = "") -> None:
+        super().__init__(message)
+        self.job_id = job_id
+        self.logs_tail = logs_tail
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    """A finished training job, whichever launcher ran it."""
+
+    job_id: str
+    status: str
+    dashboard_url: str | None
+    attached: bool
+    seconds: float
+    logs: str
+    launcher: str = "ray"
+
+    @property
+    def job_url(self) -> str | None:
+        return f"{self.dashboard_url}/#/jobs/{self.job_id}" if self.dashboard_url else None
+
+
+def traceback_tail(logs: str, max_lines: int = 40) -> str:
+    """The trainer's own traceback (from the last 'Traceback'), else the last lines."""
+    lines = logs.rstrip().splitlines()
+    starts = [
+        i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")
+    ]
+    tail = lines[starts[-1] :] if starts else lines
+    return "\n".join(tail[-max_lines:])
+
+
 class ArtifactError(RuntimeError):
     """The trainer finished but its artifacts are not what the contract requires."""
 

@@ -27,7 +27,12 @@ REPEATS = 3
 
 def _direct(argv: list[str]) -> float:
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, *argv[1:]], cwd=TRAINERS / "listing_ctr_model", check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, *argv[1:]],
+        cwd=TRAINERS / "listing_ctr_model",
+        check=True,
+        capture_output=True,
+    )
     return time.perf_counter() - t0
 
 
@@ -35,7 +40,9 @@ def _direct(argv: list[str]) -> float:
 def test_overhead_vs_direct(ray_head: Any, tmp_path: Path, rows: int, rounds: int) -> None:
     base = (tmp_path / "wh").as_uri()
     write_table(base, TABLE, days_ending(DS, 4), rows=rows)
-    version = publish_trainer_archive(TRAINERS / "listing_ctr_model", model_name="listing_ctr_model", base=base).version
+    version = publish_trainer_archive(
+        TRAINERS / "listing_ctr_model", model_name="listing_ctr_model", base=base
+    ).version
     job_configs = {
         "label-column": "label",
         "eval-days": "1",
@@ -53,7 +60,10 @@ def test_overhead_vs_direct(ray_head: Any, tmp_path: Path, rows: int, rounds: in
         platform.append(time.perf_counter() - t0)
 
     argv = build_training_request(model, DS, warehouse=base).argv
-    argv = [a if not a.startswith("--model-dir=") else f"--model-dir={tmp_path / 'direct'}" for a in argv]
+    argv = [
+        a if not a.startswith("--model-dir=") else f"--model-dir={tmp_path / 'direct'}"
+        for a in argv
+    ]
     direct = [_direct(argv) for _ in range(REPEATS)]
 
     p, d = statistics.median(platform), statistics.median(direct)
