@@ -144,3 +144,12 @@ def spark_resource() -> Iterator[Any]:
     res = SparkResource(master="local[2]")
     yield res
     res.spark_session.stop()
+
+
+@pytest.fixture(params=["ray", "local"])
+def launcher(request: pytest.FixtureRequest) -> str | None:
+    """The same model-asset tests run on both launchers: a Ray address, or None for local."""
+    if request.param == "ray":
+        request.applymarker(pytest.mark.ray)
+        return str(request.getfixturevalue("ray_head").dashboard_url)
+    return None

@@ -37,6 +37,7 @@ def make_model(
     *,
     name: str = "listing_ctr_model",
     job_configs: dict[str, str] | None = None,
+    replicas: int = 0,
 ) -> Model:
     return Model(
         version=version,
@@ -48,7 +49,7 @@ def make_model(
             training_data_source=EventSource(table=TABLE),
             training_data_window=Window(length=4),
             python_module="trainer.train",
-            resource_config=ResourceConfig(min_replica_count=0),
+            resource_config=ResourceConfig(min_replica_count=replicas),
             job_configs=job_configs
             if job_configs is not None
             else {
@@ -72,15 +73,6 @@ def resources(
         else LocalLauncherResource(timeout_s=300)
     )
     return {"launcher": launcher, "warehouse": WarehouseResource(uri=warehouse, s3=s3)}
-
-
-@pytest.fixture(params=["ray", "local"])
-def launcher(request: pytest.FixtureRequest) -> str | None:
-    """The same model-asset tests run on both launchers: a Ray address, or None for local."""
-    if request.param == "ray":
-        request.applymarker(pytest.mark.ray)
-        return str(request.getfixturevalue("ray_head").dashboard_url)
-    return None
 
 
 def job_prefix(launcher: str | None, name: str, version: str, ds: str = DS) -> str:

@@ -62,5 +62,59 @@ def report_metadata(report: dict[str, Any], *, pr_curve_png: bytes | None = None
         )
     elif "pr_curve" in status:
         md["pr_curve"] = dg.MetadataValue.md(f"_no precision-recall curve: {status['pr_curve']}_")
+    if "segments" in report:
+        md.update(segment_metadata(report))
     md["report"] = dg.MetadataValue.json(report)
     return md
+
+
+def segment_metadata(report: dict[str, Any]) -> dict[str, Any]:
+    """A fan-out report: counts, a per-segment table, and every failed segment's error."""
+    failed: dict[str, str] = report.get("segments_failed") or {}
+    rows = [
+        dg.TableRecord(
+            {
+                "segment": str(s["segment"]),
+                "status": "trained",
+                "train_rows": int(s.get("train_rows", 0)),
+                "holdout_rows": int(s.get("holdout_rows", 0)),
+                "holdout_auc": float(s["holdout_auc"]) if "holdout_auc" in s else None,
+                "note": "; ".join(f"{k}: {v}" for k, v in (s.get("status") or {}).items()),
+            }
+        )
+        for s in report["segments"]
+    ]
+    rows += [
+        dg.TableRecord(
+            {
+                "segment": seg,
+                "status": "failed",
+                "train_rows": 0,
+                "holdout_rows": 0,
+                "holdout_auc": None,
+                "note": err,
+            }
+        )
+        for seg, err in sorted(failed.items())
+    ]
+    return {
+        "segments/total": dg.MetadataValue.int(int(report.get("segments_total", len(rows)))),
+        "segments/trained": dg.MetadataValue.int(
+            int(report.get("segments_trained", len(report["segments"])))
+        ),
+        "segments/failed": dg.MetadataValue.int(len(failed)),
+        "segments/failures": dg.MetadataValue.json(failed),
+        "segments/summary": dg.MetadataValue.table(
+            records=rows,
+            schema=dg.TableSchema(
+                columns=[
+                    dg.TableColumn("segment", "string"),
+                    dg.TableColumn("status", "string"),
+                    dg.TableColumn("train_rows", "int"),
+                    dg.TableColumn("holdout_rows", "int"),
+                    dg.TableColumn("holdout_auc", "float"),
+                    dg.TableColumn("note", "string"),
+                ]
+            ),
+        ),
+    }

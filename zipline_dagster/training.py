@@ -124,7 +124,8 @@ def trainer_flags(
     """The one place ``job_configs`` become flags.
 
     Platform flags (never user-set) come first, then derived flags unless ``job_configs``
-    overrides them, then every ``job_configs`` entry as ``--key=value``.
+    overrides them (``--model-dir``, ``--warehouse``, and ``--num-workers`` when the
+    ResourceConfig asks for workers), then every ``job_configs`` entry as ``--key=value``.
     """
     conf = dict(model.training_conf.job_configs)
     flags = {
@@ -134,6 +135,10 @@ def trainer_flags(
         "model-dir": conf.pop("model-dir", model_dir),
         "warehouse": conf.pop("warehouse", warehouse),
     }
+    workers = model.training_conf.resource_config.workers
+    if workers > 0 or "num-workers" in conf:
+        # distributed / fan-out trainers size themselves from it; the driver holds no CPU
+        flags["num-workers"] = conf.pop("num-workers", str(workers))
     flags.update(conf)
     return [f"--{k}={v}" for k, v in flags.items()]
 

@@ -1,0 +1,1 @@
+"""Reference fan-out trainer: one small classifier per segment (e.g. per market)."""
