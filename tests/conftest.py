@@ -153,3 +153,55 @@ def launcher(request: pytest.FixtureRequest) -> str | None:
         request.applymarker(pytest.mark.ray)
         return str(request.getfixturevalue("ray_head").dashboard_url)
     return None
+
+
+@pytest.fixture(scope="module")
+def ray_two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real two-node Ray cluster on this machine: a head and a second `ray start
+    --address` node (each 2 CPUs), both in their own process groups, stopped after."""
+    import signal
+
+    from zipline_dagster.ray_cluster import LocalRayHead
+
+    head = LocalRayHead(tmp_path_factory.mktemp("ray2"), num_cpus=2)
+    info = head.ensure_running()
+    log = open(tmp_path_factory.mktemp("ray2node") / "node.log", "wb")  # noqa: SIM115
+    node = subprocess.Popen(
+        [
+            str(BIN / "ray"),
+            "start",
+            "--block",
+            f"--address={info.gcs_address}",
+            "--node-ip-address=127.0.0.1",
+            "--num-cpus=2",
+            f"--dashboard-agent-listen-port={free_port()}",
+            "--disable-usage-stats",
+        ],
+        env={**os.environ, "RAY_AUTH_MODE": "disabled", "PATH": f"{BIN}:{os.environ['PATH']}"},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            with urllib.request.urlopen(f"{info.dashboard_url}/nodes?view=summary", timeout=5) as r:
+                import json
+
+                summary = json.load(r)["data"]["summary"]
+            alive = [n for n in summary if n.get("raylet", {}).get("state") == "ALIVE"]
+            if len(alive) >= 2:
+                break
+            assert time.monotonic() < deadline, f"second node did not join: {summary}"
+            time.sleep(1)
+        yield info
+    finally:
+        try:
+            os.killpg(node.pid, signal.SIGTERM)
+            node.wait(8)
+        except subprocess.TimeoutExpired:
+            os.killpg(node.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        log.close()
+        head.stop()

@@ -56,6 +56,24 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-rounds", type=_non_negative_int, default=50)
     p.add_argument("--learning-rate", type=float, default=0.3)
     p.add_argument("--seed", type=_non_negative_int, default=0)
+    p.add_argument(
+        "--num-workers",
+        type=_non_negative_int,
+        default=0,
+        help="train with Ray Train on this many workers (0: in this process)",
+    )
+    p.add_argument(
+        "--max-failures",
+        type=_non_negative_int,
+        default=2,
+        help="worker failures Ray Train recovers from (resuming from the last checkpoint)",
+    )
+    p.add_argument(
+        "--fail-at-round",
+        type=_non_negative_int,
+        default=0,
+        help="fault injection for recovery tests: the last worker dies at this round once",
+    )
     args = p.parse_args(argv)
     if args.start_ds > args.end_ds:
         p.error(f"--start-ds={args.start_ds} is after --end-ds={args.end_ds}")

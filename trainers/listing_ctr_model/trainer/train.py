@@ -212,7 +212,32 @@ def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
         # A one-class training set has no base rate to estimate; 0.5 keeps xgboost defined.
         "base_score": 0.5 if len(set(y_train.tolist())) < 2 else float(y_train.mean()),
     }
-    booster = xgb.train(params, dtrain, num_boost_round=args.num_rounds)
+    distributed = None
+    if args.num_workers > 0:
+        import pandas as pd
+
+        from trainer.distributed import train_distributed
+
+        fingerprint = format(
+            int(pd.util.hash_pandas_object(train_df[[*cols, args.label_column]], index=False).sum())
+            & (2**64 - 1),
+            "016x",
+        )
+        booster, distributed = train_distributed(
+            x=train_df[cols].to_numpy(dtype=float),
+            y=y_train,
+            features=list(features),
+            params={k: v for k, v in params.items() if k != "nthread"}
+            | {"nthread": 1, "tree_method": "hist"},
+            num_rounds=args.num_rounds,
+            num_workers=args.num_workers,
+            model_dir=args.model_dir,
+            data_fingerprint=fingerprint[:12],
+            max_failures=args.max_failures,
+            fail_at_round=args.fail_at_round,
+        )
+    else:
+        booster = xgb.train(params, dtrain, num_boost_round=args.num_rounds)
     p_train = booster.predict(dtrain)
     p_hold = (
         booster.predict(
@@ -267,6 +292,7 @@ def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "params": {k: v for k, v in params.items() if k != "nthread"},
         "num_rounds": args.num_rounds,
         "training_seconds": round(time.monotonic() - t0, 3),
+        "distributed": distributed,
     }
 
     tio.write_bytes(args.model_dir, "model.json", bytes(booster.save_raw(raw_format="json")))
