@@ -43,7 +43,7 @@ from zipline_dagster.spark import SparkResource
 
 #: Content address of trainers/listing_ctr_model (`zipline-dagster build-trainer` prints
 #: it). A test fails when the trainer changes and this is not updated.
-LISTING_CTR_MODEL_VERSION = "f13db97eafe4"
+LISTING_CTR_MODEL_VERSION = "dc29ce43480a"
 
 listing_views = SourceTable(
     table="ctr.listing_views", asset=build_listing_views_asset("ctr.listing_views")
