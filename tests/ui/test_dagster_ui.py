@@ -1,0 +1,144 @@
+"""The Dagster UI in a real browser (Debian's chromium driven by Playwright), against
+`dagster dev` on loopback with the demo code location: launch one model partition from
+the UI, wait for it, and check the metadata a user looks at is shown."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.conftest import BIN, ROOT, free_port, wait_http
+
+pytestmark = [pytest.mark.ui, pytest.mark.ray, pytest.mark.spark]
+CHROMIUM = "/usr/bin/chromium"
+SCREENSHOTS = ROOT / "test-artifacts" / "ui"
+DS = "2026-07-11"
+
+PREPARE = """
+import dagster as dg
+from zipline_dagster.archive import publish_trainer_archive
+from zipline_dagster.backfill import execute_plan_in_process, model_partitions, plan_backfill
+from zipline_dagster.definitions import defs, listing_ctr_model as m
+publish_trainer_archive("trainers/listing_ctr_model", model_name=m.name, base=m.model_artifact_base_uri)
+key = dg.AssetKey(["ctr", "training_v1"])
+instance = dg.DagsterInstance.get()
+plan = plan_backfill(defs, instance, key, model_partitions(defs, key, "2026-07-08", "2026-07-11"))
+execute_plan_in_process(defs, instance, plan, log=lambda m: None)
+"""
+
+
+@pytest.fixture(scope="module")
+def dagster_dev(
+    ray_head: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, str]]:
+    """`dagster dev` with the demo code location; its upstream tables already built."""
+    if not os.path.exists(CHROMIUM):
+        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (.ci/run does)")
+    tmp = tmp_path_factory.mktemp("ui")
+    home = tmp / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    env = {
+        **os.environ,
+        "DAGSTER_HOME": str(home),
+        "ZIPLINE_HOME": str(tmp / "zipline"),
+        "RAY_ADDRESS": ray_head.dashboard_url,
+        "SPARK_MASTER": "local[2]",
+    }
+    subprocess.run(
+        [sys.executable, "-c", PREPARE],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    port = free_port()
+    log = open(tmp / "dagster_dev.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [str(BIN / "dagster"), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        wait_http(f"http://127.0.0.1:{port}/server_info", timeout=120)
+        yield {
+            "url": f"http://127.0.0.1:{port}",
+            "warehouse": f"file://{tmp / 'zipline' / 'warehouse'}",
+        }
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+
+
+def test_launch_partition_from_ui_and_see_metadata(dagster_dev: dict[str, str]) -> None:
+    from playwright.sync_api import sync_playwright
+
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    asset_url = f"{dagster_dev['url']}/assets/models/listing_ctr_model"
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ],
+        )
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(asset_url)
+            materialize = page.get_by_role("button", name="Materialize…")
+            materialize.wait_for(timeout=60_000)
+            page.wait_for_timeout(2000)
+            if page.get_by_role("button", name="Skip").count():  # the first-visit community prompt
+                page.get_by_role("button", name="Skip").click()
+            materialize.click()
+            page.get_by_text("Show all partitions").click()
+            partitions = page.locator("[role=dialog] input").first
+            partitions.fill(DS)
+            partitions.press("Enter")
+            page.get_by_role("button", name="Launch 1 run").click()
+
+            deadline = time.monotonic() + 300
+            while not page.get_by_text("holdout/auc").count():
+                assert time.monotonic() < deadline, "the launched run did not materialize the model"
+                page.wait_for_timeout(5000)
+                page.goto(asset_url)
+                page.wait_for_timeout(3000)
+            page.screenshot(path=str(SCREENSHOTS / "model_metadata.png"), full_page=True)
+
+            body = page.locator("body").inner_text()
+            assert DS in body  # the latest materialization is the launched partition
+            artifact = f"{dagster_dev['warehouse']}/models/listing_ctr_model/"
+            assert artifact in body
+            auc_row = page.locator("tr", has_text="holdout/auc").first.inner_text()
+            auc = float(auc_row.split()[-1])
+            assert 0.6 < auc < 1.0
+
+            page.get_by_placeholder("Filter metadata keys").fill("pr_curve")
+            page.get_by_text("[Show Markdown]").click()
+            image = page.locator("img[src^='data:image/png']")
+            image.wait_for(timeout=10_000)
+            assert image.evaluate("img => img.naturalWidth") > 100  # a real picture decoded
+            page.screenshot(path=str(SCREENSHOTS / "model_pr_curve.png"))
+        finally:
+            browser.close()
