@@ -77,9 +77,7 @@ def build_model_asset(
                 base=model.model_artifact_base_uri,
                 model_name=model.name,
                 version=model.version,
-                s3_client=warehouse.s3.get_client()
-                if request.archive_uri.startswith("s3://")
-                else None,
+                s3_client=warehouse.s3_client_for(request.archive_uri),
             )
         except (TrainingDataError, ArchiveVerificationError, BlobStorageError) as exc:
             raise dg.Failure(description=str(exc)) from None

@@ -104,8 +104,12 @@ class WarehouseResource(dg.ConfigurableResource):
         "come from the standard AWS environment.",
     )
 
+    def s3_client_for(self, uri: str) -> Any:
+        """The configured S3 client for ``s3://`` URIs, None for anything else."""
+        return self.s3.get_client() if uri.startswith("s3://") else None
+
     def store(self, uri: str) -> BlobStore:
-        return blob_store(uri, s3_client=self.s3.get_client() if uri.startswith("s3://") else None)
+        return blob_store(uri, s3_client=self.s3_client_for(uri))
 
 
 def default_warehouse() -> WarehouseResource:

@@ -26,7 +26,7 @@ from zipline_dagster.paths import (
 )
 from zipline_dagster.spec import Model
 from zipline_dagster.storage import BlobStore
-from zipline_dagster.tables import existing_partitions, format_days
+from zipline_dagster.tables import days_between, existing_partitions, format_days, shift_day
 
 REPORT_NAME = "metrics.json"
 SUPERSEDED_DIR = "_superseded"
@@ -87,8 +87,7 @@ class ArtifactError(RuntimeError):
 
 def window_days(ds: str, length: int) -> list[str]:
     """A window of N days ending at ``ds``: exactly ``ds-(N-1)`` .. ``ds``, inclusive."""
-    end = dt.date.fromisoformat(ds)
-    return [(end - dt.timedelta(days=n)).isoformat() for n in range(length - 1, -1, -1)]
+    return days_between(shift_day(ds, -(length - 1)), ds)
 
 
 @dataclass(frozen=True)
