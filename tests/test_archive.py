@@ -72,6 +72,7 @@ def test_exactly_one_top_level_folder_with_the_package_inside(trainer_copy: Path
     with zipfile.ZipFile(io.BytesIO(archive.data)) as zf:
         names = zf.namelist()
         infos = zf.infolist()
+    # the setup.py name, not the folder's
     assert {n.split("/", 1)[0] for n in names} == {"listing_ctr_model"}
     # After Ray strips the top folder, `python -m trainer.train` must resolve.
     stripped = {n.split("/", 1)[1] for n in names}
@@ -138,3 +139,57 @@ def test_checked_in_reference_trainer_is_deterministic(tmp_path: Path) -> None:
         build_trainer_archive(dst).data
         == build_trainer_archive(TRAINERS / "listing_ctr_model").data
     )
+
+
+def test_version_does_not_depend_on_the_folder_it_is_built_from(
+    trainer_copy: Path, tmp_path: Path
+) -> None:
+    """The same files under another folder name (another checkout) give the same bytes."""
+    elsewhere = tmp_path / "some-checkout" / "renamed_folder"
+    shutil.copytree(trainer_copy, elsewhere)
+    a, b = build_trainer_archive(trainer_copy), build_trainer_archive(elsewhere)
+    assert a.data == b.data and a.version == b.version
+    with zipfile.ZipFile(io.BytesIO(b.data)) as zf:
+        assert {n.split("/", 1)[0] for n in zf.namelist()} == {"listing_ctr_model"}
+
+
+@pytest.mark.parametrize(
+    ("setup_py", "fragment"),
+    [
+        (
+            "from setuptools import setup\nREQS = ['pandas']\nsetup(name='t', install_requires=REQS)\n",
+            "install_requires=REQS is not a literal",
+        ),
+        (
+            "from setuptools import setup\nsetup(name='t', install_requires=open('r.txt').read().split())\n",
+            "is not a literal",
+        ),
+        ("from setuptools import setup\nsetup(name=NAME)\n", "name=NAME is not a literal"),
+        ("from setuptools import setup\nsetup(name='a/b')\n", "name='a/b' is invalid"),
+        ("from setuptools import setup\nsetup(install_requires=[])\n", "sets no name"),
+        ("from setuptools import setup\nsetup(name='t', install_requires=[1])\n", "list of"),
+        ("setup(name='t'\n", "is not valid Python"),
+    ],
+)
+def test_setup_py_keywords_must_be_literals(
+    trainer_copy: Path, setup_py: str, fragment: str
+) -> None:
+    (trainer_copy / "setup.py").write_text(setup_py)
+    with pytest.raises(TrainerArchiveError) as exc:
+        build_trainer_archive(trainer_copy)
+    assert fragment in str(exc.value) and "setup.py" in str(exc.value)
+
+
+def test_install_requires_of_a_stored_archive_read_with_a_clear_error(trainer_copy: Path) -> None:
+    """An archive built elsewhere (not by build_trainer_archive) is checked when it is used."""
+    from zipline_dagster.training import read_install_requires
+
+    good = build_trainer_archive(trainer_copy)
+    assert "pandas>=2.3,<3" in read_install_requires(good.data)
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        zf.writestr(
+            "t/setup.py", "from setuptools import setup\nsetup(name='t', install_requires=R)\n"
+        )
+    with pytest.raises(TrainerArchiveError, match=r"s3://b/x.zip: t/setup.py: install_requires=R"):
+        read_install_requires(buf.getvalue(), uri="s3://b/x.zip")

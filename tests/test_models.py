@@ -157,15 +157,19 @@ def test_materialize_partition_file_warehouse(
         # Exactly the contract's flags reached the trainer.
         assert info.entrypoint.startswith("python -m trainer.train --input-table=ctr.training_v1 ")
         assert "--start-ds=2026-07-07 --end-ds=2026-07-10" in info.entrypoint
-        assert f"--model-dir={model_dir}" in info.entrypoint
+        # the trainer writes into its attempt's folder; the platform promotes it
+        assert f"--model-dir={model_dir}/_attempts/{job_id} " in info.entrypoint
         assert f"--warehouse={file_base}" in info.entrypoint
     else:
         job_id = md["job_id"]
         assert job_id.startswith(job_prefix(launcher, "listing_ctr_model", version))
         assert "ray_job_id" not in md
 
-    files = sorted(p.name for p in Path(model_dir[len("file://") :]).iterdir())
+    files = sorted(p.name for p in Path(model_dir[len("file://") :]).iterdir() if p.is_file())
     assert files == [MANIFEST_NAME, "metrics.json", "model.json", "pr_curve.png"]
+    # the promoted attempt keeps only a note of what it became
+    attempt = Path(model_dir[len("file://") :], "_attempts", job_id)
+    assert sorted(p.name for p in attempt.iterdir()) == ["_PROMOTED.json"]
     manifest = json.loads(Path(model_dir[len("file://") :], MANIFEST_NAME).read_text())
     for entry in manifest["files"]:
         data = Path(model_dir[len("file://") :], entry["path"]).read_bytes()
@@ -203,7 +207,7 @@ def test_materialize_with_archive_and_artifacts_on_s3(
     assert md["archive_uri"] == f"{base}/builds/listing_ctr_model-{version}.zip"
     assert md["artifact_uri"] == model_dir
     store = blob_store(model_dir)
-    assert [u.rsplit("/", 1)[1] for u in store.list(model_dir)] == [
+    assert [u.rsplit("/", 1)[1] for u in store.list(model_dir) if "/_attempts/" not in u] == [
         MANIFEST_NAME,
         "metrics.json",
         "model.json",
@@ -279,7 +283,8 @@ def test_second_submission_reattaches_to_live_job(ray_head: Any, file_base: str)
     # A step that submitted and then died: its job is still running on the cluster.
     first = RayJobRunner(address=ray_head.dashboard_url, auth_mode="disabled")
     request = build_training_request(model, DS, warehouse=file_base)
-    sid, attached = first.submit_or_attach(request, requirements=[], metadata={})
+    job, attached = first.submit_or_attach(request, requirements=[], metadata={})
+    sid = job.attempt_id
     assert (sid, attached) == (f"zd-slow_model-{version}-{DS}-1", False)
 
     result = materialize(model, resources(ray_head.dashboard_url, file_base))

@@ -218,3 +218,43 @@ def test_window_length_checked(length: Any) -> None:
 def test_start_partition_checked() -> None:
     with pytest.raises(ModelSpecError, match="start_partition"):
         Query(start_partition="07/01/2026")
+
+
+PEM = (
+    "-----BEGIN OPENSSH PRIVATE KEY-----\n"
+    "b3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQAAAAAAAAABAAAAMwAAAAtzc2gtZW\n"
+    "-----END OPENSSH PRIVATE KEY-----"
+)
+
+
+@pytest.mark.parametrize(
+    ("job_configs", "fragment"),
+    [
+        ({"ssh-key-material": PEM}, "single-line"),  # multi-line: refused before secret check
+        ({"notes": "line one\nzq-unique-9f3"}, "single-line"),
+        ({"start-ds": "zq-unique-9f3-AKIAABCDEFGHIJKLMNOP"}, "set by the platform"),
+        ({"input-table": PEM}, "set by the platform"),
+        ({"end-ds": "zq-unique-9f3"}, "set by the platform"),
+        ({"client-secret": "zq-unique-9f3"}, "looks like a secret"),
+        ({"depth": ["zq-unique-9f3"]}, "expected a string"),
+    ],
+)
+def test_no_refusal_echoes_the_refused_value(job_configs: dict[str, Any], fragment: str) -> None:
+    """Refusals land in logs and the UI: they describe the value, never show it."""
+    import traceback
+
+    with pytest.raises(ModelSpecError) as exc:
+        make_model(job_configs=job_configs)
+    text = "".join(traceback.format_exception(exc.value))  # the message and any cause
+    assert fragment in text
+    value = next(iter(job_configs.values()))
+    for piece in value if isinstance(value, list) else value.splitlines():
+        assert piece not in text, f"refused value echoed: {text}"
+    assert "zq-unique-9f3" not in text and "b3BlbnNzaC1rZXkt" not in text
+    assert "not shown" in text or "type list" in text  # says what it was instead
+
+
+def test_refusal_describes_kind_and_length() -> None:
+    with pytest.raises(ModelSpecError) as exc:
+        make_model(job_configs={"key-material": PEM})
+    assert f"a {len(PEM)}-character 3-line string (not shown)" in str(exc.value)

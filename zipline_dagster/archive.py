@@ -8,9 +8,11 @@ one top-level folder (Ray strips a single top-level folder when it unpacks a rem
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import io
 import os
+import re
 import stat
 import zipfile
 from dataclasses import dataclass
@@ -47,6 +49,67 @@ EXCLUDED_FILE_NAMES = frozenset({".DS_Store", "Thumbs.db"})
 
 class TrainerArchiveError(ValueError):
     """The trainer folder cannot be archived (missing, escaping symlink, no setup.py...)."""
+
+
+#: A distribution name usable as the archive's single top-level folder.
+_TOP_LEVEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def setup_keywords(source: str | bytes, *, where: str) -> dict[str, object]:
+    """``name`` and ``install_requires`` of a ``setup.py``, read without executing it.
+
+    Both must be literals (a string; a list of strings): the archive's top-level folder
+    and the job's environment are derived from them, so they cannot depend on what a
+    build machine happens to have.
+
+    Raises:
+        TrainerArchiveError: the file does not parse, calls no ``setup(...)``, or a
+            keyword is not a literal (names the file, the keyword and the expression).
+    """
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        raise TrainerArchiveError(
+            f"{where} is not valid Python (SyntaxError: {exc.msg}, line {exc.lineno})"
+        ) from exc
+    calls = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and getattr(node.func, "id", getattr(node.func, "attr", None)) == "setup"
+    ]
+    if not calls:
+        raise TrainerArchiveError(f"{where} calls no setup(...); a trainer is a normal package")
+    out: dict[str, object] = {}
+    for kw in calls[0].keywords:
+        if kw.arg not in ("name", "install_requires"):
+            continue
+        try:
+            value = ast.literal_eval(kw.value)
+        except ValueError:
+            raise TrainerArchiveError(
+                f"{where}: {kw.arg}={ast.unparse(kw.value)} is not a literal; write it out "
+                + ("as a string" if kw.arg == "name" else "as a list of requirement strings")
+                + " (the platform reads it without running setup.py)"
+            ) from None
+        if kw.arg == "name" and not (isinstance(value, str) and _TOP_LEVEL_RE.match(value)):
+            raise TrainerArchiveError(
+                f"{where}: name={value!r} is invalid; expected a package name of letters, "
+                "digits, '.', '_' and '-' (it names the archive's top-level folder)"
+            )
+        if kw.arg == "install_requires" and not (
+            isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
+        ):
+            raise TrainerArchiveError(
+                f"{where}: install_requires={ast.unparse(kw.value)} is invalid; expected a "
+                "list of requirement strings such as ['pandas>=2.3,<3']"
+            )
+        out[kw.arg] = list(value) if kw.arg == "install_requires" else value  # type: ignore[arg-type]
+    if "name" not in out:
+        raise TrainerArchiveError(
+            f"{where} sets no name=...; the package name names the archive's top-level folder"
+        )
+    return out
 
 
 @dataclass(frozen=True)
@@ -111,23 +174,24 @@ def _collect(root: Path) -> list[tuple[str, Path]]:
     return files
 
 
-def build_trainer_archive(
-    source: str | os.PathLike[str], *, top_level: str | None = None
-) -> TrainerArchive:
+def build_trainer_archive(source: str | os.PathLike[str]) -> TrainerArchive:
     """Zip a trainer package folder deterministically.
+
+    The single top-level folder inside the zip (Ray strips it when it unpacks the
+    archive) is the package's ``setup.py`` name, never the folder it was built from: the
+    same files anywhere give the same bytes and so the same version.
 
     Args:
         source: the package folder (holding ``setup.py`` and the trainer module).
-        top_level: the single top-level folder name inside the zip; defaults to the
-            folder's own name. Ray strips it when it unpacks the archive.
 
     Returns:
         The archive bytes, their SHA-256 and the entry names. ``.version`` is the
         content address to declare on the ``Model``.
 
     Raises:
-        TrainerArchiveError: the folder is missing, has no ``setup.py``, is empty, or
-            holds a symlink that points outside it.
+        TrainerArchiveError: the folder is missing, has no ``setup.py`` (or one whose
+            ``name``/``install_requires`` are not literals), or holds a symlink that
+            points outside it.
     """
     root = Path(source)
     if not root.is_dir():
@@ -137,9 +201,7 @@ def build_trainer_archive(
             f"trainer folder {root} has no setup.py; a trainer is a normal package with "
             "setup.py (name, install_requires) and a module Ray can run (trainer/train.py)"
         )
-    top = top_level or root.resolve().name
-    if not top or "/" in top or top in {".", ".."}:
-        raise TrainerArchiveError(f"top-level folder name {top!r} is not a single path segment")
+    top = str(setup_keywords((root / "setup.py").read_bytes(), where=f"{root}/setup.py")["name"])
 
     files = _collect(root)
     buf = io.BytesIO()

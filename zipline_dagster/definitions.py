@@ -43,7 +43,7 @@ from zipline_dagster.spark import SparkResource
 
 #: Content address of trainers/listing_ctr_model (`zipline-dagster build-trainer` prints
 #: it). A test fails when the trainer changes and this is not updated.
-LISTING_CTR_MODEL_VERSION = "dc29ce43480a"
+LISTING_CTR_MODEL_VERSION = "b426b02f75a8"
 
 listing_views = SourceTable(
     table="ctr.listing_views", asset=build_listing_views_asset("ctr.listing_views")

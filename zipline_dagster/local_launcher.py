@@ -19,8 +19,8 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 import zipfile
-from collections.abc import Callable
 from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import Any
@@ -81,7 +81,6 @@ class LocalRunner:
         archive: bytes,
         requirements: list[str],
         metadata: dict[str, str],
-        before_submit: Callable[[], None] | None = None,
     ) -> JobOutcome:
         unmet = unmet_requirements(requirements)
         if unmet:
@@ -89,13 +88,12 @@ class LocalRunner:
                 f"the local launcher runs the trainer in this environment, which does not satisfy its "
                 f"install_requires: {', '.join(unmet)}; install them or use the Ray launcher"
             )
-        if before_submit:
-            before_submit()
         started = time.monotonic()
+        job = request.for_attempt(f"local-{request.job_key}-{uuid.uuid4().hex[:8]}")
         workdir = Path(tempfile.mkdtemp(prefix=f"zd-{request.job_key}-"))
         try:
             unpack_archive(archive, workdir)
-            return self._run_in(workdir, request, started)
+            return self._run_in(workdir, job, started)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
 
@@ -111,7 +109,7 @@ class LocalRunner:
             text=True,
             start_new_session=True,
         )
-        job_id = f"local-{request.job_key}-{proc.pid}"
+        job_id = request.attempt_id or f"local-{request.job_key}-{proc.pid}"
         self.log.info(f"started local trainer {job_id}: {request.entrypoint}")
         lines: queue.Queue[str | None] = queue.Queue()
 
@@ -162,6 +160,7 @@ class LocalRunner:
             seconds=time.monotonic() - started,
             logs=text,
             launcher="local",
+            model_dir=request.model_dir,
         )
 
     @staticmethod

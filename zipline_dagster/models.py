@@ -2,7 +2,11 @@
 
 import dagster as dg
 
-from zipline_dagster.archive import ArchiveVerificationError, load_verified_archive
+from zipline_dagster.archive import (
+    ArchiveVerificationError,
+    TrainerArchiveError,
+    load_verified_archive,
+)
 from zipline_dagster.feature_assets import table_asset_key
 from zipline_dagster.metadata import report_metadata
 from zipline_dagster.partitions import daily_partitions
@@ -16,10 +20,9 @@ from zipline_dagster.training import (
     TrainingJobError,
     build_training_request,
     check_training_window,
+    promote_attempt,
     read_install_requires,
     read_report,
-    supersede_previous,
-    write_manifest,
 )
 
 
@@ -70,7 +73,7 @@ def build_model_asset(
     ) -> dg.MaterializeResult:
         ds = context.partition_key
         request = build_training_request(model, ds, warehouse=warehouse.uri)
-        artifacts = warehouse.store(request.model_dir)
+        artifacts = warehouse.store(request.canonical_dir)
         try:
             counts = check_training_window(warehouse.store(request.warehouse), request)
             archive_uri, archive = load_verified_archive(
@@ -79,32 +82,30 @@ def build_model_asset(
                 version=model.version,
                 s3_client=warehouse.s3_client_for(request.archive_uri),
             )
-        except (TrainingDataError, ArchiveVerificationError, BlobStorageError) as exc:
+            requirements = read_install_requires(archive, uri=archive_uri)
+        except (
+            TrainingDataError,
+            ArchiveVerificationError,
+            TrainerArchiveError,
+            BlobStorageError,
+        ) as exc:
             raise dg.Failure(description=str(exc)) from None
         context.log.info(
             f"window {request.start_ds}..{request.end_ds}: parquet files per day {counts}"
         )
 
+        from zipline_dagster.ray_cluster import RayHeadError
         from zipline_dagster.ray_jobs import RayUnreachableError, job_metadata
-
-        superseded: list[str] = []
-
-        def before_submit() -> None:
-            dest = supersede_previous(artifacts, request.model_dir)
-            if dest:
-                superseded.append(dest)
-                context.log.info(f"earlier artifacts of {model.version}/{ds} moved to {dest}")
 
         try:
             runner = launcher.runner(context.log)
             outcome = runner.run(
                 request,
                 archive=archive,
-                requirements=read_install_requires(archive),
+                requirements=requirements,
                 metadata=job_metadata(
                     model=model.name, version=model.version, ds=ds, dagster_run_id=context.run_id
                 ),
-                before_submit=before_submit,
             )
         except TrainingJobError as exc:
             raise dg.Failure(
@@ -114,20 +115,17 @@ def build_model_asset(
                     "trainer_log_tail": dg.MetadataValue.md(f"```\n{exc.logs_tail}\n```"),
                 },
             ) from None
-        except RayUnreachableError as exc:
+        except (RayUnreachableError, RayHeadError) as exc:
             raise dg.Failure(description=str(exc)) from None
 
+        # The attempt succeeded: promote it into {version}/{ds}/ (the earlier finished
+        # model is superseded only now, and the manifest is written last).
+        attempt_id = outcome.model_dir.rstrip("/").rsplit("/", 1)[1]
         try:
-            report = read_report(artifacts, request.model_dir)
-            try:
-                png: bytes | None = artifacts.read_bytes(
-                    join_uri(request.model_dir, "pr_curve.png")
-                )
-            except BlobNotFoundError:
-                png = None
-            manifest = write_manifest(
+            promotion = promote_attempt(
                 artifacts,
-                request.model_dir,
+                request.canonical_dir,
+                attempt_id,
                 extra={
                     "model": model.name,
                     "version": model.version,
@@ -139,18 +137,34 @@ def build_model_asset(
                     "dagster_run_id": context.run_id,
                 },
             )
-        except (ArtifactError, BlobNotFoundError) as exc:
+            report = read_report(artifacts, request.canonical_dir)
+            try:
+                png: bytes | None = artifacts.read_bytes(
+                    join_uri(request.canonical_dir, "pr_curve.png")
+                )
+            except BlobNotFoundError:
+                png = None
+        except (ArtifactError, BlobStorageError) as exc:
             raise dg.Failure(description=str(exc)) from None
+        if promotion.superseded:
+            context.log.info(
+                f"earlier artifacts of {model.version}/{ds} moved to {promotion.superseded}"
+            )
+        if promotion.already:
+            context.log.info(f"attempt {attempt_id} had already been promoted by another run")
 
         metadata = {
             "version": model.version,
             "archive_uri": archive_uri,
-            "artifact_uri": request.model_dir,
+            "artifact_uri": request.canonical_dir,
+            "attempt": attempt_id,
             "launcher": outcome.launcher,
             "job_seconds": dg.MetadataValue.float(round(outcome.seconds, 3)),
             "reattached": outcome.attached,
             "window": f"{request.start_ds}..{request.end_ds}",
-            "artifact_files": dg.MetadataValue.json([f["path"] for f in manifest["files"]]),
+            "artifact_files": dg.MetadataValue.json(
+                [f["path"] for f in promotion.manifest["files"]]
+            ),
             **report_metadata(report, pr_curve_png=png),
         }
         if outcome.launcher == "ray":
@@ -158,8 +172,8 @@ def build_model_asset(
             metadata["ray_dashboard"] = dg.MetadataValue.url(outcome.job_url or "")
         else:
             metadata["job_id"] = outcome.job_id
-        if superseded:
-            metadata["superseded_artifacts"] = superseded[0]
+        if promotion.superseded:
+            metadata["superseded_artifacts"] = promotion.superseded
         return dg.MaterializeResult(metadata=metadata)
 
     return _model_asset

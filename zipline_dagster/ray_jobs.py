@@ -6,18 +6,23 @@ Plain library code (no Dagster): the Dagster resource in ``resources.py`` wraps 
   restarted step re-attaches to a live job for the same (model, version, ds) instead of
   starting a second one.
 * The job's logs are forwarded line by line while it runs.
-* An interrupt (run cancelled, even twice) or the timeout stops the Ray job before the
-  step ends.
+* An interrupt (run cancelled, even twice) or the timeout (from the job's own start)
+  stops the Ray job before the step ends; nothing else does: transient dashboard errors
+  are retried for a tolerance while the job keeps running.
+* Each attempt's trainer writes into its own folder (``_attempts/{submission id}``); the
+  model asset promotes it into place only when it succeeded.
 * Nothing secret goes into ``runtime_env`` or job metadata (both are shown verbatim by
   the dashboard); jobs inherit secrets from the cluster's own environment.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import re
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -59,7 +64,7 @@ def cluster_ray_version(address: str, timeout: float = 5.0) -> str:
             f"no Ray cluster answers at {_http_address(address)} ({type(exc).__name__}: {exc}). "
             "Start the embedded head with `zipline-dagster ray up`, or point RAY_ADDRESS / the "
             "ray resource's address at a running cluster's dashboard (http://head:8265)."
-        ) from None
+        ) from exc
 
 
 def _is_not_found(exc: Exception) -> bool:
@@ -67,17 +72,128 @@ def _is_not_found(exc: Exception) -> bool:
     return "404" in text or "does not exist" in text or "not found" in text.lower()
 
 
+class RayDashboardLostError(TrainingJobError):
+    """The dashboard stayed unreachable longer than the tolerance; the job may still run."""
+
+
+def is_transient(exc: BaseException) -> bool:
+    """An error talking to the dashboard that says nothing about the job itself.
+
+    Connection refused / reset / remote disconnected, timeouts, and 5xx answers (a proxy
+    in front of the dashboard answers 502 while it restarts).
+    """
+    import requests
+
+    if isinstance(exc, (requests.ConnectionError, requests.Timeout, ConnectionError, TimeoutError)):
+        return True
+    if isinstance(exc, requests.exceptions.ChunkedEncodingError):
+        return True
+    text = str(exc)
+    return bool(re.search(r"status code 5\d\d", text)) or "Connection aborted" in text
+
+
+class _LogFollower:
+    """Follows a job's logs incrementally through the dashboard's log stream.
+
+    ``tail_job_logs`` streams the log from its start; after a reconnect the part already
+    forwarded is skipped, so nothing is re-downloaded on a healthy connection and nothing
+    is forwarded twice. The step never waits for the stream to close (3-5 s after the
+    job ends): ``finish`` takes what is left from one final read of the logs.
+    """
+
+    def __init__(self, runner: RayJobRunner, submission_id: str) -> None:
+        self.runner = runner
+        self.sid = submission_id
+        self.text: list[str] = []
+        self._delivered = 0  # characters of the log forwarded so far
+        self._partial = ""  # a line not yet ended
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._loop: Any = None
+        self._task: Any = None
+        self._thread = threading.Thread(target=self._run, name=f"logs-{submission_id}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _offer(self, offset: int, chunk: str) -> None:
+        """Forward the part of ``chunk`` (starting at log ``offset``) not forwarded yet."""
+        with self._lock:
+            if self._done.is_set():
+                return
+            end = offset + len(chunk)
+            if end <= self._delivered:
+                return
+            new = chunk[max(0, self._delivered - offset) :]
+            self._delivered = end
+            self.text.append(new)
+            lines = (self._partial + new).split("\n")
+            self._partial = lines.pop()
+            for line in lines:
+                if line.strip():
+                    self.runner.log.info(f"[{self.sid}] {line}")
+
+    def _run(self) -> None:
+        import asyncio
+
+        async def follow() -> None:
+            client = self.runner.client()
+            while not self._done.is_set():
+                offset = 0
+                try:
+                    async for chunk in client.tail_job_logs(self.sid):
+                        self._offer(offset, chunk)
+                        offset += len(chunk)
+                    return  # the stream ended with the job
+                except asyncio.CancelledError:
+                    return
+                except Exception:  # dashboard blip: reconnect and skip what was seen
+                    await asyncio.sleep(1.0)
+
+        self._loop = asyncio.new_event_loop()
+        try:
+            self._task = self._loop.create_task(follow())
+            self._loop.run_until_complete(self._task)
+        except BaseException:
+            pass
+        finally:
+            self._loop.close()
+
+    def finish(self, full_logs: str | None) -> str:
+        """Forward what the stream has not delivered yet and stop following."""
+        if full_logs is not None:
+            self._offer(0, full_logs)
+        with self._lock:
+            if self._partial.strip():
+                self.runner.log.info(f"[{self.sid}] {self._partial}")
+            self._partial = ""
+            self._done.set()
+        loop, task = self._loop, self._task
+        if loop is not None and task is not None:
+            with contextlib.suppress(RuntimeError):  # the loop already closed
+                loop.call_soon_threadsafe(task.cancel)
+        return "".join(self.text)
+
+
 class RayJobRunner:
-    """Submit a training request as a Ray Job and wait for it.
+    """Submit a training request as a Ray Job and follow it to a terminal state.
 
     Args:
         address: the cluster's dashboard address (``http://host:8265``).
         auth_mode: ``RAY_AUTH_MODE`` for this client (``disabled`` or ``token``).
-        timeout_s: stop the job and fail after this long.
+        timeout_s: stop the job and fail after this long, counted from the job's own
+            start time (a re-attached step does not restart the clock).
         poll_max_s: longest wait between status checks (polling backs off up to it).
+        unreachable_tolerance_s: how long the dashboard may stay unreachable (connection
+            errors, 5xx) while following a job; the job keeps running meanwhile, and
+            when the tolerance runs out the step fails saying a retry re-attaches.
         install_requirements: install the trainer's ``install_requires`` into the job's
             environment (Ray's ``pip`` runtime env, cached per requirement set).
         log: receives the job's log lines and lifecycle messages.
+
+    Example:
+        >>> runner = RayJobRunner(address="http://127.0.0.1:8265")  # doctest: +SKIP
+        >>> outcome = runner.run(request, archive=data, requirements=[], metadata={})  # doctest: +SKIP
     """
 
     def __init__(
@@ -87,6 +203,7 @@ class RayJobRunner:
         auth_mode: str | None = None,
         timeout_s: float = 6 * 3600,
         poll_max_s: float = 2.0,
+        unreachable_tolerance_s: float = 120.0,
         install_requirements: bool = True,
         log: logging.Logger | logging.LoggerAdapter[Any] | None = None,
     ) -> None:
@@ -96,9 +213,12 @@ class RayJobRunner:
         self.auth_mode = auth_mode
         self.timeout_s = timeout_s
         self.poll_max_s = poll_max_s
+        self.unreachable_tolerance_s = unreachable_tolerance_s
         self.install_requirements = install_requirements
         self.log = log or logging.getLogger(__name__)
         self._client: Any = None
+        self._lost_since: float | None = None
+        self._last_warning = 0.0
 
     # -- connection -----------------------------------------------------------------
     def client(self) -> Any:
@@ -119,18 +239,66 @@ class RayJobRunner:
                 self._client = JobSubmissionClient(self.address)
             except Exception as exc:
                 raise RayUnreachableError(
-                    f"cannot use the Ray Job API at {self.address}: {exc}"
-                ) from None
+                    f"cannot use the Ray Job API at {self.address} ({type(exc).__name__}: {exc})"
+                ) from exc
         return self._client
+
+    def _call(self, what: str, fn: Callable[[], Any], *, job: str | None = None) -> Any:
+        """``fn()``, retrying transient dashboard errors with backoff up to the tolerance."""
+        delay = 0.5
+        while True:
+            try:
+                result = fn()
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                now = time.monotonic()
+                if self._lost_since is None:
+                    self._lost_since = now
+                lost = now - self._lost_since
+                if lost > self.unreachable_tolerance_s:
+                    raise RayDashboardLostError(
+                        f"lost contact with the Ray dashboard at {self.address} for {lost:.0f}s "
+                        f"(tolerance {self.unreachable_tolerance_s:.0f}s) while trying to {what} "
+                        f"({type(exc).__name__}: {_short(exc)}). "
+                        + (
+                            f"Ray job {job} was not stopped and may still be running on the "
+                            "cluster; a retry of this step re-attaches to it (same submission id)."
+                            if job
+                            else "Nothing was submitted."
+                        ),
+                        job_id=job,
+                    ) from exc
+                if now - self._last_warning > 10 or lost == 0:
+                    self._last_warning = now
+                    self.log.warning(
+                        f"Ray dashboard at {self.address} unreachable for {lost:.0f}s while trying "
+                        f"to {what} ({type(exc).__name__}: {_short(exc)}); retrying for up to "
+                        f"{self.unreachable_tolerance_s:.0f}s"
+                        + (f", job {job} keeps running" if job else "")
+                    )
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            if self._lost_since is not None:
+                self.log.warning(
+                    f"Ray dashboard at {self.address} reachable again after "
+                    f"{time.monotonic() - self._lost_since:.0f}s"
+                )
+                self._lost_since = None
+            return result
 
     # -- ids and re-attachment ---------------------------------------------------------
     def _info(self, submission_id: str) -> Any | None:
-        try:
-            return self.client().get_job_info(submission_id)
-        except Exception as exc:
-            if _is_not_found(exc):
-                return None
-            raise
+        def get() -> Any | None:
+            try:
+                return self.client().get_job_info(submission_id)
+            except Exception as exc:
+                if _is_not_found(exc):
+                    return None
+                raise
+
+        return self._call(f"look up job {submission_id}", get)
 
     def find_attempt(self, job_key: str) -> tuple[int, Any | None]:
         """The latest attempt number for ``job_key`` and its job info (0, None if none)."""
@@ -159,36 +327,45 @@ class RayJobRunner:
         *,
         requirements: list[str],
         metadata: dict[str, str],
-        before_submit: Callable[[], None] | None = None,
-    ) -> tuple[str, bool]:
-        """Re-attach to a live job for the same (model, version, ds), else submit one."""
+    ) -> tuple[TrainingRequest, bool]:
+        """Re-attach to a live job for the same (model, version, ds), else submit one.
+
+        Returns the request of the attempt being followed (its ``attempt_id`` is the
+        submission id, its ``model_dir`` the attempt folder) and whether it re-attached.
+        """
         attempt, info = self.find_attempt(request.job_key)
         if info is not None and str(info.status) in LIVE:
             sid = f"zd-{request.job_key}-{attempt}"
             self.log.info(
                 f"re-attaching to live Ray job {sid} ({info.status}) instead of submitting again"
             )
-            return sid, True
-        if before_submit:
-            before_submit()
+            return request.for_attempt(sid), True
         sid = f"zd-{request.job_key}-{attempt + 1}"
+        job = request.for_attempt(sid)
         resources = request.model.training_conf.resource_config
-        try:
+
+        def submit() -> None:
             self.client().submit_job(
-                entrypoint=request.entrypoint,
+                entrypoint=job.entrypoint,
                 submission_id=sid,
-                runtime_env=self.runtime_env(request, requirements),
+                runtime_env=self.runtime_env(job, requirements),
                 metadata=metadata,
                 # A distributed driver holds no CPU its own workers need.
                 entrypoint_num_cpus=resources.cpus_per_replica if resources.workers == 0 else 0,
             )
+
+        try:
+            self._call(f"submit job {sid}", submit)
         except Exception as exc:
-            if "already exists" in str(exc):  # another step submitted it a moment ago
-                self.log.info(f"Ray job {sid} was just submitted by another step; re-attaching")
-                return sid, True
+            # another step submitted it a moment ago, or our own retried request did
+            if "already exists" in str(exc):
+                self.log.info(
+                    f"Ray job {sid} already exists (submitted by another step); re-attaching"
+                )
+                return job, True
             raise
-        self.log.info(f"submitted Ray job {sid}: {request.entrypoint}")
-        return sid, False
+        self.log.info(f"submitted Ray job {sid}: {job.entrypoint}")
+        return job, False
 
     # -- follow ------------------------------------------------------------------------
     def stop(self, submission_id: str, wait_s: float = 20.0) -> str:
@@ -210,62 +387,82 @@ class RayJobRunner:
             except BaseException as exc:
                 if type(exc).__name__ == "DagsterExecutionInterruptedError":
                     continue
+                if isinstance(exc, Exception) and is_transient(exc):
+                    time.sleep(0.5)
+                    continue
                 self.log.warning(f"could not stop Ray job {submission_id}: {exc}")
                 break
         self.log.warning(f"Ray job {submission_id} stop requested; status {status}")
         return status
 
-    def wait(self, submission_id: str, *, started: float, attached: bool) -> JobOutcome:
-        client = self.client()
-        delay, sent = 0.2, 0
-        logs = ""
-        status = "PENDING"
+    def wait(self, job: TrainingRequest, *, attached: bool) -> JobOutcome:
+        """Follow the attempt's job to a terminal state, forwarding its logs as they come.
+
+        Only a run cancellation (an interrupt) or the timeout stops the job; a dashboard
+        that stays unreachable past the tolerance fails the step and leaves the job be.
+        """
+        sid = job.attempt_id
+        assert sid is not None
+        follower = _LogFollower(self, sid)
+        follower.start()
+        started = time.monotonic()
+        info = self._call(f"follow job {sid}", lambda: self.client().get_job_info(sid), job=sid)
+        # The job's own clock: a re-attached step does not restart the timeout.
+        job_start = (info.start_time / 1000.0) if info.start_time else time.time()
+        delay = 0.2
+        status = str(info.status)
         try:
-            while True:
-                status = str(client.get_job_status(submission_id))
-                logs = client.get_job_logs(submission_id)
-                if len(logs) > sent:
-                    for line in logs[sent:].splitlines():
-                        if line.strip():
-                            self.log.info(f"[{submission_id}] {line}")
-                    sent = len(logs)
-                if status in TERMINAL:
-                    break
-                if time.monotonic() - started > self.timeout_s:
-                    final = self.stop(submission_id)
+            while status not in TERMINAL:
+                if time.time() - job_start > self.timeout_s:
+                    final = self.stop(sid)
+                    logs = follower.finish(None)
                     raise RayJobError(
-                        f"Ray job {submission_id} timed out after {self.timeout_s:.0f}s and was "
-                        f"stopped ({final})",
-                        job_id=submission_id,
+                        f"Ray job {sid} timed out after {self.timeout_s:.0f}s (counted from the "
+                        f"job's start) and was stopped ({final})",
+                        job_id=sid,
                         logs_tail=traceback_tail(logs),
                     )
                 time.sleep(delay)
                 delay = min(delay * 1.5, self.poll_max_s)
+                status = str(
+                    self._call(
+                        f"follow job {sid}", lambda: self.client().get_job_status(sid), job=sid
+                    )
+                )
         except RayJobError:
             raise
+        except Exception:
+            follower.finish(None)
+            raise  # the dashboard is lost (or a bug): the job is left running, not stopped
         except BaseException:
-            # Run cancelled (Dagster interrupts the step), or anything else: never leave
-            # the job running behind a step that has ended.
+            # Run cancelled (Dagster interrupts the step): never leave the job running
+            # behind a step that has ended.
+            follower.finish(None)
             if status not in TERMINAL:
-                self.stop(submission_id)
+                self.stop(sid)
             raise
+        full = self._call(
+            f"read the logs of job {sid}", lambda: self.client().get_job_logs(sid), job=sid
+        )
+        logs = follower.finish(full)
         outcome = JobOutcome(
-            job_id=submission_id,
+            job_id=sid,
             status=status,
             dashboard_url=self.address,
             attached=attached,
             seconds=time.monotonic() - started,
             logs=logs,
+            model_dir=job.model_dir,
         )
         if status != "SUCCEEDED":
-            info = client.get_job_info(submission_id)
+            info = self._call(f"read job {sid}", lambda: self.client().get_job_info(sid), job=sid)
             error_type = getattr(info, "error_type", None)
             exit_code = getattr(info, "driver_exit_code", None)
             tail = traceback_tail(logs or (info.message or ""))
             message = (info.message or "").strip().splitlines()
             first = message[0] if message else ""
             raise RayJobError(
-                f"Ray job {submission_id} {status}"
+                f"Ray job {sid} {status}"
                 + (
                     f" ({error_type}"
                     + (f", exit code {exit_code}" if exit_code is not None else "")
@@ -274,7 +471,7 @@ class RayJobRunner:
                     else ""
                 )
                 + f": {first}\n--- trainer output (tail) ---\n{tail}",
-                job_id=submission_id,
+                job_id=sid,
                 logs_tail=tail,
             )
         return outcome
@@ -286,13 +483,14 @@ class RayJobRunner:
         archive: bytes | None = None,
         requirements: list[str],
         metadata: dict[str, str],
-        before_submit: Callable[[], None] | None = None,
     ) -> JobOutcome:
-        started = time.monotonic()
-        sid, attached = self.submit_or_attach(
-            request, requirements=requirements, metadata=metadata, before_submit=before_submit
-        )
-        return self.wait(sid, started=started, attached=attached)
+        job, attached = self.submit_or_attach(request, requirements=requirements, metadata=metadata)
+        return self.wait(job, attached=attached)
+
+
+def _short(exc: BaseException, limit: int = 200) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 _SAFE_META = re.compile(r"^[\w.:/@+-]{0,256}$")

@@ -11,6 +11,7 @@ from pydantic import Field
 
 from zipline_dagster.settings import warehouse_uri
 from zipline_dagster.storage import BlobStore, blob_store
+from zipline_dagster.training import TrainingRunner
 
 
 class TrainingLauncher(dg.ConfigurableResource):
@@ -23,14 +24,14 @@ class TrainingLauncher(dg.ConfigurableResource):
         default=6 * 3600, description="Stop the trainer and fail the step after this many seconds."
     )
 
-    def runner(self, log: Any) -> Any:
+    def runner(self, log: Any) -> TrainingRunner:
         raise NotImplementedError
 
 
 class LocalLauncherResource(TrainingLauncher):
     """Runs the trainer as a subprocess of the step, in this environment (no cluster)."""
 
-    def runner(self, log: Any) -> Any:
+    def runner(self, log: Any) -> TrainingRunner:
         from zipline_dagster.local_launcher import LocalRunner
 
         return LocalRunner(timeout_s=self.timeout_s, log=log)
@@ -59,6 +60,12 @@ class RayJobsResource(TrainingLauncher):
         default=6 * 3600, description="Stop the Ray job and fail the step after this many seconds."
     )
     poll_max_s: float = Field(default=2.0, description="Longest wait between job status checks.")
+    unreachable_tolerance_s: float = Field(
+        default=120.0,
+        description="How long the Ray dashboard may stay unreachable (connection errors, 5xx) "
+        "while a job is followed; the job keeps running meanwhile, and past this the step fails "
+        "(a retry re-attaches to the job).",
+    )
     install_requirements: bool = Field(
         default=True,
         description="Install the trainer's install_requires into the job (Ray pip runtime env, cached per set).",
@@ -78,7 +85,7 @@ class RayJobsResource(TrainingLauncher):
         head = LocalRayHead(self.embedded_state_dir).ensure_running()
         return head.dashboard_url, EMBEDDED_AUTH_MODE
 
-    def runner(self, log: Any) -> Any:
+    def runner(self, log: Any) -> TrainingRunner:
         from zipline_dagster.ray_jobs import RayJobRunner
 
         address, auth = self.resolved_address()
@@ -87,6 +94,7 @@ class RayJobsResource(TrainingLauncher):
             auth_mode=auth,
             timeout_s=self.timeout_s,
             poll_max_s=self.poll_max_s,
+            unreachable_tolerance_s=self.unreachable_tolerance_s,
             install_requirements=self.install_requirements,
             log=log,
         )

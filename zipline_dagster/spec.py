@@ -266,35 +266,60 @@ def _check_python_module(model: str, module: Any) -> None:
         )
 
 
+def describe_refused(value: object) -> str:
+    """What a refused ``job_configs`` value is, without its content.
+
+    Refusal messages land in logs and the Dagster UI, and a refused value may be a
+    credential (a PEM key is multi-line), so they say its kind and length only.
+    """
+    if not isinstance(value, str):
+        return f"a value of type {type(value).__name__}"
+    kinds = []
+    if "\n" in value:
+        kinds.append(f"{value.count(chr(10)) + 1}-line")
+    if "\x00" in value:
+        kinds.append("NUL-containing")
+    if not value:
+        return "an empty string"
+    return f"a {len(value)}-character {' '.join([*kinds, 'string'])} (not shown)"
+
+
 def check_job_configs(model: str, job_configs: Mapping[str, Any]) -> None:
-    """Refuse reserved keys, malformed keys/values and anything that looks like a secret."""
+    """Refuse reserved keys, malformed keys/values and anything that looks like a secret.
+
+    No message echoes a value: it may be a credential (see ``describe_refused``).
+    """
     for key, value in job_configs.items():
         fld = f"training_conf.job_configs[{key!r}]"
         if not isinstance(key, str) or not JOB_CONFIG_KEY_RE.match(key):
-            raise _fail(
-                model,
-                "training_conf.job_configs key",
-                key,
-                "expected a flag name of letters, digits, '-' and '_' (it becomes --key=value)",
+            shown = key if isinstance(key, str) and len(key) <= 64 and key.isprintable() else None
+            raise ModelSpecError(
+                f"Model {model!r}: training_conf.job_configs key "
+                + (repr(shown) if shown is not None else describe_refused(key))
+                + " is invalid; expected a flag name of letters, digits, '-' and '_' "
+                "(it becomes --key=value)."
             )
         if key in RESERVED_JOB_CONFIG_KEYS:
-            raise _fail(
-                model,
-                fld,
-                value,
-                f"{key!r} is set by the platform from the partition being trained; "
-                f"remove it (platform-owned keys: {', '.join(sorted(RESERVED_JOB_CONFIG_KEYS))})",
+            raise ModelSpecError(
+                f"Model {model!r}: {fld} is refused ({describe_refused(value)}); {key!r} is "
+                "set by the platform from the partition being trained; remove it "
+                f"(platform-owned keys: {', '.join(sorted(RESERVED_JOB_CONFIG_KEYS))})."
             )
         if not isinstance(value, str):
-            raise _fail(model, fld, value, "expected a string value")
+            raise ModelSpecError(
+                f"Model {model!r}: {fld} is {describe_refused(value)}; expected a string value."
+            )
         if "\n" in value or "\x00" in value:
-            raise _fail(model, fld, value, "expected a single-line value")
+            raise ModelSpecError(
+                f"Model {model!r}: {fld} is {describe_refused(value)}; expected a single-line "
+                "value (multi-line values are often keys or certificates: pass the name of an "
+                "environment variable set on the Ray cluster instead)."
+            )
         reason = _secret_reason(key, value)
         if reason:
-            # Never echo the value: it may be a real credential.
             raise ModelSpecError(
-                f"Model {model!r}: training_conf.job_configs[{key!r}] looks like a secret "
-                f"({reason}); its value is not shown. job_configs become command-line "
+                f"Model {model!r}: {fld} looks like a secret ({reason}); it is "
+                f"{describe_refused(value)}. job_configs become command-line "
                 "arguments visible in process listings, Ray job info and logs. Pass the "
                 "name of an environment variable instead, e.g. "
                 '{"client-secret-env": "DATABRICKS_CLIENT_SECRET"}, and set that variable '

@@ -31,6 +31,13 @@ class BlobStore(Protocol):
         ...
 
     def delete(self, uri: str) -> None: ...
+    def create_exclusive(self, uri: str, data: bytes) -> bool:
+        """Write ``data`` only if nothing is at ``uri``; False when something already is.
+
+        The one atomic primitive locks are built on (``O_EXCL`` locally, a conditional
+        put ``If-None-Match: *`` on S3).
+        """
+        ...
 
 
 def local_path(uri: str) -> Path:
@@ -83,6 +90,17 @@ class LocalStore:
 
     def delete(self, uri: str) -> None:
         local_path(uri).unlink(missing_ok=True)
+
+    def create_exclusive(self, uri: str, data: bytes) -> bool:
+        path = local_path(uri)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        return True
 
 
 def _split_s3(uri: str) -> tuple[str, str]:
@@ -170,6 +188,17 @@ class S3Store:
             self.client.delete_object(Bucket=bucket, Key=key)
         except Exception as exc:
             raise self._err("delete", uri, exc) from exc
+
+    def create_exclusive(self, uri: str, data: bytes) -> bool:
+        bucket, key = _split_s3(uri)
+        try:
+            self.client.put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
+            return True
+        except Exception as exc:
+            code = str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
+            if code in {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}:
+                return False
+            raise self._err("create", uri, exc) from exc
 
 
 def _is_not_found(exc: Exception) -> bool:

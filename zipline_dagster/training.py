@@ -6,16 +6,19 @@ here, so the flags, paths and report are identical whichever runs the trainer.
 
 from __future__ import annotations
 
-import ast
+import contextlib
 import datetime as dt
 import hashlib
 import io
 import json
+import os
 import shlex
+import socket
 import time
 import zipfile
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
 
 from zipline_dagster.paths import (
     MANIFEST_NAME,
@@ -30,15 +33,32 @@ from zipline_dagster.tables import days_between, existing_partitions, format_day
 
 REPORT_NAME = "metrics.json"
 SUPERSEDED_DIR = "_superseded"
-#: Ray Train checkpoints stay in place across attempts, so a restarted job resumes; they
-#: are training state, not artifacts, and are left out of the manifest.
+#: Each training attempt writes into its own folder; only a successful one is promoted
+#: into ``{version}/{ds}/``, so a failed retrain leaves the finished model in place.
+ATTEMPTS_DIR = "_attempts"
+#: Left in an attempt folder once it was promoted (holds the manifest it became).
+PROMOTED_NAME = "_PROMOTED.json"
+#: Held while one run promotes an attempt into the partition folder.
+PROMOTE_LOCK_NAME = "_PROMOTING.lock"
+#: Ray Train checkpoints live beside the attempts (``--checkpoint-dir``), so a new
+#: attempt resumes from an earlier one's; training state, not artifacts.
 CHECKPOINTS_DIR = "_checkpoints"
+_NOT_ARTIFACTS = (SUPERSEDED_DIR, ATTEMPTS_DIR, CHECKPOINTS_DIR, PROMOTE_LOCK_NAME, PROMOTED_NAME)
 
 
 def _artifact_files(store: BlobStore, model_dir: str) -> list[str]:
-    """Files of the current attempt: not superseded ones, not checkpoints."""
-    skip = (f"/{SUPERSEDED_DIR}/", f"/{CHECKPOINTS_DIR}/")
-    return [u for u in store.list(model_dir) if not any(s in u[len(model_dir) :] for s in skip)]
+    """Artifacts directly of ``model_dir``: not superseded ones, attempts or checkpoints."""
+    out = []
+    for uri in store.list(model_dir):
+        first = uri[len(model_dir) :].lstrip("/").split("/", 1)[0]
+        if first not in _NOT_ARTIFACTS:
+            out.append(uri)
+    return out
+
+
+def attempt_dir(model_dir: str, attempt_id: str) -> str:
+    """``{model_dir}/_attempts/{attempt_id}``: where one attempt's trainer writes."""
+    return join_uri(model_dir, ATTEMPTS_DIR, attempt_id)
 
 
 class TrainingDataError(RuntimeError):
@@ -65,10 +85,30 @@ class JobOutcome:
     seconds: float
     logs: str
     launcher: str = "ray"
+    #: the attempt folder the trainer wrote into
+    model_dir: str = ""
 
     @property
     def job_url(self) -> str | None:
         return f"{self.dashboard_url}/#/jobs/{self.job_id}" if self.dashboard_url else None
+
+
+class TrainingRunner(Protocol):
+    """What a launcher returns: runs one partition's request to a finished job.
+
+    The runner picks the attempt id, points the trainer at ``request.for_attempt(id)``
+    and reports the attempt folder in ``JobOutcome.model_dir``; it never touches the
+    partition folder itself (the model asset promotes a successful attempt).
+    """
+
+    def run(
+        self,
+        request: TrainingRequest,
+        *,
+        archive: bytes,
+        requirements: list[str],
+        metadata: dict[str, str],
+    ) -> JobOutcome: ...
 
 
 def traceback_tail(logs: str, max_lines: int = 40) -> str:
@@ -101,6 +141,22 @@ class TrainingRequest:
     #: every flag, platform ones first, then job_configs, as ``--key=value``
     flags: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)
+    #: the partition folder the finished model is promoted into; ``model_dir`` is the
+    #: same until ``for_attempt`` points the trainer at an attempt folder below it
+    canonical_dir: str = ""
+    attempt_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.canonical_dir:
+            object.__setattr__(self, "canonical_dir", self.model_dir)
+
+    def for_attempt(self, attempt_id: str) -> TrainingRequest:
+        """The same request with the trainer writing into ``_attempts/{attempt_id}``."""
+        adir = attempt_dir(self.canonical_dir, attempt_id)
+        flags = tuple(
+            f"--model-dir={adir}" if f.startswith("--model-dir=") else f for f in self.flags
+        )
+        return replace(self, model_dir=adir, flags=flags, attempt_id=attempt_id)
 
     @property
     def start_ds(self) -> str:
@@ -147,6 +203,11 @@ def trainer_flags(
     if workers > 0 or "num-workers" in conf:
         # distributed / fan-out trainers size themselves from it; the driver holds no CPU
         flags["num-workers"] = conf.pop("num-workers", str(workers))
+    if workers > 0:
+        # Checkpoints sit beside the attempt folders, so a new attempt resumes.
+        flags["checkpoint-dir"] = conf.pop(
+            "checkpoint-dir", join_uri(flags["model-dir"], CHECKPOINTS_DIR)
+        )
     flags.update(conf)
     return [f"--{k}={v}" for k, v in flags.items()]
 
@@ -200,20 +261,21 @@ def check_training_window(store: BlobStore, request: TrainingRequest) -> dict[st
     return {d: have[d] for d in request.days}
 
 
-def read_install_requires(archive: bytes) -> list[str]:
-    """``install_requires`` of the archive's ``setup.py``, read without executing it."""
+def read_install_requires(archive: bytes, *, uri: str = "the trainer archive") -> list[str]:
+    """``install_requires`` of the archive's ``setup.py``, read without executing it.
+
+    Raises:
+        TrainerArchiveError: it is not a literal list of strings (names the archive).
+    """
+    from zipline_dagster.archive import setup_keywords
+
     with zipfile.ZipFile(io.BytesIO(archive)) as zf:
         names = [n for n in zf.namelist() if n.count("/") == 1 and n.endswith("/setup.py")]
         if not names:
             return []
-        tree = ast.parse(zf.read(names[0]))
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call):
-            for kw in node.keywords:
-                if kw.arg == "install_requires":
-                    value = ast.literal_eval(kw.value)
-                    return [str(v) for v in value]
-    return []
+        source = zf.read(names[0])
+    found = setup_keywords(source, where=f"{uri}: {names[0]}")
+    return [str(v) for v in found.get("install_requires", [])]  # type: ignore[attr-defined]
 
 
 # ---------------------------------------------------------------------------------------
@@ -221,7 +283,7 @@ def read_install_requires(archive: bytes) -> list[str]:
 
 
 def supersede_previous(store: BlobStore, model_dir: str) -> str | None:
-    """Move an earlier attempt's files aside, inside this partition's own folder.
+    """Move the partition's finished files aside, inside its own folder.
 
     The manifest goes first, so a crash mid-way never leaves the partition looking
     finished; the rest lands in ``{model_dir}/_superseded/{UTC stamp}/`` and stays
@@ -241,36 +303,117 @@ def supersede_previous(store: BlobStore, model_dir: str) -> str | None:
     return dest
 
 
-def write_manifest(store: BlobStore, model_dir: str, *, extra: dict[str, Any]) -> dict[str, Any]:
-    """Checksum every artifact and write ``_MANIFEST.json`` last, as the commit marker.
+class PromotionLockError(ArtifactError):
+    """Another run held the partition's promotion lock for too long."""
+
+
+@contextlib.contextmanager
+def promotion_lock(
+    store: BlobStore, model_dir: str, *, wait_s: float = 900.0, stale_s: float = 600.0
+) -> Iterator[None]:
+    """Hold ``{model_dir}/_PROMOTING.lock`` while the partition folder changes.
+
+    Two runs of one partition (both attached to the same Ray job, or a retrain racing a
+    late one) promote one at a time, so neither moves the other's files. A lock older
+    than ``stale_s`` belongs to a run that died mid-promotion and is broken.
+    """
+    uri = join_uri(model_dir, PROMOTE_LOCK_NAME)
+    owner = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "at": time.time()})
+    deadline = time.monotonic() + wait_s
+    while not store.create_exclusive(uri, owner.encode()):
+        try:
+            held = json.loads(store.read_bytes(uri))
+            age = time.time() - float(held.get("at", 0))
+        except Exception:  # vanished or half-visible: look again
+            age = 0.0
+        if age > stale_s:
+            store.delete(uri)
+            continue
+        if time.monotonic() > deadline:
+            raise PromotionLockError(
+                f"{uri} has been held by another run for {age:.0f}s; the partition is left "
+                "as it is. If no run is promoting it, delete the lock and retry."
+            )
+        time.sleep(0.2)
+    try:
+        yield
+    finally:
+        store.delete(uri)
+
+
+@dataclass(frozen=True)
+class Promotion:
+    manifest: dict[str, Any]
+    #: where the earlier finished model was moved, if there was one
+    superseded: str | None
+    #: True when another run had already promoted this very attempt
+    already: bool
+
+
+def _read_json(store: BlobStore, uri: str) -> dict[str, Any] | None:
+    try:
+        value = json.loads(store.read_bytes(uri))
+    except FileNotFoundError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def promote_attempt(
+    store: BlobStore, model_dir: str, attempt_id: str, *, extra: dict[str, Any]
+) -> Promotion:
+    """Make a successful attempt the partition's finished model.
+
+    Under the partition's lock: check the attempt's report, move the earlier finished
+    model to ``_superseded/`` (manifest first), copy the attempt's files into place and
+    write ``_MANIFEST.json`` (each file's SHA-256) last, as the commit marker. Promoting
+    an attempt another run already promoted returns that manifest untouched.
 
     Raises:
-        ArtifactError: the trainer wrote no report (``metrics.json``) or the report is not
-            valid JSON; nothing is committed then.
+        ArtifactError: the attempt wrote no valid report (the partition is untouched),
+            or it was promoted earlier and has since been superseded by another attempt.
     """
-    files = [u for u in _artifact_files(store, model_dir) if not u.endswith("/" + MANIFEST_NAME)]
-    report_uri = join_uri(model_dir, REPORT_NAME)
-    if report_uri not in files:
-        raise ArtifactError(
-            f"the trainer finished but wrote no {REPORT_NAME} into {model_dir} "
-            f"(found: {[u[len(model_dir) + 1 :] for u in files] or 'nothing'}); the partition is "
-            "left uncommitted (no manifest)"
-        )
-    entries = []
-    for uri in files:
-        data = store.read_bytes(uri)
-        entries.append(
-            {
-                "path": uri[len(model_dir) :].lstrip("/"),
-                "sha256": hashlib.sha256(data).hexdigest(),
-                "bytes": len(data),
-            }
-        )
-    manifest = {"files": entries, "committed_at": time.time(), **extra}
-    store.write_bytes(
-        join_uri(model_dir, MANIFEST_NAME), json.dumps(manifest, indent=2, sort_keys=True).encode()
-    )
-    return manifest
+    adir = attempt_dir(model_dir, attempt_id)
+    manifest_uri = join_uri(model_dir, MANIFEST_NAME)
+    with promotion_lock(store, model_dir):
+        current = _read_json(store, manifest_uri)
+        if current and current.get("attempt") == attempt_id and is_committed(store, model_dir):
+            return Promotion(manifest=current, superseded=None, already=True)
+        if store.exists(join_uri(adir, PROMOTED_NAME)):
+            raise ArtifactError(
+                f"attempt {attempt_id} was promoted into {model_dir} by another run and has "
+                f"since been superseded (the partition now holds attempt "
+                f"{(current or {}).get('attempt', 'none')}); nothing was changed"
+            )
+        files = [u for u in _artifact_files(store, adir) if not u.endswith("/" + MANIFEST_NAME)]
+        if join_uri(adir, REPORT_NAME) not in files:
+            raise ArtifactError(
+                f"the trainer finished but wrote no {REPORT_NAME} into {adir} "
+                f"(found: {[u[len(adir) + 1 :] for u in files] or 'nothing'}); the partition "
+                f"{model_dir} is left as it was"
+            )
+        read_report(store, adir)
+        superseded = supersede_previous(store, model_dir)
+        entries = []
+        for uri in files:
+            rel = uri[len(adir) :].lstrip("/")
+            data = store.read_bytes(uri)
+            store.write_bytes(join_uri(model_dir, rel), data)
+            entries.append(
+                {"path": rel, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+            )
+        manifest = {
+            "files": entries,
+            "attempt": attempt_id,
+            "committed_at": time.time(),
+            **extra,
+        }
+        body = json.dumps(manifest, indent=2, sort_keys=True).encode()
+        store.write_bytes(manifest_uri, body)
+        # The attempt folder keeps only a note of what it became.
+        store.write_bytes(join_uri(adir, PROMOTED_NAME), body)
+        for uri in files:
+            store.delete(uri)
+    return Promotion(manifest=manifest, superseded=superseded, already=False)
 
 
 def read_report(store: BlobStore, model_dir: str) -> dict[str, Any]:
@@ -278,23 +421,30 @@ def read_report(store: BlobStore, model_dir: str) -> dict[str, Any]:
     try:
         report = json.loads(store.read_bytes(uri))
     except ValueError as exc:
-        raise ArtifactError(f"{uri} is not valid JSON: {exc}") from None
+        raise ArtifactError(f"{uri} is not valid JSON ({type(exc).__name__}: {exc})") from exc
     if not isinstance(report, dict):
         raise ArtifactError(f"{uri} holds {type(report).__name__}, expected a JSON object")
     return report
 
 
-def is_committed(store: BlobStore, model_dir: str) -> bool:
-    """A partition is a finished model only when its manifest exists and every file matches."""
-    uri = join_uri(model_dir, MANIFEST_NAME)
-    if not store.exists(uri):
+def is_committed(store: BlobStore, model_dir: str, *, checksums: bool = True) -> bool:
+    """A partition is a finished model only when its manifest exists and every file matches.
+
+    ``checksums=False`` checks that every listed file exists (one listing, no reads).
+    """
+    manifest = _read_json(store, join_uri(model_dir, MANIFEST_NAME))
+    if manifest is None:
         return False
-    manifest = json.loads(store.read_bytes(uri))
-    for entry in manifest.get("files", []):
+    entries = manifest.get("files", [])
+    if not checksums:
+        present = set(_artifact_files(store, model_dir))
+        return all(join_uri(model_dir, e["path"]) in present for e in entries)
+    for entry in entries:
         f = join_uri(model_dir, entry["path"])
-        if (
-            not store.exists(f)
-            or hashlib.sha256(store.read_bytes(f)).hexdigest() != entry["sha256"]
-        ):
+        try:
+            data = store.read_bytes(f)
+        except FileNotFoundError:
+            return False
+        if hashlib.sha256(data).hexdigest() != entry["sha256"]:
             return False
     return True

@@ -39,6 +39,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--model-dir", required=True, help="output URI (file:///..., s3://..., or a path)"
     )
     p.add_argument("--warehouse", required=True, help="warehouse root URI holding ns/name/ds=.../")
+    p.add_argument(
+        "--checkpoint-dir",
+        default="",
+        help="Ray Train checkpoints (default {model-dir}/_checkpoints); kept across attempts",
+    )
     p.add_argument("--label-column", default="label")
     p.add_argument("--partition-column", default="ds")
     p.add_argument(

@@ -1,7 +1,8 @@
 """Distributed training with Ray Train V2 (``XGBoostTrainer`` with a training function).
 
 * Each worker trains on its shard (rows ``rank::world_size``) inside xgboost's collective.
-* Checkpoints live under ``{model-dir}/_checkpoints/{run name}``; the run name is keyed by
+* Checkpoints live under ``--checkpoint-dir`` (the platform passes the partition's
+  ``_checkpoints``, beside its attempt folders) ``/{run name}``; the run name is keyed by
   a fingerprint of the training data, so a restarted job on the same data resumes from
   the last checkpoint and changed data starts afresh.
 * ``FailureConfig`` retries after a worker dies; every worker reports every round
@@ -79,7 +80,7 @@ def train_distributed(
     params: dict[str, Any],
     num_rounds: int,
     num_workers: int,
-    model_dir: str,
+    checkpoint_dir: str,
     data_fingerprint: str,
     max_failures: int = 2,
     fail_at_round: int = 0,
@@ -91,7 +92,7 @@ def train_distributed(
     if not ray.is_initialized():
         ray.init(address="auto", log_to_driver=True)
     name = f"train-{data_fingerprint}"
-    storage = tio.join(model_dir, "_checkpoints")
+    storage = checkpoint_dir
     attempts_dir = tio.join(storage, name, "workers")
     storage_path = storage[len("file://") :] if storage.startswith("file://") else storage
     trainer = XGBoostTrainer(

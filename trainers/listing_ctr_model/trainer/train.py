@@ -231,7 +231,7 @@ def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
             | {"nthread": 1, "tree_method": "hist"},
             num_rounds=args.num_rounds,
             num_workers=args.num_workers,
-            model_dir=args.model_dir,
+            checkpoint_dir=args.checkpoint_dir or tio.join(args.model_dir, "_checkpoints"),
             data_fingerprint=fingerprint[:12],
             max_failures=args.max_failures,
             fail_at_round=args.fail_at_round,
