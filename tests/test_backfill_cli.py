@@ -17,6 +17,12 @@ from zipline_dagster.archive import publish_trainer_archive
 MODEL = dg.AssetKey(["models", "listing_ctr_model"])
 
 
+def demo_version() -> str:
+    from zipline_dagster.definitions import LISTING_CTR_MODEL_VERSION
+
+    return LISTING_CTR_MODEL_VERSION
+
+
 def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(BIN / "zipline-dagster"), *args],
@@ -103,6 +109,22 @@ def test_backfill_materializes_upstream_first_and_skips_fresh(
     assert "ctr/listing_features_v1: 2026-07-11 (missing)" in plan
     assert "ctr/listing_views: 2026-07-12 (missing)" in plan
     assert "2026-07-11 (missing)" not in plan.split("ctr/training_v1")[1].split("\n")[0]
+
+    # Dagster's record alone does not make a partition fresh: the finished model must be
+    # on storage. Lose its manifest and the planner (and so the CLI) plans it again.
+    model_dir = Path(
+        tmp_path, "warehouse", "models", "listing_ctr_model", demo_version(), "2026-07-11"
+    )
+    (model_dir / "_MANIFEST.json").unlink()
+    lost = cli(
+        env, "backfill", "listing_ctr_model", "--start-ds", "2026-07-11", "--end-ds", "2026-07-11"
+    )
+    assert lost.returncode == 0, lost.stderr
+    assert "models/listing_ctr_model: 2026-07-11 (stale: its finished model is missing" in (
+        lost.stderr
+    )
+    assert "backfill_id=none" not in lost.stdout
+    assert "ctr/training_v1" not in lost.stderr  # the inputs are still fresh
 
 
 def test_backfill_refuses_unknown_model_and_bad_dates(tmp_path: Path) -> None:

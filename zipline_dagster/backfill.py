@@ -39,7 +39,9 @@ class Plan:
             return "nothing to do: every requested partition is fresh"
         lines = []
         for key, parts in self.steps:
-            why = sorted({self.reasons[(key, p)].split(":")[0] for p in parts})
+            full = {self.reasons[(key, p)] for p in parts}
+            # one reason is shown whole; several are summed up by kind
+            why = sorted(full) if len(full) == 1 else sorted({r.split(":")[0] for r in full})
             lines.append(f"  {key.to_user_string()}: {_span(parts)} ({', '.join(why)})")
         return "\n".join(lines)
 
@@ -56,6 +58,7 @@ class FreshnessResolver:
         self.graph = graph
         self._ids: dict[dg.AssetKey, dict[str, int]] = {}
         self._versions: dict[dg.AssetKey, dict[str, str]] = {}
+        self._artifacts: dict[dg.AssetKey, dict[str, str]] = {}
         self._memo: dict[tuple[dg.AssetKey, str], str] = {}
 
     def _latest_ids(self, key: dg.AssetKey) -> dict[str, int]:
@@ -75,6 +78,7 @@ class FreshnessResolver:
         if key not in self._versions:
             ids = self._latest_ids(key)
             versions: dict[str, str] = {}
+            artifacts: dict[str, str] = {}
             if ids:
                 records = self.instance.fetch_materializations(
                     dg.AssetRecordsFilter(asset_key=key, storage_ids=list(ids.values())),
@@ -84,8 +88,32 @@ class FreshnessResolver:
                     mat = r.asset_materialization
                     if mat is not None and mat.partition is not None:
                         versions[mat.partition] = (mat.tags or {}).get(CODE_VERSION_TAG, "")
+                        uri = mat.metadata.get("artifact_uri")
+                        if uri is not None:
+                            artifacts[mat.partition] = str(uri.value)
             self._versions[key] = versions
+            self._artifacts[key] = artifacts
         return self._versions[key]
+
+    def finished_model_missing(self, key: dg.AssetKey, partition: str) -> str | None:
+        """Why a model partition Dagster calls materialized has no finished model on
+        storage (no manifest, or a file it lists is gone), or None when it has one."""
+        from zipline_dagster.paths import MANIFEST_NAME, join_uri
+        from zipline_dagster.storage import BlobStorageError, blob_store
+        from zipline_dagster.training import is_committed
+
+        self._code_versions(key)
+        uri = self._artifacts.get(key, {}).get(partition)
+        if uri is None:
+            return None  # not a model partition
+        try:
+            if is_committed(blob_store(uri), uri, checksums=False):
+                return None
+        except BlobStorageError as exc:
+            return f"its artifacts at {uri} cannot be read ({exc})"
+        return (
+            f"its finished model is missing on storage (no complete {join_uri(uri, MANIFEST_NAME)})"
+        )
 
     def parents(self, key: dg.AssetKey, partition: str) -> list[tuple[dg.AssetKey, str]]:
         """The upstream partitions ``partition`` of ``key`` reads (existing keys only)."""
@@ -126,8 +154,11 @@ class FreshnessResolver:
             result = "missing"
         else:
             result = "fresh"
+            missing_model = self.finished_model_missing(key, partition)
             if node.code_version and self._code_versions(key).get(partition) != node.code_version:
                 result = f"stale: code version changed to {node.code_version}"
+            elif missing_model:
+                result = f"stale: {missing_model}"
             else:
                 for pkey, ppart in self.parents(key, partition):
                     pstatus = self.status(pkey, ppart)

@@ -24,8 +24,9 @@ def main() -> int:
     from zipline_dagster.archive import publish_trainer_archive
     from zipline_dagster.backfill import execute_plan_in_process, model_partitions, plan_backfill
     from zipline_dagster.definitions import defs, listing_ctr_model
-    from zipline_dagster.paths import join_uri, model_partition_uri
+    from zipline_dagster.paths import MANIFEST_NAME, join_uri, model_partition_uri
     from zipline_dagster.storage import blob_store
+    from zipline_dagster.training import is_committed
 
     t0 = time.monotonic()
     model = listing_ctr_model
@@ -53,14 +54,25 @@ def main() -> int:
     execute_plan_in_process(defs, instance, plan, log=lambda m: print(f"      {m}", flush=True))
 
     print(f"[3/3] trained partitions ({time.monotonic() - t0:.0f}s):", flush=True)
+    unfinished = []
     for ds in parts:
         model_dir = model_partition_uri(model, ds)
-        report = json.loads(blob_store(model_dir).read_bytes(join_uri(model_dir, "metrics.json")))
+        store = blob_store(model_dir)
+        # Trained means a manifest on storage whose every checksum matches, whatever
+        # Dagster recorded.
+        if not is_committed(store, model_dir):
+            print(f"      {ds}  NOT FINISHED: no complete {MANIFEST_NAME} in {model_dir}")
+            unfinished.append(ds)
+            continue
+        report = json.loads(store.read_bytes(join_uri(model_dir, "metrics.json")))
         auc = report["holdout"]["metrics"]["auc"]
         auc_text = f"{auc:.3f}" if auc is not None else report["status"].get("holdout.auc", "n/a")
         print(
             f"      {ds}  holdout AUC {auc_text}  rows {report['train']['rows']}+{report['holdout']['rows']}  {model_dir}"
         )
+    if unfinished:
+        print(f"error: {len(unfinished)} partitions have no finished model", file=sys.stderr)
+        return 1
     print(
         "open the Dagster UI with `make dev` (http://127.0.0.1:3000); stop the embedded Ray head with `make ray-down`"
     )

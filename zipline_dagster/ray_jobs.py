@@ -89,6 +89,8 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, requests.exceptions.ChunkedEncodingError):
         return True
     text = str(exc)
+    if "already exists" in text or "does not exist" in text:
+        return False  # the dashboard answered about the job itself
     return bool(re.search(r"status code 5\d\d", text)) or "Connection aborted" in text
 
 

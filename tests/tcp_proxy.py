@@ -1,0 +1,91 @@
+"""A loopback TCP proxy that a test can cut and restore: a real network fault between the
+platform and the Ray dashboard (connections reset, new ones refused), not a mock."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import struct
+import threading
+
+
+class TcpProxy:
+    """Forwards ``127.0.0.1:{port}`` to ``target``; ``cut()`` resets every connection and
+    resets new ones as they arrive until ``restore()``."""
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self.target = (target_host, target_port)
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(64)
+        self.port = int(self._listener.getsockname()[1])
+        self._cut = threading.Event()
+        self._closed = threading.Event()
+        self._lock = threading.Lock()
+        self._open: set[socket.socket] = set()
+        self.refused = 0  # connections reset while cut
+        threading.Thread(target=self._accept_loop, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @staticmethod
+    def _reset(sock: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            # linger 0: close sends RST, so the peer sees "connection reset"
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        with contextlib.suppress(OSError):
+            sock.close()
+
+    def _accept_loop(self) -> None:
+        while not self._closed.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            if self._cut.is_set():
+                self.refused += 1
+                self._reset(client)
+                continue
+            try:
+                upstream = socket.create_connection(self.target, timeout=5)
+                upstream.settimeout(None)
+            except OSError:
+                self._reset(client)
+                continue
+            with self._lock:
+                self._open.update({client, upstream})
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                dst.shutdown(socket.SHUT_WR)
+
+    def cut(self) -> None:
+        """Reset every open connection; reset new ones until ``restore``."""
+        self._cut.set()
+        with self._lock:
+            socks, self._open = list(self._open), set()
+        for s in socks:
+            self._reset(s)
+
+    def restore(self) -> None:
+        self._cut.clear()
+
+    def close(self) -> None:
+        self._closed.set()
+        self.cut()
+        with contextlib.suppress(OSError):
+            self._listener.close()
