@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from tests.cleanup import register, unregister
+
 ROOT = Path(__file__).resolve().parents[1]
 TRAINERS = ROOT / "trainers"
 BIN = Path(sys.executable).parent
@@ -52,6 +54,7 @@ def s3_server() -> Iterator[dict[str, str]]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    register(proc.pid, group=False, what="moto S3 server")
     endpoint = f"http://127.0.0.1:{port}"
     try:
         wait_http(endpoint + "/moto-api/")
@@ -67,6 +70,7 @@ def s3_server() -> Iterator[dict[str, str]]:
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
+        unregister(proc.pid)
 
 
 @pytest.fixture
@@ -130,10 +134,12 @@ def ray_head(s3_server: dict[str, str], tmp_path_factory: pytest.TempPathFactory
 
     head = LocalRayHead(tmp_path_factory.mktemp("ray"), num_cpus=2, env=dict(s3_server))
     info = head.ensure_running()
+    register(info.pid, group=True, what="Ray head")
     try:
         yield info
     finally:
         head.stop()
+        unregister(info.pid)
 
 
 @pytest.fixture(scope="session")
@@ -165,6 +171,7 @@ def ray_two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
     head = LocalRayHead(tmp_path_factory.mktemp("ray2"), num_cpus=2)
     info = head.ensure_running()
+    register(info.pid, group=True, what="Ray head (two-node cluster)")
     log = open(tmp_path_factory.mktemp("ray2node") / "node.log", "wb")  # noqa: SIM115
     node = subprocess.Popen(
         [
@@ -182,6 +189,7 @@ def ray_two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
+    register(node.pid, group=True, what="Ray worker node")
     try:
         deadline = time.monotonic() + 90
         while True:
@@ -205,3 +213,5 @@ def ray_two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
             pass
         log.close()
         head.stop()
+        unregister(node.pid)
+        unregister(info.pid)

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.cleanup import register, unregister
 from tests.conftest import run_cli
+from zipline_dagster.processes import ProcessIdentity
 from zipline_dagster.ray_jobs import RayJobRunner, RayUnreachableError
 
 
@@ -43,9 +45,13 @@ def test_ray_up_is_shared_and_down_stops_it(tmp_path: Path) -> None:
         status = run_cli("ray", "status", "--state-dir", state)
         assert status.returncode == 0 and dashboard in status.stdout
         head = json.loads((tmp_path / "ray" / "head.json").read_text())
+        register(head["pid"], group=True, what="Ray head (ray up test)")
         assert head["dashboard_url"] == dashboard
+        # the state file names the process by PID *and* start time
+        assert ProcessIdentity(pid=head["pid"], start=head["pid_start"]).alive()
     finally:
         down = run_cli("ray", "down", "--state-dir", state)
+        unregister(head["pid"])
     assert down.returncode == 0 and "stopped" in down.stdout
     status = run_cli("ray", "status", "--state-dir", state)
     assert status.returncode == 3 and "no embedded ray head" in status.stdout
@@ -92,3 +98,40 @@ def test_version_mismatch_is_refused_before_submitting(other_version_dashboard: 
 def test_ray_client_address_is_refused_with_hint() -> None:
     with pytest.raises(RayUnreachableError, match="dashboard address"):
         RayJobRunner(address="ray://head:10001")
+
+
+def test_down_never_signals_a_reused_pid(tmp_path: Path) -> None:
+    """head.json names a PID that now belongs to another program (the head died, the PID
+    was reused, e.g. after a reboot): `down`, `status` and `up`'s stale-state path must
+    leave that program alone."""
+    import subprocess
+    import time
+
+    from zipline_dagster.ray_cluster import LocalRayHead
+
+    other = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        state = tmp_path / "ray"
+        state.mkdir()
+        (state / "head.json").write_text(
+            json.dumps(
+                {
+                    "pid": other.pid,
+                    "dashboard_url": "http://127.0.0.1:9",
+                    "gcs_address": "127.0.0.1:9",
+                    "ray_version": "2.60.0",
+                    "log_path": str(state / "head.log"),
+                    "started_at": time.time() - 3600,
+                    # the start token of the head that once had this PID
+                    "pid_start": "an-earlier-boot:12345",
+                }
+            )
+        )
+        assert LocalRayHead(state).status() is None
+        down = run_cli("ray", "down", "--state-dir", str(state))
+        assert down.returncode == 0 and "no embedded ray head was running" in down.stdout
+        time.sleep(0.5)
+        assert other.poll() is None, "down signalled a process it did not start"
+    finally:
+        other.kill()
+        other.wait()

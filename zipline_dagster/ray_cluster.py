@@ -12,7 +12,6 @@ import contextlib
 import fcntl
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from zipline_dagster.processes import ProcessIdentity, terminate
 from zipline_dagster.settings import zipline_home
 
 #: The embedded head binds to loopback only and runs without token auth. It is set
@@ -42,9 +42,16 @@ class HeadInfo:
     ray_version: str
     log_path: str
     started_at: float
+    #: start token of ``pid`` (see ``processes.py``): the head is signalled only while
+    #: the PID still names the process this state file recorded
+    pid_start: str = ""
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
+
+    @property
+    def process(self) -> ProcessIdentity:
+        return ProcessIdentity(pid=self.pid, start=self.pid_start)
 
 
 def _free_port() -> int:
@@ -59,16 +66,6 @@ def _version_at(dashboard_url: str, timeout: float = 2.0) -> str | None:
             return str(json.load(r).get("ray_version"))
     except Exception:
         return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class LocalRayHead:
@@ -116,7 +113,7 @@ class LocalRayHead:
     def status(self) -> HeadInfo | None:
         """The running head, or None when there is none (or it stopped answering)."""
         info = self._read()
-        if info and _alive(info.pid) and _version_at(info.dashboard_url):
+        if info and info.process.alive() and _version_at(info.dashboard_url):
             return info
         return None
 
@@ -131,8 +128,8 @@ class LocalRayHead:
             if info:
                 return info
             stale = self._read()
-            if stale and _alive(stale.pid):
-                self._kill_group(stale.pid)
+            if stale:  # our head, no longer answering: stop what is left of it
+                terminate(stale.process, group=True)
             return self._start(timeout)
 
     def _start(self, timeout: float) -> HeadInfo:
@@ -175,13 +172,14 @@ class LocalRayHead:
                 start_new_session=True,
             )
         dashboard_url = f"http://127.0.0.1:{dash_port}"
+        identity = ProcessIdentity.of(proc.pid)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 tail = log_path.read_text(errors="replace")[-3000:]
                 raise RayHeadError(
                     f"the embedded Ray head exited with code {proc.returncode} while starting "
-                    f"(log {log_path}):\n{tail}"
+                    f"(command: {' '.join(cmd[1:])}; log {log_path}); last lines:\n{tail}"
                 )
             version = _version_at(dashboard_url, timeout=1.0)
             if version:
@@ -192,6 +190,7 @@ class LocalRayHead:
                     ray_version=version,
                     log_path=str(log_path),
                     started_at=time.time(),
+                    pid_start=identity.start,
                 )
                 tmp = self._state_file.with_suffix(".tmp")
                 tmp.write_text(json.dumps(info.as_dict(), indent=2))
@@ -202,7 +201,7 @@ class LocalRayHead:
                     )
                 return info
             time.sleep(0.3)
-        self._kill_group(proc.pid)
+        terminate(identity, group=True)
         raise RayHeadError(
             f"the embedded Ray head did not answer within {timeout:.0f}s (log {log_path})"
         )
@@ -212,30 +211,5 @@ class LocalRayHead:
         with self._locked():
             info = self._read()
             self._state_file.unlink(missing_ok=True)
-            if not info or not _alive(info.pid):
-                return False
-            self._kill_group(info.pid, timeout)
-            return True
-
-    @staticmethod
-    def _kill_group(pid: int, timeout: float = 8.0) -> None:
-        """SIGTERM the head's process group, SIGKILL what is left after ``timeout``.
-
-        Ray's services exit within a second of SIGTERM, but the ``ray start --block``
-        supervisor itself lingers about 30 s before exiting; nothing is lost by killing it.
-        """
-        try:
-            os.killpg(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(pid, 0)
-            except ProcessLookupError:
-                return
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)
-            time.sleep(0.3)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
+            # A PID reused since (another program, after a reboot) is never signalled.
+            return info is not None and terminate(info.process, group=True, timeout=timeout)

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.cleanup import register, unregister
 from tests.conftest import BIN, ROOT, free_port, wait_http
 
 pytestmark = [pytest.mark.ui, pytest.mark.ray, pytest.mark.spark]
@@ -70,6 +71,7 @@ def dagster_dev(
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
+    register(proc.pid, group=True, what="dagster dev")
     try:
         wait_http(f"http://127.0.0.1:{port}/server_info", timeout=120)
         yield {
@@ -83,6 +85,7 @@ def dagster_dev(
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
         log.close()
+        unregister(proc.pid)
 
 
 def test_launch_partition_from_ui_and_see_metadata(dagster_dev: dict[str, str]) -> None:

@@ -1,0 +1,57 @@
+"""Process identity: a PID is signalled only while it names the process that was recorded."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.cleanup import stop_recorded
+from zipline_dagster.processes import ProcessIdentity, terminate
+
+
+def test_identity_changes_with_the_process() -> None:
+    proc = subprocess.Popen(["sleep", "30"])
+    try:
+        me = ProcessIdentity.of(proc.pid)
+        assert me.alive()
+        assert not ProcessIdentity(pid=proc.pid, start=me.start + "0").alive()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not me.alive()
+
+
+def test_ci_cleanup_stops_what_was_recorded_and_nothing_else(tmp_path: Path) -> None:
+    ours = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    theirs = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        record = {**ProcessIdentity.of(ours.pid).as_dict(), "group": True, "what": "ours"}
+        (tmp_path / f"{ours.pid}.json").write_text(json.dumps(record))
+        # a record whose PID was reused by another program since
+        stale = {"pid": theirs.pid, "start": "another-boot:1", "group": True, "what": "gone"}
+        (tmp_path / f"{theirs.pid}.json").write_text(json.dumps(stale))
+        out = subprocess.run(
+            [sys.executable, "-m", "tests.cleanup", str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=Path(__file__).resolve().parents[1],
+        )
+        assert out.returncode == 0, out.stderr
+        assert f"stopped leftover ours (pid {ours.pid})" in out.stdout
+        assert ours.wait(10) is not None
+        assert theirs.poll() is None, "cleanup signalled a process the tests did not start"
+        assert list(tmp_path.iterdir()) == []
+        assert stop_recorded(tmp_path) == []
+    finally:
+        for p in (ours, theirs):
+            p.kill()
+            p.wait()
+
+
+def test_terminate_skips_a_dead_identity() -> None:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    assert terminate(ProcessIdentity(pid=proc.pid, start="x"), group=False) is False

@@ -1,0 +1,107 @@
+"""Who a PID is: signal a process only when it is still the one that was started.
+
+A PID recorded in a state file can be reused after the process ends (or after a reboot):
+signalling it blindly can stop someone else's program. A process is identified by its
+PID *and* its start time (``/proc/{pid}/stat`` field 22 with the boot id on Linux,
+``ps -o lstart=`` elsewhere), recorded when it is started and compared before any signal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def process_start(pid: int) -> str | None:
+    """An opaque token that changes when ``pid`` names another process; None if none."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return None
+    except OSError:
+        stat = ""
+    if stat:
+        # the command name (field 2) may hold spaces and parentheses: split after the last ')'
+        fields = stat.rsplit(")", 1)[1].split()
+        return f"{_boot_id()}:{fields[19]}"  # field 22: start time in clock ticks since boot
+    try:
+        out = subprocess.run(
+            ["ps", "-p", str(pid), "-o", "lstart="], capture_output=True, text=True, timeout=5
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out or None
+
+
+@dataclass(frozen=True)
+class ProcessIdentity:
+    """A process as it was when started: its PID and start token."""
+
+    pid: int
+    start: str
+
+    @classmethod
+    def of(cls, pid: int) -> ProcessIdentity:
+        start = process_start(pid)
+        if start is None:
+            raise ProcessLookupError(f"no process {pid}")
+        return cls(pid=pid, start=start)
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+    def alive(self) -> bool:
+        """True only while the PID still names the very process recorded."""
+        return process_start(self.pid) == self.start
+
+
+def terminate(identity: ProcessIdentity, *, group: bool, timeout: float = 8.0) -> bool:
+    """SIGTERM the process (its whole process group when ``group``), SIGKILL after
+    ``timeout``; nothing at all when the PID now names another process.
+
+    Returns:
+        True when the recorded process was running and was signalled.
+    """
+    if not identity.alive():
+        return False
+
+    def send(sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if group:
+                os.killpg(identity.pid, sig)
+            else:
+                os.kill(identity.pid, sig)
+
+    send(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(identity.pid, os.WNOHANG)
+        if not identity.alive() and not (group and _group_alive(identity.pid)):
+            return True
+        time.sleep(0.2)
+    if identity.alive() or (group and _group_alive(identity.pid)):
+        send(signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(identity.pid, os.WNOHANG)
+    return True
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
