@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
+from typing import Any
 
-from tests.conftest import run_cli
+import pytest
+
+from tests.conftest import BIN, run_cli
 from zipline_dagster.archive import build_trainer_archive
 from zipline_dagster.storage import blob_store
 
@@ -84,3 +89,58 @@ def test_build_refuses_bad_model_name(trainer_copy: Path, file_base: str) -> Non
     res = run_cli("build-trainer", str(trainer_copy), "--model-name", "../x", "--base", file_base)
     assert res.returncode == 1
     assert "'../x'" in res.stderr
+
+
+def _clean_error(res: Any, *fragments: str) -> None:
+    """One `error:` line (plus causes), the fragments, and no Python traceback."""
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "Traceback" not in res.stderr, res.stderr
+    assert res.stderr.count("error: ") == 1, res.stderr
+    for f in fragments:
+        assert f in res.stderr, res.stderr
+
+
+BACKFILL = ("backfill", "listing_ctr_model", "--start-ds", "2026-07-11", "--end-ds", "2026-07-11")
+
+
+def test_backfill_without_dagster_home_says_so(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "DAGSTER_HOME"}
+    res = subprocess.run(
+        [str(BIN / "zipline-dagster"), *BACKFILL], capture_output=True, text=True, env=env
+    )
+    _clean_error(res, "DAGSTER_HOME is not set", "export DAGSTER_HOME=")
+
+
+@pytest.mark.parametrize(
+    ("module", "fragment"),
+    [
+        ("no_such_code_location", "--module='no_such_code_location': no such module"),
+        ("json", "--module='json' defines no `defs` Definitions object (found nothing)"),
+    ],
+)
+def test_backfill_with_a_bad_module_says_so(tmp_path: Path, module: str, fragment: str) -> None:
+    res = run_cli(*BACKFILL, "--module", module, env={"DAGSTER_HOME": str(tmp_path)})
+    _clean_error(res, fragment)
+
+
+def test_backfill_of_a_code_location_with_an_invalid_model_says_which(tmp_path: Path) -> None:
+    (tmp_path / "bad_location.py").write_text(
+        "from zipline_dagster import EventSource, InferenceSpec, Model, TrainingSpec, Window\n"
+        "Model(version='latest', model_artifact_base_uri='file:///tmp/w',\n"
+        "      inference_spec=InferenceSpec(model_backend_params={'model_name': 'm1'}),\n"
+        "      training_conf=TrainingSpec(training_data_source=EventSource(table='a.b'),\n"
+        "                                 training_data_window=Window(length=2)))\n"
+    )
+    res = run_cli(
+        *BACKFILL,
+        "--module",
+        "bad_location",
+        env={"DAGSTER_HOME": str(tmp_path), "PYTHONPATH": str(tmp_path)},
+    )
+    _clean_error(res, "Model 'm1': version='latest' is invalid")
+
+
+def test_ray_up_with_an_unusable_state_folder_says_so(tmp_path: Path) -> None:
+    (tmp_path / "a_file").write_text("")
+    res = run_cli("ray", "up", "--state-dir", str(tmp_path / "a_file" / "ray"))
+    _clean_error(res, "cannot use", "state folder", "NotADirectoryError", "RAY_ADDRESS")

@@ -428,3 +428,19 @@ def test_local_launcher_refuses_unmet_requirements(file_base: str, tmp_path: Pat
     text = failure_text(materialize(model, resources(None, file_base), raise_on_error=False))
     assert "zd-not-installed==1.0 (not installed)" in text
     assert "pandas>=99 (installed 2." in text
+
+
+def test_unusable_embedded_head_fails_the_step_clearly(
+    file_base: str, trainer_copy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    write_table(file_base, TABLE, days_ending(DS, 4), rows=10)
+    version = publish_trainer_archive(
+        trainer_copy, model_name="listing_ctr_model", base=file_base
+    ).version
+    (tmp_path / "not_a_folder").write_text("")
+    res = resources(None, file_base)
+    res["launcher"] = RayJobsResource(embedded_state_dir=str(tmp_path / "not_a_folder" / "ray"))
+    text = failure_text(materialize(make_model(version, file_base), res, raise_on_error=False))
+    assert "cannot use" in text and "embedded Ray head's state folder" in text
+    assert "NotADirectoryError" in text

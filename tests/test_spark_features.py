@@ -220,3 +220,63 @@ def test_missing_upstream_partition_is_named(spark_resource: Any, file_base: str
     assert "missing partitions 2026-07-02..2026-07-03" in str(
         exc.value
     ) and "it has 2026-07-01" in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    ("producer_kind", "fragment"),
+    [
+        ("group_by", "GroupBy 'bad_stats': select price_log='ln(pricee)' is invalid"),
+        ("join", "Join 'bad_join': select price_log='ln(pricee)' is invalid"),
+        ("staging", "StagingQuery 'bad_sq': its query is invalid"),
+    ],
+)
+def test_bad_select_expression_names_producer_and_expression(
+    spark_resource: Any, tmp_path: Any, producer_kind: str, fragment: str
+) -> None:
+    """Materialized through Dagster: a clean Failure naming the producer and expression,
+    with Spark's reason, not a JVM stack trace."""
+    import dagster as dg
+
+    from zipline_dagster.feature_assets import build_producer_asset
+    from zipline_dagster.resources import WarehouseResource
+
+    base = (tmp_path / "wh").as_uri()
+    write_events(base)
+    bad = Query(selects={"price_log": "ln(pricee)", "listing_id": "listing_id"})
+    producer: Any
+    if producer_kind == "group_by":
+        producer = GroupBy(
+            name="bad_stats",
+            table="ctr.bad_stats",
+            source=EventTable(table="ctr.views", query=bad),
+            keys=["listing_id"],
+            aggregations=[Aggregation("price_log", Operation.SUM, [Window(1)])],
+        )
+    elif producer_kind == "join":
+        producer = Join(
+            name="bad_join",
+            table="ctr.bad_join",
+            left=EventTable(table="ctr.views", query=bad),
+            right_parts=[JoinPart(group_by=GB)],
+        )
+    else:
+        producer = StagingQuery(
+            name="bad_sq",
+            table="ctr.bad_sq",
+            query="SELECT listing_id, pricee, ds FROM ctr.views WHERE ds = '{{ ds }}'",
+            dependencies=["ctr.views"],
+        )
+    result = dg.materialize(
+        [build_producer_asset(producer)],
+        partition_key="2026-07-03",
+        resources={"spark": spark_resource, "warehouse": WarehouseResource(uri=base)},
+        instance=dg.DagsterInstance.ephemeral(),
+        raise_on_error=False,
+    )
+    assert not result.success
+    err = result.get_step_failure_events()[0].step_failure_data.error
+    assert err is not None and err.cls_name == "Failure", err
+    text = err.message
+    assert fragment in text, text
+    assert "AnalysisException" in text or "ParseException" in text
+    assert "at org.apache.spark" not in text  # no JVM stack trace

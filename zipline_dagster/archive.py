@@ -86,12 +86,12 @@ def setup_keywords(source: str | bytes, *, where: str) -> dict[str, object]:
             continue
         try:
             value = ast.literal_eval(kw.value)
-        except ValueError:
+        except ValueError as exc:
             raise TrainerArchiveError(
                 f"{where}: {kw.arg}={ast.unparse(kw.value)} is not a literal; write it out "
                 + ("as a string" if kw.arg == "name" else "as a list of requirement strings")
                 + " (the platform reads it without running setup.py)"
-            ) from None
+            ) from exc
         if kw.arg == "name" and not (isinstance(value, str) and _TOP_LEVEL_RE.match(value)):
             raise TrainerArchiveError(
                 f"{where}: name={value!r} is invalid; expected a package name of letters, "
@@ -276,12 +276,12 @@ def load_verified_archive(
     uri = archive_uri(base, model_name, version)
     try:
         data = blob_store(uri, s3_client=s3_client).read_bytes(uri)
-    except BlobNotFoundError:
+    except BlobNotFoundError as exc:
         raise ArchiveVerificationError(
             f"trainer archive for model {model_name!r} version {version} is missing: no object "
             f"at {uri}. Build and upload it with `zipline-dagster build-trainer trainers/"
             f"{model_name} --model-name {model_name} --base {base}`."
-        ) from None
+        ) from exc
     actual = hashlib.sha256(data).hexdigest()
     if not actual.startswith(version):
         raise ArchiveVerificationError(

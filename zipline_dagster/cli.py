@@ -53,9 +53,49 @@ def _ray(args: argparse.Namespace) -> int:
     return 0
 
 
-def _backfill(args: argparse.Namespace) -> int:
+class CliError(RuntimeError):
+    """Bad command-line input; the message says what was given and what is accepted."""
+
+
+def load_definitions(module: str) -> object:
+    """The ``defs`` of a code location module, with clear errors for a bad ``--module``."""
     import importlib
 
+    import dagster as dg
+
+    try:
+        loaded = importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name and module.startswith(exc.name):
+            raise CliError(
+                f"--module={module!r}: no such module ({exc}); pass the code location's "
+                "importable module, e.g. --module zipline_dagster.definitions"
+            ) from exc
+        raise
+    defs = getattr(loaded, "defs", None)
+    if not isinstance(defs, dg.Definitions):
+        found = type(defs).__name__ if defs is not None else "nothing"
+        raise CliError(
+            f"--module={module!r} defines no `defs` Definitions object (found {found}); "
+            "a code location module sets `defs = dg.Definitions(...)` or build_definitions(...)"
+        )
+    return defs
+
+
+def dagster_instance() -> object:
+    import dagster as dg
+    from dagster._core.errors import DagsterHomeNotSetError
+
+    try:
+        return dg.DagsterInstance.get()
+    except DagsterHomeNotSetError as exc:
+        raise CliError(
+            "DAGSTER_HOME is not set: backfills are recorded in a Dagster instance; "
+            "export DAGSTER_HOME=/path/to/dagster_home (the make targets use ./.dagster_home)"
+        ) from exc
+
+
+def _backfill(args: argparse.Namespace) -> int:
     import dagster as dg
 
     from zipline_dagster.backfill import (
@@ -66,13 +106,13 @@ def _backfill(args: argparse.Namespace) -> int:
         plan_backfill,
     )
 
-    defs: dg.Definitions = importlib.import_module(args.module).defs
+    defs: dg.Definitions = load_definitions(args.module)  # type: ignore[assignment]
     key = (
         dg.AssetKey(args.model.split("/"))
         if "/" in args.model
         else dg.AssetKey(["models", args.model])
     )
-    instance = dg.DagsterInstance.get()
+    instance: dg.DagsterInstance = dagster_instance()  # type: ignore[assignment]
     parts = model_partitions(defs, key, args.start_ds, args.end_ds)
     plan = plan_backfill(defs, instance, key, parts)
     print(f"plan for {key.to_user_string()} {args.start_ds}..{args.end_ds}:", file=sys.stderr)
@@ -149,7 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     from zipline_dagster.archive import ArchiveVerificationError, TrainerArchiveError
     from zipline_dagster.backfill import BackfillError
+    from zipline_dagster.errors import describe
     from zipline_dagster.ray_cluster import RayHeadError
+    from zipline_dagster.spec import ModelSpecError
     from zipline_dagster.storage import BlobStorageError
 
     args = build_parser().parse_args(argv)
@@ -162,8 +204,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         BlobStorageError,
         RayHeadError,
         BackfillError,
+        ModelSpecError,
+        CliError,
     ) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {describe(exc)}", file=sys.stderr)
         return 1
 
 

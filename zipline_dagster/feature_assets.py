@@ -10,13 +10,14 @@ from collections.abc import Callable, Mapping
 
 import dagster as dg
 
+from zipline_dagster.errors import failure
 from zipline_dagster.features import GroupBy, Join, Producer, StagingQuery
 from zipline_dagster.partitions import PARTITIONS_START, daily_partitions
 from zipline_dagster.paths import table_uri
 from zipline_dagster.resources import WarehouseResource
 from zipline_dagster.spark import (
+    ProducerError,
     SparkResource,
-    UpstreamDataError,
     compute_group_by,
     compute_join,
     compute_staging_query,
@@ -107,8 +108,8 @@ def build_producer_asset(
                 days,
                 first_day=PARTITIONS_START,
             )
-        except UpstreamDataError as exc:
-            raise dg.Failure(description=str(exc)) from None
+        except ProducerError as exc:
+            raise failure(exc) from None
         counts = write_days(df, store, warehouse.uri, producer.table, days)
         return dg.MaterializeResult(
             metadata={

@@ -7,6 +7,7 @@ from zipline_dagster.archive import (
     TrainerArchiveError,
     load_verified_archive,
 )
+from zipline_dagster.errors import failure
 from zipline_dagster.feature_assets import table_asset_key
 from zipline_dagster.metadata import report_metadata
 from zipline_dagster.partitions import daily_partitions
@@ -89,7 +90,7 @@ def build_model_asset(
             TrainerArchiveError,
             BlobStorageError,
         ) as exc:
-            raise dg.Failure(description=str(exc)) from None
+            raise failure(exc) from None
         context.log.info(
             f"window {request.start_ds}..{request.end_ds}: parquet files per day {counts}"
         )
@@ -108,15 +109,13 @@ def build_model_asset(
                 ),
             )
         except TrainingJobError as exc:
-            raise dg.Failure(
-                description=str(exc),
-                metadata={
-                    "job_id": exc.job_id or "",
-                    "trainer_log_tail": dg.MetadataValue.md(f"```\n{exc.logs_tail}\n```"),
-                },
+            raise failure(
+                exc,
+                job_id=exc.job_id or "",
+                trainer_log_tail=dg.MetadataValue.md(f"```\n{exc.logs_tail}\n```"),
             ) from None
         except (RayUnreachableError, RayHeadError) as exc:
-            raise dg.Failure(description=str(exc)) from None
+            raise failure(exc) from None
 
         # The attempt succeeded: promote it into {version}/{ds}/ (the earlier finished
         # model is superseded only now, and the manifest is written last).
@@ -145,7 +144,7 @@ def build_model_asset(
             except BlobNotFoundError:
                 png = None
         except (ArtifactError, BlobStorageError) as exc:
-            raise dg.Failure(description=str(exc)) from None
+            raise failure(exc) from None
         if promotion.superseded:
             context.log.info(
                 f"earlier artifacts of {model.version}/{ds} moved to {promotion.superseded}"

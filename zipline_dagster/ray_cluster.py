@@ -96,8 +96,16 @@ class LocalRayHead:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.state_dir / "head.lock", "w") as lock:
+        try:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            lock = open(self.state_dir / "head.lock", "w")  # noqa: SIM115
+        except OSError as exc:
+            raise RayHeadError(
+                f"cannot use {self.state_dir} as the embedded Ray head's state folder "
+                f"({type(exc).__name__}: {exc}); set ZIPLINE_HOME (or the resource's "
+                "embedded_state_dir) to a writable folder, or RAY_ADDRESS to a running cluster"
+            ) from exc
+        with lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 yield

@@ -35,8 +35,48 @@ _sessions: dict[tuple[tuple[str, str], ...], Any] = {}
 _lock = threading.Lock()
 
 
-class UpstreamDataError(RuntimeError):
+class ProducerError(RuntimeError):
+    """A producer cannot compute its table; the message names the producer and why."""
+
+
+class UpstreamDataError(ProducerError):
     """An upstream table lacks partitions a producer needs; names them and what exists."""
+
+
+class ProducerQueryError(ProducerError):
+    """A producer's select expression or SQL does not analyse against its input."""
+
+
+def _spark_reason(exc: BaseException) -> str:
+    """The first line of Spark's error, with its class (no JVM stack trace)."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+def select_exprs(df: Any, selects: dict[str, str], keep: Sequence[str], *, who: str) -> Any:
+    """``df.select(expr AS name, ...)`` plus the ``keep`` columns not selected.
+
+    Raises:
+        ProducerQueryError: an expression does not parse or analyse; names the producer,
+            the output column, the expression and Spark's reason.
+    """
+    from pyspark.errors import PySparkException
+    from pyspark.sql import functions as F
+
+    cols = [F.expr(expr).alias(name) for name, expr in selects.items()]
+    cols += [F.col(c) for c in keep if c not in selects]
+    try:
+        return df.select(*cols)
+    except PySparkException as exc:
+        for name, expr in selects.items():  # find the expression at fault
+            try:
+                df.select(F.expr(expr))
+            except PySparkException as one:
+                raise ProducerQueryError(
+                    f"{who}: select {name}={expr!r} is invalid against its input (columns: "
+                    f"{', '.join(df.columns)}): {_spark_reason(one)}"
+                ) from one
+        raise ProducerQueryError(f"{who}: its selects are invalid: {_spark_reason(exc)}") from exc
 
 
 class SparkResource(dg.ConfigurableResource):
@@ -163,10 +203,8 @@ def compute_group_by(
             f"GroupBy {gb.name}: no source partitions exist for {days[0]}..{days[-1]}"
         )
     if selects:
-        keep = {*gb.keys, gb.source.time_column, "ds"}
-        cols = [F.expr(expr).alias(name) for name, expr in selects.items()]
-        cols += [F.col(c) for c in keep if c not in selects]
-        events = events.select(*cols)
+        keep = sorted({*gb.keys, gb.source.time_column, "ds"})
+        events = select_exprs(events, selects, keep, who=f"GroupBy {gb.name!r}")
     # Each event counts toward the output days ds .. ds+(lookback-1) it falls in.
     exploded = events.withColumn(
         "_out",
@@ -210,10 +248,7 @@ def compute_join(
         )
     selects = dict(join.left.query.selects)
     if selects:
-        cols = [F.expr(expr).alias(name) for name, expr in selects.items()]
-        if "ds" not in selects:
-            cols.append(F.col("ds"))
-        left = left.select(*cols)
+        left = select_exprs(left, selects, ["ds"], who=f"Join {join.name!r}")
     out = left
     for part in join.right_parts:
         gb = part.group_by
@@ -271,14 +306,26 @@ def compute_staging_query(
         view = "zd_" + dep.replace(".", "__")
         df.createOrReplaceTempView(view)
         views[dep] = view
+    from pyspark.errors import PySparkException
+
+    def run(start: str, end: str) -> Any:
+        sql = sq.render(start_date=start, end_date=end, table_views=views)
+        try:
+            return spark.sql(sql)
+        except PySparkException as exc:
+            raise ProducerQueryError(
+                f"StagingQuery {sq.name!r}: its query is invalid ({_spark_reason(exc)}); "
+                f"rendered for {start}..{end}: {' '.join(sql.split())}"
+            ) from exc
+
     if "{{ ds }}" in sq.query and "{{ start_date }}" not in sq.query:
         # a per-day template: run it once per day of the range
         out: Any = None
         for ds in days:
-            part = spark.sql(sq.render(start_date=ds, end_date=ds, table_views=views))
+            part = run(ds, ds)
             out = part if out is None else out.unionByName(part)
     else:
-        out = spark.sql(sq.render(start_date=days[0], end_date=days[-1], table_views=views))
+        out = run(days[0], days[-1])
     if "ds" not in out.columns:
         raise UpstreamDataError(
             f"StagingQuery {sq.name}: the query must return a ds column; it returned {out.columns}"

@@ -72,8 +72,8 @@ class LocalStore:
         path = local_path(uri)
         try:
             return path.read_bytes()
-        except FileNotFoundError:
-            raise BlobNotFoundError(f"no object at {uri} (no such file {path})") from None
+        except FileNotFoundError as exc:
+            raise BlobNotFoundError(f"no object at {uri} (no such file {path})") from exc
 
     def exists(self, uri: str) -> bool:
         return local_path(uri).is_file()
@@ -151,7 +151,7 @@ class S3Store:
             return bytes(self.client.get_object(Bucket=bucket, Key=key)["Body"].read())
         except Exception as exc:
             if _is_not_found(exc):
-                raise BlobNotFoundError(f"no object at {uri}") from None
+                raise BlobNotFoundError(f"no object at {uri}") from exc
             raise self._err("read", uri, exc) from exc
 
     def exists(self, uri: str) -> bool:
