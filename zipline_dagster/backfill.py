@@ -228,8 +228,16 @@ def model_partitions(defs: dg.Definitions, key: dg.AssetKey, start: str, end: st
         if not pdef.has_partition_key(value):
             first = pdef.get_first_partition_key()
             last = pdef.get_last_partition_key()
+            since = graph.get(key).metadata.get("zipline/start_partition")
+            why = (
+                f" (its training query's start_partition is {since}: a partition whose window "
+                "reaches before it is not trainable)"
+                if since
+                else ""
+            )
             raise BackfillError(
-                f"{name}={value!r} is not a partition of {key.to_user_string()}; accepted: days {first}..{last}"
+                f"{name}={value!r} is not a partition of {key.to_user_string()}; accepted: days "
+                f"{first}..{last}{why}"
             )
     if start > end:
         raise BackfillError(f"--start-ds={start} is after --end-ds={end}")

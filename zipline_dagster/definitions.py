@@ -43,7 +43,7 @@ from zipline_dagster.spark import SparkResource
 
 #: Content address of trainers/listing_ctr_model (`zipline-dagster build-trainer` prints
 #: it). A test fails when the trainer changes and this is not updated.
-LISTING_CTR_MODEL_VERSION = "b426b02f75a8"
+LISTING_CTR_MODEL_VERSION = "599a10f916b2"
 
 listing_views = SourceTable(
     table="ctr.listing_views", asset=build_listing_views_asset("ctr.listing_views")
@@ -92,6 +92,15 @@ training_table = Join(
     description="Each labelled view with its listing's features as of the end of the day before.",
 )
 
+FEATURES = (
+    "price_log",
+    "inventory_count",
+    "clicked_count_7d",
+    "clicked_sum_7d",
+    "clicked_sum_1d",
+    "price_avg_7d",
+)
+
 listing_ctr_model = Model(
     version=LISTING_CTR_MODEL_VERSION,
     model_artifact_base_uri=artifact_base_uri(),
@@ -102,13 +111,14 @@ listing_ctr_model = Model(
     training_conf=TrainingSpec(
         training_data_source=EventSource(
             table=training_table.table,
-            query=Query(selects=selects("price_log", "label"), start_partition="2026-07-01"),
+            # the columns the trainer reads (its --columns) and the first day it may use
+            query=Query(selects=selects(*FEATURES, "label"), start_partition="2026-07-01"),
         ),
         training_data_window=Window(length=4, time_unit=TimeUnit.DAYS),
         python_module="trainer.train",
         resource_config=ResourceConfig(min_replica_count=0, max_replica_count=0),
         job_configs={
-            "features": "price_log,inventory_count,clicked_count_7d,clicked_sum_7d,clicked_sum_1d,price_avg_7d",
+            "features": ",".join(FEATURES),
             "label-column": "label",
             "eval-days": "1",
             "max-depth": "4",

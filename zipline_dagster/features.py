@@ -191,3 +191,21 @@ class StagingQuery:
 
 
 Producer = GroupBy | Join | StagingQuery
+
+
+def output_columns(producer: Producer) -> list[str] | None:
+    """The columns a producer's table has, where its declaration fixes them; else None.
+
+    A GroupBy emits its keys and features; a Join its left selects and each part's
+    (prefixed) features; a StagingQuery's columns depend on its SQL and are not known
+    until it runs. ``ds`` is the partition column of every table.
+    """
+    if isinstance(producer, GroupBy):
+        return [*producer.keys, *producer.feature_columns, "ds"]
+    if isinstance(producer, Join):
+        left = list(producer.left.query.selects)
+        if not left:
+            return None  # every column of the left table: not known statically
+        right = [f"{p.prefix}{c}" for p in producer.right_parts for c in p.group_by.feature_columns]
+        return [*left, *right, *(["ds"] if "ds" not in left else [])]
+    return None

@@ -27,6 +27,26 @@ from zipline_dagster.training import (
 )
 
 
+def trainable_partitions(
+    model: Model, partitions_def: dg.PartitionsDefinition
+) -> dg.PartitionsDefinition:
+    """The partitions a model may train: none whose window reaches before its training
+    query's ``start_partition`` (so the UI never offers them as missing)."""
+    first = model.first_partition
+    if first is None or not isinstance(partitions_def, dg.TimeWindowPartitionsDefinition):
+        return partitions_def
+    start = partitions_def.start.date().isoformat()
+    if first <= start:
+        return partitions_def
+    return dg.TimeWindowPartitionsDefinition(
+        start=first,
+        fmt=partitions_def.fmt,
+        cron_schedule=partitions_def.cron_schedule,
+        timezone=partitions_def.timezone,
+        end_offset=partitions_def.end_offset,
+    )
+
+
 def build_model_asset(
     *,
     model: Model,
@@ -42,6 +62,7 @@ def build_model_asset(
     """
     n = model.window_days
     upstream = upstream_key or table_asset_key(model.table)
+    partitions_def = trainable_partitions(model, partitions_def)
 
     @dg.asset(
         name=model.name,
@@ -61,6 +82,13 @@ def build_model_asset(
             f"{join_uri(model.model_artifact_base_uri, 'models', model.name, model.version)}/{{ds}}."
         ),
         metadata={
+            **(
+                {
+                    "zipline/start_partition": model.training_conf.training_data_source.query.start_partition
+                }
+                if model.first_partition
+                else {}
+            ),
             "zipline/model_name": model.name,
             "zipline/version": model.version,
             "zipline/input_table": model.table,

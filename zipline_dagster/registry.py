@@ -17,13 +17,12 @@ import dagster as dg
 
 from zipline_dagster.automation import automation_sensor, retrain_condition
 from zipline_dagster.feature_assets import build_producer_asset, table_asset_key
-from zipline_dagster.features import Producer
+from zipline_dagster.features import Producer, output_columns
 from zipline_dagster.models import build_model_asset
 from zipline_dagster.partitions import daily_partitions
-from zipline_dagster.paths import table_partition_uri
 from zipline_dagster.resources import WarehouseResource
 from zipline_dagster.spec import Model, ModelSpecError
-from zipline_dagster.tables import existing_partitions
+from zipline_dagster.tables import committed_partitions
 
 
 @dataclass(frozen=True)
@@ -72,6 +71,23 @@ def resolve_table(
     )
 
 
+def check_selected_columns(model: Model, producer: Producer | None) -> None:
+    """The model's selected columns must be columns its training table has, where the
+    producer's declaration fixes them (a GroupBy, a Join with left selects)."""
+    if producer is None or not model.columns:
+        return
+    have = output_columns(producer)
+    if have is None:
+        return
+    missing = [c for c in model.columns if c not in have]
+    if missing:
+        raise ModelSpecError(
+            f"Model {model.name!r}: training_conf.training_data_source.query.selects names "
+            f"{missing}, which {type(producer).__name__} {producer.name!r} does not emit into "
+            f"{model.table}; it emits: {', '.join(have)}"
+        )
+
+
 def build_external_table_asset(ext: ExternalTable) -> dg.SourceAsset:
     @dg.observable_source_asset(
         key=table_asset_key(ext.table),
@@ -84,11 +100,9 @@ def build_external_table_asset(ext: ExternalTable) -> dg.SourceAsset:
     ) -> dg.DataVersionsByPartition:
         store = warehouse.store(warehouse.uri)
         versions: dict[str, str] = {}
-        for ds in sorted(existing_partitions(store, warehouse.uri, ext.table)):
+        for ds, files in sorted(committed_partitions(store, warehouse.uri, ext.table).items()):
             if not daily_partitions.has_partition_key(ds):
                 continue
-            folder = table_partition_uri(warehouse.uri, ext.table, ds)
-            files = [u for u in store.list(folder) if u.endswith(".parquet")]
             digest = hashlib.sha256()
             for f in files:
                 digest.update(f.encode())
@@ -136,6 +150,7 @@ def build_definitions(
     for p in producers:
         for t in p.upstream_tables:
             resolve_table(t, known, who=f"{type(p).__name__} {p.name!r}", field="input table")
+    by_table = {p.table: p for p in producers}
     for m in models:
         resolve_table(
             m.table,
@@ -143,6 +158,7 @@ def build_definitions(
             who=f"Model {m.name!r}",
             field="training_conf.training_data_source.table",
         )
+        check_selected_columns(m, by_table.get(m.table))
 
     condition = retrain_condition() if automation else None
     assets: list[Any] = [s.asset for s in sources]

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Sequence
@@ -15,9 +16,18 @@ import dagster as dg
 from pydantic import Field
 
 from zipline_dagster.features import GroupBy, Join, Operation, StagingQuery
-from zipline_dagster.paths import table_partition_uri, table_uri
+from zipline_dagster.paths import join_uri, table_partition_uri, table_uri
 from zipline_dagster.storage import BlobStore
-from zipline_dagster.tables import days_between, existing_partitions, format_days, shift_day
+from zipline_dagster.tables import (
+    STAGING_DIR,
+    begin_partition,
+    commit_partition,
+    committed_partitions,
+    days_between,
+    format_days,
+    new_write_id,
+    shift_day,
+)
 
 DEFAULT_SPARK_CONFIG = {
     "spark.sql.session.timeZone": "UTC",
@@ -130,13 +140,14 @@ def read_days(
     first_day: str,
     who: str,
 ) -> Any:
-    """Rows of ``table`` for ``days`` (with a string ``ds`` column).
+    """Rows of ``table`` for ``days`` (with a string ``ds`` column), read from exactly the
+    files each partition's commit marker lists.
 
     Days before ``first_day`` (the partitions definition's start) do not exist and are
     skipped; any other missing day fails, naming it and what the table has.
     """
     wanted = [d for d in days if d >= first_day]
-    have = existing_partitions(store, warehouse, table)
+    have = committed_partitions(store, warehouse, table)
     missing = [d for d in wanted if d not in have]
     if missing:
         raise UpstreamDataError(
@@ -146,32 +157,69 @@ def read_days(
     if not wanted:
         return None
     root = spark_path(table_uri(warehouse, table))
-    paths = [spark_path(table_partition_uri(warehouse, table, d)) for d in wanted]
-    return spark.read.option("basePath", root).parquet(*paths)
+    files = [spark_path(f) for d in wanted for f in have[d]]
+    return spark.read.option("basePath", root).parquet(*files)
 
 
 def write_days(
     df: Any, store: BlobStore, warehouse: str, table: str, days: Sequence[str]
 ) -> dict[str, int]:
-    """Overwrite exactly the partitions ``days`` of ``table`` (re-runs are idempotent).
+    """Replace exactly the partitions ``days`` of ``table`` (re-runs are idempotent).
 
-    Every day gets a partition folder, an empty one too (then with a schema-only file),
-    so "the day was computed and had no rows" differs from "the day was never computed".
-    Returns rows written per day.
+    The whole range is written by one Spark job into a staging folder, then each day is
+    committed atomically (its files moved in, its marker swapped; see ``tables.py``): a
+    crash at any point leaves every partition old or new, never a mix. Every day gets a
+    partition, an empty one too (a schema-only file), so "the day was computed and had
+    no rows" differs from "the day was never computed". Returns rows written per day.
     """
     from pyspark.sql import functions as F
 
-    df = df.persist()
+    write_id = new_write_id()
+    staging = join_uri(table_uri(warehouse, table), STAGING_DIR, write_id)
+    df = df.filter(F.col("ds").isin(list(days))).persist()
     try:
         counts = {r["ds"]: int(r["count"]) for r in df.groupBy("ds").count().collect()}
-        for ds in days:
-            part = df.filter(F.col("ds") == ds).drop("ds").coalesce(1)
-            part.write.mode("overwrite").parquet(
-                spark_path(table_partition_uri(warehouse, table, ds))
+        # one file per day, all days in one job
+        df.repartition("ds").write.partitionBy("ds").parquet(spark_path(staging))
+        if any(counts.get(d, 0) == 0 for d in days):
+            df.limit(0).drop("ds").coalesce(1).write.parquet(
+                spark_path(join_uri(staging, "_empty"))
             )
     finally:
         df.unpersist()
+    for ds in days:
+        folder = table_partition_uri(warehouse, table, ds)
+        rows = counts.get(ds, 0)
+        src = join_uri(staging, f"ds={ds}") if rows else join_uri(staging, "_empty")
+        begin_partition(store, folder)
+        names = []
+        for i, uri in enumerate(u for u in store.list(src) if u.endswith(".parquet")):
+            name = f"part-{write_id}-{i:05d}.parquet"
+            if rows:
+                store.move(uri, join_uri(folder, name))
+            else:  # the one schema-only file serves every empty day
+                store.write_bytes(join_uri(folder, name), store.read_bytes(uri))
+            names.append(name)
+        commit_partition(store, folder, names, write_id=write_id, rows=rows)
+    for uri in store.list(staging):
+        store.delete(uri)
+    remove_empty_folders(staging)
     return {d: counts.get(d, 0) for d in days}
+
+
+def remove_empty_folders(uri: str) -> None:
+    """Local staging leaves empty folders behind (object stores have none)."""
+    if not uri.startswith("file://"):
+        return
+    import shutil
+
+    from zipline_dagster.storage import local_path
+
+    path = local_path(uri)
+    if path.is_dir() and not any(p.is_file() for p in path.rglob("*")):
+        shutil.rmtree(path, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            path.parent.rmdir()  # _staging itself, when no other write uses it
 
 
 def compute_group_by(

@@ -7,6 +7,7 @@ the model, the field, the value given and what would be accepted.
 
 from __future__ import annotations
 
+import datetime as dt
 import enum
 import itertools
 import re
@@ -25,7 +26,7 @@ DATE_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 #: Flags the platform always sets from the partition being trained; never user-set.
 RESERVED_JOB_CONFIG_KEYS = frozenset({"input-table", "start-ds", "end-ds"})
 #: Flags the platform derives but a user may override through ``job_configs``.
-DERIVED_JOB_CONFIG_KEYS = frozenset({"model-dir", "warehouse"})
+DERIVED_JOB_CONFIG_KEYS = frozenset({"model-dir", "warehouse", "columns"})
 
 SUPPORTED_URI_SCHEMES = ("file", "s3", "gs", "abfss")
 
@@ -65,6 +66,16 @@ class ModelBackend(enum.Enum):
     RAY = "RAY"
 
 
+def _is_day(value: object) -> bool:
+    if not isinstance(value, str) or not DATE_RE.match(value):
+        return False
+    try:
+        dt.date.fromisoformat(value)
+    except ValueError:
+        return False
+    return True
+
+
 def selects(*columns: str, **aliased: str) -> dict[str, str]:
     """Chronon's ``selects``: ``selects("a", b="expr")`` -> ``{"a": "a", "b": "expr"}``."""
     out = {c: c for c in columns}
@@ -79,7 +90,7 @@ class Query:
     wheres: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.start_partition is not None and not DATE_RE.match(self.start_partition):
+        if self.start_partition is not None and not _is_day(self.start_partition):
             raise ModelSpecError(
                 f"Query.start_partition={self.start_partition!r} is invalid; "
                 "expected a day as YYYY-MM-DD."
@@ -229,6 +240,7 @@ class Model:
         _check_base_uri(name, self.model_artifact_base_uri)
         _check_python_module(name, self.training_conf.python_module)
         check_job_configs(name, self.training_conf.job_configs)
+        _check_training_query(name, self.training_conf.training_data_source.query)
 
     @property
     def name(self) -> str:
@@ -242,6 +254,20 @@ class Model:
     def window_days(self) -> int:
         return self.training_conf.training_data_window.days
 
+    @property
+    def columns(self) -> list[str]:
+        """The training source's selected columns (the trainer's projection); [] = all."""
+        return list(self.training_conf.training_data_source.query.selects)
+
+    @property
+    def first_partition(self) -> str | None:
+        """The first day whose whole window lies on or after ``Query.start_partition``."""
+        start = self.training_conf.training_data_source.query.start_partition
+        if start is None:
+            return None
+        first = dt.date.fromisoformat(start) + dt.timedelta(days=self.window_days - 1)
+        return first.isoformat()
+
 
 def _check_base_uri(model: str, uri: Any) -> None:
     scheme = uri.split("://", 1)[0] if isinstance(uri, str) and "://" in uri else None
@@ -254,6 +280,37 @@ def _check_base_uri(model: str, uri: Any) -> None:
         )
     if scheme == "file" and not uri.startswith("file:///"):
         raise _fail(model, "model_artifact_base_uri", uri, "expected an absolute file:///path")
+
+
+_COLUMN_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _check_training_query(model: str, query: Query) -> None:
+    """A model's training query is a column projection and a first partition, nothing else.
+
+    ``selects`` become the trainer's ``--columns``, so each must be a plain column of the
+    training table (an expression belongs in the producer); ``wheres`` are refused rather
+    than silently ignored (filter in the producer, whose output is versioned and fresh).
+    """
+    fld = "training_conf.training_data_source.query"
+    if query.wheres:
+        raise _fail(
+            model,
+            f"{fld}.wheres",
+            tuple(query.wheres),
+            "filters are not applied to training data; filter in the producer of the "
+            "training table (a StagingQuery or the Join's left source) instead",
+        )
+    for name, expr in query.selects.items():
+        if not (isinstance(name, str) and _COLUMN_RE.match(name)) or expr != name:
+            raise _fail(
+                model,
+                f"{fld}.selects[{name!r}]",
+                expr,
+                "a model's selects are the columns the trainer reads, so each must be a plain "
+                "column of the training table selected as itself (selects('price_log', "
+                "'label')); compute expressions in the producer",
+            )
 
 
 def _check_python_module(model: str, module: Any) -> None:

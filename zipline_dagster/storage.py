@@ -31,6 +31,10 @@ class BlobStore(Protocol):
         ...
 
     def delete(self, uri: str) -> None: ...
+    def move(self, src: str, dst: str) -> None:
+        """Move one object (a rename locally, copy + delete on S3)."""
+        ...
+
     def create_exclusive(self, uri: str, data: bytes) -> bool:
         """Write ``data`` only if nothing is at ``uri``; False when something already is.
 
@@ -90,6 +94,14 @@ class LocalStore:
 
     def delete(self, uri: str) -> None:
         local_path(uri).unlink(missing_ok=True)
+
+    def move(self, src: str, dst: str) -> None:
+        target = local_path(dst)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.replace(local_path(src), target)
+        except FileNotFoundError as exc:
+            raise BlobNotFoundError(f"no object at {src}") from exc
 
     def create_exclusive(self, uri: str, data: bytes) -> bool:
         path = local_path(uri)
@@ -188,6 +200,17 @@ class S3Store:
             self.client.delete_object(Bucket=bucket, Key=key)
         except Exception as exc:
             raise self._err("delete", uri, exc) from exc
+
+    def move(self, src: str, dst: str) -> None:
+        sb, sk = _split_s3(src)
+        db, dk = _split_s3(dst)
+        try:
+            self.client.copy_object(Bucket=db, Key=dk, CopySource={"Bucket": sb, "Key": sk})
+        except Exception as exc:
+            if _is_not_found(exc):
+                raise BlobNotFoundError(f"no object at {src}") from exc
+            raise self._err("move", src, exc) from exc
+        self.delete(src)
 
     def create_exclusive(self, uri: str, data: bytes) -> bool:
         bucket, key = _split_s3(uri)

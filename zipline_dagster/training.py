@@ -188,7 +188,8 @@ def trainer_flags(
     """The one place ``job_configs`` become flags.
 
     Platform flags (never user-set) come first, then derived flags unless ``job_configs``
-    overrides them (``--model-dir``, ``--warehouse``, and ``--num-workers`` when the
+    overrides them (``--model-dir``, ``--warehouse``, ``--columns`` when the training
+    source selects columns, ``--num-workers`` and ``--checkpoint-dir`` when the
     ResourceConfig asks for workers), then every ``job_configs`` entry as ``--key=value``.
     """
     conf = dict(model.training_conf.job_configs)
@@ -199,6 +200,9 @@ def trainer_flags(
         "model-dir": conf.pop("model-dir", model_dir),
         "warehouse": conf.pop("warehouse", warehouse),
     }
+    if model.columns:
+        # the training source's selects: the only columns the trainer reads
+        flags["columns"] = conf.pop("columns", ",".join(model.columns))
     workers = model.training_conf.resource_config.workers
     if workers > 0 or "num-workers" in conf:
         # distributed / fan-out trainers size themselves from it; the driver holds no CPU

@@ -44,6 +44,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default="",
         help="Ray Train checkpoints (default {model-dir}/_checkpoints); kept across attempts",
     )
+    p.add_argument(
+        "--columns",
+        default="",
+        help="comma list: read only these columns (the model's selects); default: all",
+    )
     p.add_argument("--label-column", default="label")
     p.add_argument("--partition-column", default="ds")
     p.add_argument(

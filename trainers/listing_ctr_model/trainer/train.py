@@ -23,8 +23,7 @@ from trainer.cli import parse_args
 log = logging.getLogger("trainer")
 
 
-class TrainingDataError(RuntimeError):
-    pass
+TrainingDataError = tio.TrainingDataError
 
 
 def days(start: str, end: str) -> list[str]:
@@ -32,36 +31,23 @@ def days(start: str, end: str) -> list[str]:
     return [(d0 + dt.timedelta(n)).isoformat() for n in range((d1 - d0).days + 1)]
 
 
-def read_window(warehouse: str, table: str, window: list[str], partition_column: str) -> Any:
+def read_window(
+    warehouse: str, table: str, window: list[str], partition_column: str, columns: list[str]
+) -> Any:
     """All rows of the window's partitions; fails naming missing or empty partitions."""
     import pandas as pd
-    import pyarrow.parquet as pq
 
-    ns, name = table.split(".", 1)
-    fs, root = tio.filesystem(tio.join(warehouse, ns, name))
-    frames, missing, empty = [], [], []
-    for ds in window:
-        files = tio.partition_files(fs, f"{root}/{partition_column}={ds}")
-        if not files:
-            missing.append(ds)
-            continue
-        part = pd.concat(
-            [pq.read_table(f, filesystem=fs).to_pandas() for f in files], ignore_index=True
-        )
-        if part.empty:
-            empty.append(ds)
-        part[partition_column] = ds
-        frames.append(part)
+    frames, missing = tio.read_partitions(warehouse, table, window, partition_column, columns)
     if missing:
         raise TrainingDataError(
-            f"table {table} at {tio.join(warehouse, ns, name)} is missing partitions "
+            f"table {table} at {warehouse} is missing partitions "
             f"{', '.join(missing)} of the window {window[0]}..{window[-1]}"
         )
     data = pd.concat(frames, ignore_index=True)
     if data.empty:
         raise TrainingDataError(
             f"table {table}: the window {window[0]}..{window[-1]} has no rows "
-            f"(empty partitions: {', '.join(empty)})"
+            f"(empty partitions: {', '.join(window)})"
         )
     return data
 
@@ -177,7 +163,13 @@ def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
     log.info(
         "reading %s %s..%s from %s", args.input_table, args.start_ds, args.end_ds, args.warehouse
     )
-    data = read_window(args.warehouse, args.input_table, window, args.partition_column)
+    data = read_window(
+        args.warehouse,
+        args.input_table,
+        window,
+        args.partition_column,
+        tio.column_list(args.columns),
+    )
     if args.label_column not in data.columns:
         raise TrainingDataError(
             f"label column {args.label_column!r} is not in {args.input_table}; "

@@ -14,6 +14,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model-dir", required=True)
     p.add_argument("--warehouse", required=True)
     p.add_argument("--segment-column", default="market")
+    p.add_argument(
+        "--columns",
+        default="",
+        help="comma list: read only these columns (the model's selects); default: all",
+    )
     p.add_argument("--label-column", default="label")
     p.add_argument("--partition-column", default="ds")
     p.add_argument("--features", default="", help="comma list; default every numeric column")

@@ -30,23 +30,12 @@ def days(start: str, end: str) -> list[str]:
     return [(d0 + dt.timedelta(n)).isoformat() for n in range((d1 - d0).days + 1)]
 
 
-def read_window(warehouse: str, table: str, window: list[str], partition_column: str) -> Any:
+def read_window(
+    warehouse: str, table: str, window: list[str], partition_column: str, columns: list[str]
+) -> Any:
     import pandas as pd
-    import pyarrow.parquet as pq
 
-    ns, name = table.split(".", 1)
-    fs, root = tio.filesystem(tio.join(warehouse, ns, name))
-    frames, missing = [], []
-    for ds in window:
-        files = tio.partition_files(fs, f"{root}/{partition_column}={ds}")
-        if not files:
-            missing.append(ds)
-            continue
-        part = pd.concat(
-            [pq.read_table(f, filesystem=fs).to_pandas() for f in files], ignore_index=True
-        )
-        part[partition_column] = ds
-        frames.append(part)
+    frames, missing = tio.read_partitions(warehouse, table, window, partition_column, columns)
     if missing:
         raise SystemExit(
             f"training data error: table {table} is missing partitions {', '.join(missing)}"
@@ -71,7 +60,13 @@ def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     window = days(args.start_ds, args.end_ds)
     holdout = window[len(window) - args.eval_days :] if args.eval_days else []
-    data = read_window(args.warehouse, args.input_table, window, args.partition_column)
+    data = read_window(
+        args.warehouse,
+        args.input_table,
+        window,
+        args.partition_column,
+        tio.column_list(args.columns),
+    )
     skip = {args.segment_column, args.label_column, args.partition_column}
     features = (
         [f.strip() for f in args.features.split(",") if f.strip()]
