@@ -90,3 +90,31 @@ def test_local_write_is_atomic_no_temp_files_left(file_base: str) -> None:
     blob_store(uri).write_bytes(uri, b"1")
     blob_store(uri).write_bytes(uri, b"2")
     assert blob_store(uri).list(f"{file_base}/x") == [uri]
+
+
+def test_exclusive_create_and_move(base: str) -> None:
+    """The primitives promotion and atomic partitions rest on, on both stores."""
+    lock = f"{base}/locks/a.lock"
+    store = blob_store(lock)
+    assert store.create_exclusive(lock, b"first")
+    assert not store.create_exclusive(lock, b"second")
+    assert store.read_bytes(lock) == b"first"
+    store.delete(lock)
+    assert store.create_exclusive(lock, b"third")
+    store.move(lock, f"{base}/moved/a.lock")
+    assert not store.exists(lock) and store.read_bytes(f"{base}/moved/a.lock") == b"third"
+    with pytest.raises(BlobNotFoundError):
+        store.move(lock, f"{base}/moved/b.lock")
+
+
+def test_promotion_on_s3(s3_bucket: str) -> None:
+    """Attempt promotion through the S3 API (the lock is a conditional put)."""
+    from zipline_dagster.training import attempt_dir, is_committed, promote_attempt
+
+    d = f"{s3_bucket}/models/m/{'a' * 12}/2026-07-10"
+    store = blob_store(d)
+    store.write_bytes(f"{attempt_dir(d, 'a1')}/metrics.json", b"{}")
+    store.write_bytes(f"{attempt_dir(d, 'a1')}/model.json", b"1")
+    p = promote_attempt(store, d, "a1", extra={})
+    assert sorted(f["path"] for f in p.manifest["files"]) == ["metrics.json", "model.json"]
+    assert is_committed(store, d) and not store.exists(f"{d}/_PROMOTING.lock")

@@ -11,11 +11,13 @@ from zipline_dagster.paths import MANIFEST_NAME
 from zipline_dagster.storage import blob_store
 from zipline_dagster.training import (
     ArtifactError,
+    attempt_dir,
     build_training_request,
     is_committed,
+    promote_attempt,
+    promotion_lock,
     supersede_previous,
     window_days,
-    write_manifest,
 )
 
 
@@ -66,28 +68,88 @@ def test_bad_partition_key_refused() -> None:
         )
 
 
-def test_manifest_is_the_commit_marker(file_base: str) -> None:
+def test_for_attempt_points_the_trainer_at_its_own_folder() -> None:
+    model = make_model("a" * 12, "s3://b/wh", job_configs={})
+    req = build_training_request(model, "2026-07-10", warehouse="s3://b/t")
+    job = req.for_attempt("zd-x-1")
+    canonical = f"s3://b/wh/models/listing_ctr_model/{'a' * 12}/2026-07-10"
+    assert job.canonical_dir == req.model_dir == canonical
+    assert job.model_dir == f"{canonical}/_attempts/zd-x-1" and job.attempt_id == "zd-x-1"
+    assert f"--model-dir={canonical}/_attempts/zd-x-1" in job.flags
+    assert [f for f in job.flags if f.startswith("--model-dir")] == [
+        f"--model-dir={canonical}/_attempts/zd-x-1"
+    ]
+
+
+def _attempt(store: object, d: str, attempt: str, files: dict[str, bytes]) -> None:
+    for name, data in files.items():
+        store.write_bytes(f"{attempt_dir(d, attempt)}/{name}", data)  # type: ignore[attr-defined]
+
+
+def test_promotion_commits_with_the_manifest_last(file_base: str) -> None:
     d = f"{file_base}/models/m/{'a' * 12}/2026-07-10"
     store = blob_store(d)
-    store.write_bytes(f"{d}/model.json", b"{}")
+    _attempt(store, d, "a1", {"model.json": b"{}"})
     with pytest.raises(ArtifactError, match="wrote no metrics.json"):
-        write_manifest(store, d, extra={})
+        promote_attempt(store, d, "a1", extra={})
     assert not is_committed(store, d)
-    store.write_bytes(f"{d}/metrics.json", b'{"train": {}}')
-    manifest = write_manifest(store, d, extra={"model": "m"})
-    assert [f["path"] for f in manifest["files"]] == ["metrics.json", "model.json"]
+    assert not store.exists(f"{d}/model.json")  # nothing copied for a bad attempt
+    _attempt(store, d, "a1", {"metrics.json": b'{"train": {}}'})
+    p = promote_attempt(store, d, "a1", extra={"model": "m"})
+    assert [f["path"] for f in p.manifest["files"]] == ["metrics.json", "model.json"]
+    assert p.manifest["attempt"] == "a1" and p.superseded is None and not p.already
     assert is_committed(store, d)
+    # promoting the same attempt again (a second run attached to the same job) is a no-op
+    again = promote_attempt(store, d, "a1", extra={"model": "m"})
+    assert again.already and again.manifest == p.manifest
     store.write_bytes(f"{d}/model.json", b"changed after commit")
     assert not is_committed(store, d)
+    assert is_committed(store, d, checksums=False)  # the cheap check sees files only
+
+
+def test_a_later_attempt_supersedes_and_an_old_one_cannot_come_back(file_base: str) -> None:
+    d = f"{file_base}/models/m/{'a' * 12}/2026-07-10"
+    store = blob_store(d)
+    _attempt(store, d, "a1", {"metrics.json": b'{"v": 1}', "sub/model.bin": b"1"})
+    promote_attempt(store, d, "a1", extra={})
+    _attempt(store, d, "a2", {"metrics.json": b'{"v": 2}'})
+    p2 = promote_attempt(store, d, "a2", extra={})
+    assert p2.superseded is not None and p2.superseded.startswith(f"{d}/_superseded/")
+    assert json.loads(store.read_bytes(f"{p2.superseded}/metrics.json")) == {"v": 1}
+    assert store.exists(f"{p2.superseded}/sub/model.bin")
+    assert store.exists(f"{p2.superseded}/{MANIFEST_NAME}")
+    assert not store.exists(f"{d}/sub/model.bin")  # the finished model is a2's alone
+    # a late run of a1 finds it promoted and superseded since: nothing moves
+    with pytest.raises(ArtifactError, match="has since been superseded"):
+        promote_attempt(store, d, "a1", extra={})
+    assert json.loads(store.read_bytes(f"{d}/metrics.json")) == {"v": 2}
+
+
+def test_promotion_lock_excludes_and_breaks_when_stale(file_base: str) -> None:
+    import time
+
+    d = f"{file_base}/models/m/{'a' * 12}/2026-07-10"
+    store = blob_store(d)
+    with promotion_lock(store, d):
+        assert not store.create_exclusive(f"{d}/_PROMOTING.lock", b"x")
+        with (
+            pytest.raises(ArtifactError, match="held by another run"),
+            promotion_lock(store, d, wait_s=0.5),
+        ):
+            pass
+    assert not store.exists(f"{d}/_PROMOTING.lock")
+    # a lock left by a run that died long ago is broken
+    store.write_bytes(f"{d}/_PROMOTING.lock", json.dumps({"at": time.time() - 3600}).encode())
+    with promotion_lock(store, d, stale_s=60):
+        pass
 
 
 def test_supersede_moves_everything_and_manifest_first(file_base: str) -> None:
     d = f"{file_base}/models/m/{'a' * 12}/2026-07-10"
     store = blob_store(d)
     assert supersede_previous(store, d) is None
-    store.write_bytes(f"{d}/metrics.json", b"{}")
-    store.write_bytes(f"{d}/sub/model.bin", b"1")
-    write_manifest(store, d, extra={})
+    _attempt(store, d, "a1", {"metrics.json": b"{}", "sub/model.bin": b"1"})
+    promote_attempt(store, d, "a1", extra={})
     dest = supersede_previous(store, d)
     assert dest is not None and dest.startswith(f"{d}/_superseded/")
     assert not is_committed(store, d)
@@ -96,7 +158,8 @@ def test_supersede_moves_everything_and_manifest_first(file_base: str) -> None:
         "metrics.json",
         "sub/model.bin",
     ]
-    assert [u for u in store.list(d) if "/_superseded/" not in u] == []
+    skip = ("/_superseded/", "/_attempts/")
+    assert [u for u in store.list(d) if not any(s in u for s in skip)] == []
     # a second supersede keeps both generations
     store.write_bytes(f"{d}/metrics.json", b"{}")
     dest2 = supersede_previous(store, d)
