@@ -24,7 +24,7 @@ import pytest
 from tests.conftest import BIN, FIXTURE_TRAINERS, ROOT
 from tests.helpers import days_ending, local, write_table
 from tests.tcp_proxy import TcpProxy
-from tests.test_models import DS, TABLE, make_model, ray_client, resources
+from tests.test_models import TABLE, make_model, ray_client, resources
 from zipline_dagster.archive import publish_trainer_archive
 from zipline_dagster.backfill import plan_backfill
 from zipline_dagster.models import build_model_asset
@@ -40,12 +40,16 @@ def partition_files(model_dir: str) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(root.iterdir()) if p.is_file()}
 
 
+#: its own day: Ray job ids are per cluster, and other tests train DS on the same head
+RETRAIN_DS = "2026-07-26"
+
+
 def materialize_on(
     instance: dg.DagsterInstance, model: Any, res: dict[str, Any], **kw: Any
 ) -> dg.ExecuteInProcessResult:
     return dg.materialize(
         [build_model_asset(model=model)],
-        partition_key=DS,
+        partition_key=RETRAIN_DS,
         resources=res,
         instance=instance,
         raise_on_error=False,
@@ -60,7 +64,7 @@ def log_messages(instance: dg.DagsterInstance, run_id: str) -> list[str]:
 def test_failed_retrain_leaves_the_finished_model_in_place(
     launcher: str | None, file_base: str, trainer_copy: Path
 ) -> None:
-    write_table(file_base, TABLE, days_ending(DS, 4), rows=300)
+    write_table(file_base, TABLE, days_ending(RETRAIN_DS, 4), rows=300)
     version = publish_trainer_archive(
         trainer_copy, model_name="listing_ctr_model", base=file_base
     ).version
@@ -69,7 +73,7 @@ def test_failed_retrain_leaves_the_finished_model_in_place(
     instance = dg.DagsterInstance.ephemeral()
     first = materialize_on(instance, model, res)
     assert first.success
-    model_dir = f"{file_base}/models/listing_ctr_model/{version}/{DS}"
+    model_dir = f"{file_base}/models/listing_ctr_model/{version}/{RETRAIN_DS}"
     before = partition_files(model_dir)
     assert MANIFEST_NAME in before and "model.json" in before
 
@@ -83,7 +87,8 @@ def test_failed_retrain_leaves_the_finished_model_in_place(
     assert not (local(model_dir) / "_superseded").exists()
     # Dagster's latest materialization (the first run) and storage agree: fresh.
     defs = dg.Definitions(assets=[build_model_asset(model=model)], resources=res)
-    assert plan_backfill(defs, instance, dg.AssetKey(["models", "listing_ctr_model"]), [DS]).empty
+    key = dg.AssetKey(["models", "listing_ctr_model"])
+    assert plan_backfill(defs, instance, key, [RETRAIN_DS]).empty
 
     # A successful retrain then supersedes it, manifest last.
     third = materialize_on(instance, model, res)

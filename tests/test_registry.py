@@ -88,6 +88,16 @@ def test_model_window_mapping_and_code_version() -> None:
     mapping = graph.get_partition_mapping(key, dg.AssetKey(["ctr", "training_v1"]))
     assert isinstance(mapping, dg.TimeWindowPartitionMapping)
     assert (mapping.start_offset, mapping.end_offset) == (-3, 0)
-    # one shared partitions definition
-    pdefs = {graph.get(k).partitions_def for k in graph.get_all_asset_keys()}
+    # one shared partitions definition for the data; the model's days are the same daily
+    # partitions from its first trainable day on (its Query.start_partition + the window)
+    pdefs = {graph.get(k).partitions_def for k in graph.get_all_asset_keys() if k != key}
     assert len(pdefs) == 1
+    (shared,) = pdefs
+    model_pdef = node.partitions_def
+    assert isinstance(shared, dg.TimeWindowPartitionsDefinition)
+    assert isinstance(model_pdef, dg.TimeWindowPartitionsDefinition)
+    assert (model_pdef.cron_schedule, model_pdef.timezone) == (
+        shared.cron_schedule,
+        shared.timezone,
+    )
+    assert model_pdef.get_first_partition_key() == "2026-07-04"  # 07-01 + a 4-day window
