@@ -26,7 +26,7 @@ $(DAGSTER_HOME)/dagster.yaml:
 	@printf 'telemetry:\n  enabled: false\n' > $@
 
 demo: $(SYNCED) $(DAGSTER_HOME)/dagster.yaml
-	$(VENV)/bin/python -m zipline_dagster.demo
+	$(VENV)/bin/python -m zipline_dagster.defs.demo
 
 test: $(SYNCED)
 	$(VENV)/bin/pytest $(PYTEST_ARGS)

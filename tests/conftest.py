@@ -85,7 +85,7 @@ def s3_bucket(s3_env: dict[str, str]) -> str:
     """A fresh bucket on the loopback S3 server; returns ``s3://name``."""
     import uuid
 
-    from zipline_dagster.storage import default_s3_client
+    from zipline_dagster.storage.blobs import default_s3_client
 
     name = f"test-{uuid.uuid4().hex[:12]}"
     default_s3_client().create_bucket(Bucket=name)
@@ -130,7 +130,7 @@ def ray_head(s3_server: dict[str, str], tmp_path_factory: pytest.TempPathFactory
     environment: Ray's runtime-env agent fetches s3:// working_dirs with them, and jobs
     inherit them (never through runtime_env).
     """
-    from zipline_dagster.ray_cluster import LocalRayHead
+    from zipline_dagster.training.launchers.ray_head import LocalRayHead
 
     head = LocalRayHead(tmp_path_factory.mktemp("ray"), num_cpus=2, env=dict(s3_server))
     info = head.ensure_running()
@@ -145,7 +145,7 @@ def ray_head(s3_server: dict[str, str], tmp_path_factory: pytest.TempPathFactory
 @pytest.fixture(scope="session")
 def spark_resource() -> Iterator[Any]:
     """A real local Spark session (local[2]), shared by the session's tests."""
-    from zipline_dagster.spark import SparkResource
+    from zipline_dagster.features.spark import SparkResource
 
     res = SparkResource(master="local[2]")
     yield res
@@ -167,7 +167,7 @@ def ray_two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     --address` node (each 2 CPUs), both in their own process groups, stopped after."""
     import signal
 
-    from zipline_dagster.ray_cluster import LocalRayHead
+    from zipline_dagster.training.launchers.ray_head import LocalRayHead
 
     head = LocalRayHead(tmp_path_factory.mktemp("ray2"), num_cpus=2)
     info = head.ensure_running()

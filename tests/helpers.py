@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from zipline_dagster.storage import blob_store
-from zipline_dagster.tables import write_partition_frame
+from zipline_dagster.storage.blobs import blob_store
+from zipline_dagster.storage.tables import write_partition_frame
 
 
 def days_ending(ds: str, n: int) -> list[str]:
@@ -44,6 +44,6 @@ def write_table(warehouse: str, table: str, days: list[str], rows: int = 400, **
 
 
 def local(uri: str) -> Path:
-    from zipline_dagster.storage import local_path
+    from zipline_dagster.storage.blobs import local_path
 
     return local_path(uri)

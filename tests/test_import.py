@@ -13,8 +13,8 @@ import pytest
     [
         "zipline_dagster",
         "zipline_dagster.cli",
-        "zipline_dagster.archive",
-        "zipline_dagster.storage",
+        "zipline_dagster.training.archive",
+        "zipline_dagster.storage.blobs",
     ],
 )
 def test_import_does_not_pull_ray_or_spark(module: str) -> None:

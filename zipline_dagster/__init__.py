@@ -4,7 +4,7 @@ Importing this package never imports Ray or Spark: the code location must load w
 starting either.
 """
 
-from zipline_dagster.spec import (
+from zipline_dagster.declarations.model import (
     EventSource,
     InferenceSpec,
     Model,

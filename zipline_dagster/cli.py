@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 
 def _build_trainer(args: argparse.Namespace) -> int:
-    from zipline_dagster.archive import publish_trainer_archive
+    from zipline_dagster.training.archive import publish_trainer_archive
 
     print(f"building trainer archive from {args.path} ...", file=sys.stderr)
     published = publish_trainer_archive(args.path, model_name=args.model_name, base=args.base)
@@ -19,7 +20,7 @@ def _build_trainer(args: argparse.Namespace) -> int:
 
 
 def _verify_trainer(args: argparse.Namespace) -> int:
-    from zipline_dagster.archive import verify_trainer_archive
+    from zipline_dagster.training.archive import verify_trainer_archive
 
     uri = verify_trainer_archive(base=args.base, model_name=args.model_name, version=args.version)
     print(f"ok: {uri} hashes to {args.version}")
@@ -27,7 +28,7 @@ def _verify_trainer(args: argparse.Namespace) -> int:
 
 
 def _ray(args: argparse.Namespace) -> int:
-    from zipline_dagster.ray_cluster import LocalRayHead
+    from zipline_dagster.training.launchers.ray_head import LocalRayHead
 
     head = LocalRayHead(args.state_dir, num_cpus=args.num_cpus)
     if args.action == "up":
@@ -69,7 +70,7 @@ def load_definitions(module: str) -> object:
         if exc.name and module.startswith(exc.name):
             raise CliError(
                 f"--module={module!r}: no such module ({exc}); pass the code location's "
-                "importable module, e.g. --module zipline_dagster.definitions"
+                "importable module, e.g. --module zipline_dagster.defs"
             ) from exc
         raise
     defs = getattr(loaded, "defs", None)
@@ -80,6 +81,30 @@ def load_definitions(module: str) -> object:
             "a code location module sets `defs = dg.Definitions(...)` or build_definitions(...)"
         )
     return defs
+
+
+def project_code_location(start: Path | None = None) -> str:
+    """The code location module of the project around ``start`` (the working folder):
+    ``[tool.dg.project] code_location_target_module`` (or ``root_module.definitions``)
+    of the nearest ``pyproject.toml``."""
+    import tomllib
+
+    here = (start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        pyproject = folder / "pyproject.toml"
+        if not pyproject.is_file():
+            continue
+        project = tomllib.loads(pyproject.read_text()).get("tool", {}).get("dg", {})
+        project = project.get("project", {})
+        if project.get("code_location_target_module"):
+            return str(project["code_location_target_module"])
+        if project.get("root_module"):
+            return f"{project['root_module']}.definitions"
+        break
+    raise CliError(
+        f"no Dagster project around {here} (a pyproject.toml with [tool.dg.project]); "
+        "pass --module with the code location's module, e.g. --module my_project.defs"
+    )
 
 
 def dagster_instance() -> object:
@@ -98,7 +123,7 @@ def dagster_instance() -> object:
 def _backfill(args: argparse.Namespace) -> int:
     import dagster as dg
 
-    from zipline_dagster.backfill import (
+    from zipline_dagster.lineage.backfill import (
         daemon_running,
         drive_backfill,
         launch_backfill,
@@ -106,7 +131,9 @@ def _backfill(args: argparse.Namespace) -> int:
         plan_backfill,
     )
 
-    defs: dg.Definitions = load_definitions(args.module)  # type: ignore[assignment]
+    defs: dg.Definitions = load_definitions(  # type: ignore[assignment]
+        args.module or project_code_location()
+    )
     key = (
         dg.AssetKey(args.model.split("/"))
         if "/" in args.model
@@ -180,19 +207,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--start-ds", required=True)
     p.add_argument("--end-ds", required=True)
     p.add_argument("--wait", action="store_true", help="run the backfill from here until it ends")
-    p.add_argument("--module", default="zipline_dagster.definitions", help="code location module")
+    p.add_argument(
+        "--module",
+        default=None,
+        help="code location module (default: the project's, from pyproject.toml [tool.dg])",
+    )
     p.add_argument("--workspace", default="workspace.yaml", help="workspace file the runs load")
     p.set_defaults(func=_backfill)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from zipline_dagster.archive import ArchiveVerificationError, TrainerArchiveError
-    from zipline_dagster.backfill import BackfillError
+    from zipline_dagster.declarations.model import ModelSpecError
     from zipline_dagster.errors import describe
-    from zipline_dagster.ray_cluster import RayHeadError
-    from zipline_dagster.spec import ModelSpecError
-    from zipline_dagster.storage import BlobStorageError
+    from zipline_dagster.lineage.backfill import BackfillError
+    from zipline_dagster.storage.blobs import BlobStorageError
+    from zipline_dagster.training.archive import ArchiveVerificationError, TrainerArchiveError
+    from zipline_dagster.training.launchers.ray_head import RayHeadError
 
     args = build_parser().parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func

@@ -13,14 +13,19 @@ from typing import Any
 import dagster as dg
 import pytest
 
+import zipline_dagster.defs.listing_ctr as demo
 from tests.conftest import TRAINERS
-from zipline_dagster import definitions as demo
-from zipline_dagster.archive import publish_trainer_archive
-from zipline_dagster.backfill import execute_plan_in_process, model_partitions, plan_backfill
-from zipline_dagster.registry import build_definitions
-from zipline_dagster.resources import RayJobsResource, WarehouseResource
-from zipline_dagster.spark import SparkResource
-from zipline_dagster.tables import shift_day
+from zipline_dagster.features.spark import SparkResource
+from zipline_dagster.lineage.backfill import (
+    execute_plan_in_process,
+    model_partitions,
+    plan_backfill,
+)
+from zipline_dagster.lineage.registry import build_definitions
+from zipline_dagster.storage.resources import WarehouseResource
+from zipline_dagster.storage.tables import shift_day
+from zipline_dagster.training.archive import publish_trainer_archive
+from zipline_dagster.training.resources import RayJobsResource
 
 pytestmark = [pytest.mark.bench, pytest.mark.ray, pytest.mark.spark]
 START = "2026-07-11"

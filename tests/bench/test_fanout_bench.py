@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from tests.conftest import TRAINERS
-from tests.test_fanout import write_market_table
-from tests.test_models import make_model, materialize, only_materialization, resources
-from zipline_dagster.archive import publish_trainer_archive
-from zipline_dagster.storage import blob_store
+from tests.training.test_assets import make_model, materialize, only_materialization, resources
+from tests.training.test_fanout import write_market_table
+from zipline_dagster.storage.blobs import blob_store
+from zipline_dagster.training.archive import publish_trainer_archive
 
 pytestmark = [pytest.mark.bench, pytest.mark.ray]
 
@@ -59,7 +59,7 @@ os.environ["RAY_AUTH_MODE"] = "disabled"
 sys.path.insert(0, sys.argv[2])
 import numpy as np, ray
 from trainer.fanout import run_ray, run_serial
-from tests.test_fanout import market_rows
+from tests.training.test_fanout import market_rows
 ray.init(address=sys.argv[1], log_to_driver=False, runtime_env={"working_dir": sys.argv[2]})
 df = market_rows("2026-07-10", 1000, 500)
 data = {m: {"x": g[["price", "noise"]].to_numpy(), "y": g["label"].to_numpy(),

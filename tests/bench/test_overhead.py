@@ -17,9 +17,9 @@ import pytest
 
 from tests.conftest import TRAINERS
 from tests.helpers import days_ending, write_table
-from tests.test_models import DS, TABLE, make_model, materialize, resources
-from zipline_dagster.archive import publish_trainer_archive
-from zipline_dagster.training import build_training_request
+from tests.training.test_assets import DS, TABLE, make_model, materialize, resources
+from zipline_dagster.training.archive import publish_trainer_archive
+from zipline_dagster.training.request import build_training_request
 
 pytestmark = [pytest.mark.bench, pytest.mark.ray]
 REPEATS = 3

@@ -10,9 +10,9 @@ import pytest
 
 from tests.conftest import TRAINERS
 from tests.helpers import days_ending, write_table
-from tests.test_distributed import ROUNDS, run
-from tests.test_models import DS, TABLE
-from zipline_dagster.archive import publish_trainer_archive
+from tests.training.test_assets import DS, TABLE
+from tests.training.test_distributed import ROUNDS, run
+from zipline_dagster.training.archive import publish_trainer_archive
 
 pytestmark = [pytest.mark.bench, pytest.mark.ray]
 

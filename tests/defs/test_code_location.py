@@ -1,0 +1,149 @@
+"""The demo code location: loads without Ray or Spark, pins its trainer, reads its settings."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import TRAINERS
+from zipline_dagster.training.archive import build_trainer_archive
+
+
+def test_pinned_version_is_the_reference_trainer_build() -> None:
+    from zipline_dagster.defs.listing_ctr import LISTING_CTR_MODEL_VERSION
+
+    built = build_trainer_archive(TRAINERS / "listing_ctr_model").version
+    assert built == LISTING_CTR_MODEL_VERSION, (
+        f"trainers/listing_ctr_model builds {built}; update LISTING_CTR_MODEL_VERSION in zipline_dagster/defs/listing_ctr.py"
+    )
+
+
+def test_code_location_loads_without_ray_or_spark() -> None:
+    code = (
+        "import sys, zipline_dagster.defs as d; d.defs.resolve_asset_graph(); "
+        "print(','.join(sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'pyspark'))))"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert res.stdout.strip() == ""
+
+
+def test_settings_come_from_the_environment_without_contacting_anything() -> None:
+    code = """
+import json
+from zipline_dagster.defs import defs
+from zipline_dagster.defs.listing_ctr import listing_ctr_model
+r = defs.resources
+print(json.dumps({
+    "ray": r["launcher"].address, "spark": r["spark"].config()["spark.master"],
+    "warehouse": r["warehouse"].uri, "s3": r["warehouse"].s3.endpoint_url,
+    "base": listing_ctr_model.model_artifact_base_uri,
+}))
+"""
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "RAY_ADDRESS": "http://raycluster-head-svc.ml:8265",
+        "SPARK_MASTER": "spark://spark-master:7077",
+        "ZIPLINE_WAREHOUSE": "s3://acme-warehouse/tables",
+        "ZIPLINE_ARTIFACT_BASE": "s3://acme-ml/artifacts",
+        "AWS_ENDPOINT_URL": "https://minio.internal:9000",
+    }
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert res.returncode == 0, res.stderr
+    import json
+
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got == {
+        "ray": "http://raycluster-head-svc.ml:8265",
+        "spark": "spark://spark-master:7077",
+        "warehouse": "s3://acme-warehouse/tables",
+        "s3": "https://minio.internal:9000",
+        "base": "s3://acme-ml/artifacts",
+    }
+
+
+def test_dg_loads_the_code_location() -> None:
+    """Dagster's project tooling finds and loads the defs package (pyproject [tool.dg])."""
+    from tests.conftest import BIN, ROOT
+
+    res = subprocess.run(
+        [str(BIN / "dg"), "check", "defs"], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "All definitions loaded successfully" in res.stdout + res.stderr
+    listed = subprocess.run(
+        [str(BIN / "dg"), "list", "defs", "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert "models/listing_ctr_model" in listed.stdout and "ctr/training_v1" in listed.stdout
+
+
+def test_the_library_never_imports_the_code_location() -> None:
+    import ast
+
+    from tests.conftest import ROOT
+
+    offenders = []
+    for path in (ROOT / "zipline_dagster").rglob("*.py"):
+        if "defs" in path.relative_to(ROOT / "zipline_dagster").parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            if any(
+                n == "zipline_dagster.defs" or n.startswith("zipline_dagster.defs.") for n in names
+            ):
+                offenders.append(str(path.relative_to(ROOT)))
+    assert offenders == []
+
+
+def test_the_wheel_holds_the_library_and_not_the_demo(tmp_path: Path) -> None:
+    import zipfile
+
+    from tests.conftest import ROOT
+
+    uv = ROOT / ".tools" / "bin" / "uv"
+    res = subprocess.run(
+        [str(uv), "build", "--wheel", "--out-dir", str(tmp_path), str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stderr
+    (wheel,) = tmp_path.glob("*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "zipline_dagster/training/launchers/ray_job.py" in names
+    assert "zipline_dagster/declarations/model.py" in names
+    assert not [n for n in names if n.startswith("zipline_dagster/defs/")]
+
+
+def test_cli_outside_a_project_asks_for_the_module(tmp_path: Path) -> None:
+    from tests.conftest import BIN
+
+    res = subprocess.run(
+        [
+            str(BIN / "zipline-dagster"),
+            "backfill",
+            "m",
+            "--start-ds",
+            "2026-07-11",
+            "--end-ds",
+            "2026-07-11",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**__import__("os").environ, "DAGSTER_HOME": str(tmp_path)},
+        timeout=120,
+    )
+    assert res.returncode == 1 and "no Dagster project around" in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr

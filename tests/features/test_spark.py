@@ -1,0 +1,282 @@
+"""GroupBy / Join / StagingQuery on a real local Spark session, checked against pandas."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tests.helpers import write_partition
+from zipline_dagster.declarations.features import (
+    Aggregation,
+    EventTable,
+    GroupBy,
+    Join,
+    JoinPart,
+    Operation,
+    StagingQuery,
+)
+from zipline_dagster.declarations.model import Query, Window
+from zipline_dagster.features.spark import (
+    UpstreamDataError,
+    compute_group_by,
+    compute_join,
+    compute_staging_query,
+    write_days,
+)
+from zipline_dagster.storage.blobs import blob_store
+from zipline_dagster.storage.tables import days_between
+
+pytestmark = pytest.mark.spark
+FIRST = "2026-07-01"
+
+# Hand-made events. Listing 3 only has events on the label day and later: none may leak.
+EVENTS = [
+    # ds, listing_id, ts (hour), clicked, price, inventory
+    ("2026-07-01", 1, 1, 1, 10.0, 5),
+    ("2026-07-01", 2, 2, 0, 20.0, 7),
+    ("2026-07-02", 1, 3, 0, 12.0, 4),
+    ("2026-07-02", 1, 9, 1, 14.0, 3),
+    ("2026-07-03", 2, 4, 1, 22.0, 6),
+    ("2026-07-03", 1, 5, 0, 11.0, 9),
+    ("2026-07-04", 1, 6, 1, 99.0, 99),  # label day: must not reach features for 07-04 rows
+    ("2026-07-04", 3, 7, 1, 50.0, 1),
+    ("2026-07-05", 2, 8, 1, 77.0, 77),  # the future
+]
+
+GB = GroupBy(
+    name="listing_stats",
+    table="ctr.listing_stats",
+    source=EventTable(table="ctr.views"),
+    keys=["listing_id"],
+    aggregations=[
+        Aggregation("clicked", Operation.SUM, [Window(1), Window(3)]),
+        Aggregation("clicked", Operation.COUNT, [Window(3)]),
+        Aggregation("price", Operation.AVERAGE, [Window(3)]),
+        Aggregation("inventory", Operation.LAST, [Window(3)]),
+        Aggregation("price", Operation.MAX, [Window(2)]),
+    ],
+)
+
+
+def events_frame() -> pd.DataFrame:
+    df = pd.DataFrame(EVENTS, columns=["ds", "listing_id", "hour", "clicked", "price", "inventory"])
+    df["ts"] = pd.to_datetime(df["ds"]) + pd.to_timedelta(df["hour"], unit="h")
+    return df.drop(columns="hour")
+
+
+def write_events(base: str) -> None:
+    df = events_frame()
+    for ds in days_between(FIRST, "2026-07-05"):
+        write_partition(
+            base, "ctr.views", ds, df[df.ds == ds].drop(columns="ds").reset_index(drop=True)
+        )
+
+
+def pandas_group_by(df: pd.DataFrame, day: str) -> pd.DataFrame:
+    """Independent reference: per key, aggregations over days day-(w-1)..day."""
+    d = dt.date.fromisoformat(day)
+    rows = []
+    ev = df.assign(_d=pd.to_datetime(df["ds"]).dt.date)
+    in_longest = ev[(ev._d <= d) & (ev._d > d - dt.timedelta(days=3))]
+    for key in sorted(in_longest.listing_id.unique()):
+        k = ev[ev.listing_id == key]
+
+        def win(w: int, k: pd.DataFrame = k) -> pd.DataFrame:
+            return k[(k._d <= d) & (k._d > d - dt.timedelta(days=w))]
+
+        last3 = win(3).sort_values("ts")
+        rows.append(
+            {
+                "listing_id": key,
+                "ds": day,
+                "clicked_sum_1d": win(1).clicked.sum() if len(win(1)) else np.nan,
+                "clicked_sum_3d": win(3).clicked.sum(),
+                "clicked_count_3d": len(win(3)),
+                "price_avg_3d": win(3).price.mean(),
+                "inventory_last_3d": last3.inventory.iloc[-1],
+                "price_max_2d": win(2).price.max() if len(win(2)) else np.nan,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def to_pandas(df: Any) -> pd.DataFrame:
+    return df.toPandas().sort_values(["ds", "listing_id"]).reset_index(drop=True)
+
+
+def test_group_by_matches_pandas(spark_resource: Any, file_base: str) -> None:
+    write_events(file_base)
+    spark = spark_resource.spark_session
+    days = ["2026-07-02", "2026-07-03", "2026-07-04"]
+    got = to_pandas(
+        compute_group_by(spark, blob_store(file_base), file_base, GB, days, first_day=FIRST)
+    )
+    want = pd.concat([pandas_group_by(events_frame(), d) for d in days], ignore_index=True)
+    want = want.sort_values(["ds", "listing_id"]).reset_index(drop=True)
+    pd.testing.assert_frame_equal(got[want.columns], want, check_dtype=False)
+
+
+def test_join_is_point_in_time_correct(spark_resource: Any, file_base: str) -> None:
+    write_events(file_base)
+    store = blob_store(file_base)
+    spark = spark_resource.spark_session
+    feature_days = days_between(FIRST, "2026-07-04")
+    write_days(
+        compute_group_by(spark, store, file_base, GB, feature_days, first_day=FIRST),
+        store,
+        file_base,
+        GB.table,
+        feature_days,
+    )
+
+    join = Join(
+        name="training",
+        table="ctr.training",
+        left=EventTable(
+            table="ctr.views", query=Query(selects={"listing_id": "listing_id", "label": "clicked"})
+        ),
+        right_parts=[JoinPart(group_by=GB)],
+    )
+    got = to_pandas(
+        compute_join(spark, store, file_base, join, ["2026-07-04", "2026-07-05"], first_day=FIRST)
+    )
+    ref_features = pd.concat(
+        [pandas_group_by(events_frame(), d) for d in ["2026-07-03", "2026-07-04"]]
+    )
+    ref_features["ds"] = ref_features["ds"].map(
+        lambda d: (dt.date.fromisoformat(d) + dt.timedelta(days=1)).isoformat()
+    )
+    left = events_frame()
+    left = left[left.ds.isin(["2026-07-04", "2026-07-05"])][["listing_id", "clicked", "ds"]].rename(
+        columns={"clicked": "label"}
+    )
+    want = (
+        left.merge(ref_features, on=["listing_id", "ds"], how="left")
+        .sort_values(["ds", "listing_id"])
+        .reset_index(drop=True)
+    )
+    pd.testing.assert_frame_equal(got[want.columns], want, check_dtype=False)
+
+    row = got[(got.ds == "2026-07-04") & (got.listing_id == 1)].iloc[0]
+    # as of the end of 07-03: the 07-04 price 99 / inventory 99 must not leak in
+    assert row.price_avg_3d == pytest.approx((10 + 12 + 14 + 11) / 4)
+    assert row.inventory_last_3d == 9
+    new_listing = got[(got.ds == "2026-07-04") & (got.listing_id == 3)].iloc[0]
+    assert pd.isna(new_listing.clicked_sum_3d)  # only events on or after its label day
+    future = got[(got.ds == "2026-07-05") & (got.listing_id == 2)].iloc[0]
+    assert future.clicked_sum_3d == 1 and future.price_max_2d != 77.0
+
+
+def test_staging_query_writes_each_day_idempotently(spark_resource: Any, file_base: str) -> None:
+    write_events(file_base)
+    store = blob_store(file_base)
+    spark = spark_resource.spark_session
+    sq = StagingQuery(
+        name="labels",
+        table="ctr.labels",
+        query="SELECT listing_id, clicked AS label, ds FROM ctr.views WHERE ds BETWEEN '{{ start_date }}' AND '{{ end_date }}'",
+        dependencies=["ctr.views"],
+    )
+    days = ["2026-07-02", "2026-07-03"]
+    counts = write_days(
+        compute_staging_query(spark, store, file_base, sq, days, first_day=FIRST),
+        store,
+        file_base,
+        sq.table,
+        days,
+    )
+    assert counts == {"2026-07-02": 2, "2026-07-03": 2}
+    again = write_days(
+        compute_staging_query(spark, store, file_base, sq, days, first_day=FIRST),
+        store,
+        file_base,
+        sq.table,
+        days,
+    )
+    assert again == counts
+    read = spark.read.option("basePath", f"{file_base}/ctr/labels").parquet(
+        f"{file_base}/ctr/labels/ds=2026-07-02"
+    )
+    assert read.count() == 2  # overwritten, not appended
+
+
+def test_missing_upstream_partition_is_named(spark_resource: Any, file_base: str) -> None:
+    write_partition(
+        file_base, "ctr.views", "2026-07-01", events_frame().iloc[:1].drop(columns="ds")
+    )
+    with pytest.raises(UpstreamDataError) as exc:
+        compute_group_by(
+            spark_resource.spark_session,
+            blob_store(file_base),
+            file_base,
+            GB,
+            ["2026-07-03"],
+            first_day=FIRST,
+        )
+    assert "missing partitions 2026-07-02..2026-07-03" in str(
+        exc.value
+    ) and "it has 2026-07-01" in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    ("producer_kind", "fragment"),
+    [
+        ("group_by", "GroupBy 'bad_stats': select price_log='ln(pricee)' is invalid"),
+        ("join", "Join 'bad_join': select price_log='ln(pricee)' is invalid"),
+        ("staging", "StagingQuery 'bad_sq': its query is invalid"),
+    ],
+)
+def test_bad_select_expression_names_producer_and_expression(
+    spark_resource: Any, tmp_path: Any, producer_kind: str, fragment: str
+) -> None:
+    """Materialized through Dagster: a clean Failure naming the producer and expression,
+    with Spark's reason, not a JVM stack trace."""
+    import dagster as dg
+
+    from zipline_dagster.features.assets import build_producer_asset
+    from zipline_dagster.storage.resources import WarehouseResource
+
+    base = (tmp_path / "wh").as_uri()
+    write_events(base)
+    bad = Query(selects={"price_log": "ln(pricee)", "listing_id": "listing_id"})
+    producer: Any
+    if producer_kind == "group_by":
+        producer = GroupBy(
+            name="bad_stats",
+            table="ctr.bad_stats",
+            source=EventTable(table="ctr.views", query=bad),
+            keys=["listing_id"],
+            aggregations=[Aggregation("price_log", Operation.SUM, [Window(1)])],
+        )
+    elif producer_kind == "join":
+        producer = Join(
+            name="bad_join",
+            table="ctr.bad_join",
+            left=EventTable(table="ctr.views", query=bad),
+            right_parts=[JoinPart(group_by=GB)],
+        )
+    else:
+        producer = StagingQuery(
+            name="bad_sq",
+            table="ctr.bad_sq",
+            query="SELECT listing_id, pricee, ds FROM ctr.views WHERE ds = '{{ ds }}'",
+            dependencies=["ctr.views"],
+        )
+    result = dg.materialize(
+        [build_producer_asset(producer)],
+        partition_key="2026-07-03",
+        resources={"spark": spark_resource, "warehouse": WarehouseResource(uri=base)},
+        instance=dg.DagsterInstance.ephemeral(),
+        raise_on_error=False,
+    )
+    assert not result.success
+    err = result.get_step_failure_events()[0].step_failure_data.error
+    assert err is not None and err.cls_name == "Failure", err
+    text = err.message
+    assert fragment in text, text
+    assert "AnalysisException" in text or "ParseException" in text
+    assert "at org.apache.spark" not in text  # no JVM stack trace

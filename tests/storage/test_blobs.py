@@ -1,0 +1,120 @@
+"""Upload, exists, read, list, verify and tamper detection on file:// and a real S3 server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from zipline_dagster.storage.blobs import BlobNotFoundError, BlobStorageError, blob_store
+from zipline_dagster.storage.paths import archive_uri
+from zipline_dagster.training.archive import (
+    ArchiveVerificationError,
+    build_trainer_archive,
+    publish_trainer_archive,
+    verify_trainer_archive,
+)
+
+
+@pytest.fixture(params=["file", "s3"])
+def base(request: pytest.FixtureRequest, file_base: str) -> str:
+    if request.param == "file":
+        return file_base
+    return str(request.getfixturevalue("s3_bucket")) + "/warehouse"
+
+
+def test_store_roundtrip(base: str) -> None:
+    uri = f"{base}/a/b/c.bin"
+    store = blob_store(uri)
+    assert not store.exists(uri)
+    store.write_bytes(uri, b"hello")
+    assert store.exists(uri)
+    assert store.read_bytes(uri) == b"hello"
+    store.write_bytes(f"{base}/a/d.bin", b"x")
+    assert store.list(f"{base}/a") == [f"{base}/a/b/c.bin", f"{base}/a/d.bin"]
+    assert store.list(f"{base}/nothing-here") == []
+    store.delete(uri)
+    assert not store.exists(uri)
+    with pytest.raises(BlobNotFoundError, match="c.bin"):
+        store.read_bytes(uri)
+
+
+def test_publish_verify_and_tamper(base: str, trainer_copy: Path) -> None:
+    published = publish_trainer_archive(trainer_copy, model_name="listing_ctr_model", base=base)
+    assert published.uri == f"{base}/builds/listing_ctr_model-{published.version}.zip"
+    assert published.version == build_trainer_archive(trainer_copy).version
+    assert (
+        verify_trainer_archive(base=base, model_name="listing_ctr_model", version=published.version)
+        == published.uri
+    )
+
+    # Re-publishing identical code is idempotent (same name, same bytes).
+    assert (
+        publish_trainer_archive(trainer_copy, model_name="listing_ctr_model", base=base)
+        == published
+    )
+
+    store = blob_store(published.uri)
+    store.write_bytes(published.uri, store.read_bytes(published.uri) + b"tampered")
+    with pytest.raises(ArchiveVerificationError) as exc:
+        verify_trainer_archive(base=base, model_name="listing_ctr_model", version=published.version)
+    assert published.uri in str(exc.value) and "does not match its version" in str(exc.value)
+
+
+def test_verify_absent_archive_names_the_path(base: str) -> None:
+    with pytest.raises(ArchiveVerificationError) as exc:
+        verify_trainer_archive(base=base, model_name="listing_ctr_model", version="0123456789ab")
+    assert archive_uri(base, "listing_ctr_model", "0123456789ab") in str(exc.value)
+    assert "missing" in str(exc.value)
+
+
+def test_s3_error_names_uri_when_bucket_absent(s3_env: dict[str, str]) -> None:
+    uri = "s3://no-such-bucket-zd/x.zip"
+    with pytest.raises(BlobStorageError) as exc:
+        blob_store(uri).write_bytes(uri, b"x")
+    assert uri in str(exc.value) and "NoSuchBucket" in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    ("uri", "fragment"),
+    [("gs://b/x", "GCS"), ("abfss://c@a/x", "Azure"), ("ftp://h/x", "unknown scheme")],
+)
+def test_unsupported_schemes_are_named(uri: str, fragment: str) -> None:
+    with pytest.raises(BlobStorageError) as exc:
+        blob_store(uri)
+    assert fragment in str(exc.value) and "file://" in str(exc.value)
+
+
+def test_local_write_is_atomic_no_temp_files_left(file_base: str) -> None:
+    uri = f"{file_base}/x/y.bin"
+    blob_store(uri).write_bytes(uri, b"1")
+    blob_store(uri).write_bytes(uri, b"2")
+    assert blob_store(uri).list(f"{file_base}/x") == [uri]
+
+
+def test_exclusive_create_and_move(base: str) -> None:
+    """The primitives promotion and atomic partitions rest on, on both stores."""
+    lock = f"{base}/locks/a.lock"
+    store = blob_store(lock)
+    assert store.create_exclusive(lock, b"first")
+    assert not store.create_exclusive(lock, b"second")
+    assert store.read_bytes(lock) == b"first"
+    store.delete(lock)
+    assert store.create_exclusive(lock, b"third")
+    store.move(lock, f"{base}/moved/a.lock")
+    assert not store.exists(lock) and store.read_bytes(f"{base}/moved/a.lock") == b"third"
+    with pytest.raises(BlobNotFoundError):
+        store.move(lock, f"{base}/moved/b.lock")
+
+
+def test_promotion_on_s3(s3_bucket: str) -> None:
+    """Attempt promotion through the S3 API (the lock is a conditional put)."""
+    from zipline_dagster.training.request import attempt_dir, is_committed, promote_attempt
+
+    d = f"{s3_bucket}/models/m/{'a' * 12}/2026-07-10"
+    store = blob_store(d)
+    store.write_bytes(f"{attempt_dir(d, 'a1')}/metrics.json", b"{}")
+    store.write_bytes(f"{attempt_dir(d, 'a1')}/model.json", b"1")
+    p = promote_attempt(store, d, "a1", extra={})
+    assert sorted(f["path"] for f in p.manifest["files"]) == ["metrics.json", "model.json"]
+    assert is_committed(store, d) and not store.exists(f"{d}/_PROMOTING.lock")

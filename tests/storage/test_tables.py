@@ -1,0 +1,142 @@
+"""Atomic partitions: a writer killed half-way (kill -9, a real process) leaves every
+partition as it was before, or (a first write) missing, never partial."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from tests.conftest import ROOT
+from tests.helpers import local, write_partition
+from zipline_dagster.storage.blobs import blob_store
+from zipline_dagster.storage.tables import COMMIT_NAME, STAGING_DIR, committed_partitions
+
+TABLE = "ctr.atomic"
+
+
+def read_partition(base: str, ds: str) -> pd.DataFrame:
+    files = committed_partitions(blob_store(base), base, TABLE)[ds]
+    return pd.concat([pd.read_parquet(local(f)) for f in files], ignore_index=True)
+
+
+def kill_when(proc: subprocess.Popen[Any], appears: Any, timeout: float = 120) -> None:
+    """SIGKILL the writer's whole process group the moment ``appears()`` is true."""
+    deadline = time.monotonic() + timeout
+    while not appears():
+        assert proc.poll() is None, "the writer finished before the fault could hit it"
+        assert time.monotonic() < deadline, "the writer never got there"
+        time.sleep(0.002)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+    assert proc.returncode == -signal.SIGKILL
+
+
+PANDAS_WRITER = textwrap.dedent(
+    """
+    import sys
+    import numpy as np, pandas as pd
+    from tests.helpers import write_partition
+    base, ds, rows = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    rng = np.random.default_rng(0)
+    write_partition(base, "ctr.atomic", ds, pd.DataFrame(
+        {"version": np.full(rows, 2), "x": rng.random(rows), "y": rng.random(rows)}))
+    """
+)
+
+
+def start(script: str, *args: str) -> subprocess.Popen[Any]:
+    return subprocess.Popen(
+        [sys.executable, "-c", script, *args],
+        cwd=ROOT,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def temp_file_in(folder: Path) -> Any:
+    """True once an object is being written into ``folder`` (its temp file exists)."""
+    return lambda: folder.is_dir() and any(p.name.endswith(".tmp") for p in folder.iterdir())
+
+
+def test_pandas_writer_killed_mid_write_leaves_the_old_partition(file_base: str) -> None:
+    ds = "2026-07-02"
+    old = pd.DataFrame({"version": [1] * 100, "x": range(100), "y": range(100)})
+    write_partition(file_base, TABLE, ds, old)
+    folder = local(f"{file_base}/ctr/atomic/ds={ds}")
+    proc = start(PANDAS_WRITER, file_base, ds, "12000000")
+    kill_when(proc, temp_file_in(folder))
+    # readers see exactly the old partition
+    got = read_partition(file_base, ds)
+    assert len(got) == 100 and set(got["version"]) == {1}
+    # the next write commits, and the partition holds only its own data
+    write_partition(file_base, TABLE, ds, old.assign(version=3))
+    assert set(read_partition(file_base, ds)["version"]) == {3}
+    visible = sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
+    assert len(visible) == 2 and COMMIT_NAME in visible
+
+
+def test_first_write_killed_mid_write_leaves_the_partition_missing(file_base: str) -> None:
+    ds = "2026-07-03"
+    folder = local(f"{file_base}/ctr/atomic/ds={ds}")
+    proc = start(PANDAS_WRITER, file_base, ds, "12000000")
+    kill_when(proc, temp_file_in(folder))
+    assert ds not in committed_partitions(blob_store(file_base), file_base, TABLE)
+
+
+SPARK_WRITER = textwrap.dedent(
+    """
+    import sys
+    from pyspark.sql import functions as F
+    from zipline_dagster.features.spark import SparkResource, write_days
+    from zipline_dagster.storage.blobs import blob_store
+    base = sys.argv[1]
+    spark = SparkResource(master="local[1]").spark_session
+    days = ["2026-07-01", "2026-07-02", "2026-07-03"]
+    df = (spark.range(0, 30_000_000)
+          .withColumn("version", F.lit(2))
+          .withColumn("x", F.rand(1))
+          .withColumn("ds", F.element_at(F.array(*[F.lit(d) for d in days]),
+                                         (F.col("id") % 3 + 1).cast("int"))))
+    write_days(df, blob_store(base), base, "ctr.atomic", days)
+    """
+)
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_spark_range_write_killed_mid_write_leaves_every_partition_old(
+    spark_resource: Any, file_base: str
+) -> None:
+    from pyspark.sql import functions as F
+
+    from zipline_dagster.features.spark import write_days
+
+    days = ["2026-07-01", "2026-07-02", "2026-07-03"]
+    spark = spark_resource.spark_session
+    store = blob_store(file_base)
+    old = spark.createDataFrame(
+        [(i, 1, float(i), d) for d in days for i in range(10)],
+        "id long, version int, x double, ds string",
+    )
+    assert write_days(old, store, file_base, TABLE, days) == dict.fromkeys(days, 10)
+    staging = local(f"{file_base}/ctr/atomic/{STAGING_DIR}")
+    proc = start(SPARK_WRITER, file_base)
+    kill_when(proc, lambda: staging.is_dir() and any(staging.rglob("*.parquet")), timeout=180)
+    for ds in days:
+        got = read_partition(file_base, ds)
+        assert len(got) == 10 and set(got["version"]) == {1}, ds
+    # a range re-written in one job commits every day
+    new = old.withColumn("version", F.lit(3)).filter(F.col("id") < 5)
+    assert write_days(new, store, file_base, TABLE, days) == dict.fromkeys(days, 5)
+    for ds in days:
+        assert set(read_partition(file_base, ds)["version"]) == {3}

@@ -1,0 +1,137 @@
+"""The embedded head: started once, reused across processes, stopped by its own command."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+import pytest
+
+from tests.cleanup import register, unregister
+from tests.conftest import run_cli
+from zipline_dagster.processes import ProcessIdentity
+from zipline_dagster.training.launchers.ray_job import RayJobRunner, RayUnreachableError
+
+
+@pytest.mark.ray
+def test_ray_up_is_shared_and_down_stops_it(tmp_path: Path) -> None:
+    state = str(tmp_path / "ray")
+    # Two `up` at once: one head, both report the same dashboard.
+    results: list[str] = []
+
+    def up() -> None:
+        res = run_cli("ray", "up", "--state-dir", state, "--num-cpus", "1")
+        assert res.returncode == 0, res.stderr
+        results.append(res.stdout)
+
+    threads = [threading.Thread(target=up) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        dashboards = {
+            line.split("dashboard=")[1].split()[0]
+            for out in results
+            for line in out.splitlines()
+            if "dashboard=" in line
+        }
+        assert len(dashboards) == 1
+        (dashboard,) = dashboards
+        assert dashboard.startswith("http://127.0.0.1:")  # loopback only
+        status = run_cli("ray", "status", "--state-dir", state)
+        assert status.returncode == 0 and dashboard in status.stdout
+        head = json.loads((tmp_path / "ray" / "head.json").read_text())
+        register(head["pid"], group=True, what="Ray head (ray up test)")
+        assert head["dashboard_url"] == dashboard
+        # the state file names the process by PID *and* start time
+        assert ProcessIdentity(pid=head["pid"], start=head["pid_start"]).alive()
+    finally:
+        down = run_cli("ray", "down", "--state-dir", state)
+        unregister(head["pid"])
+    assert down.returncode == 0 and "stopped" in down.stdout
+    status = run_cli("ray", "status", "--state-dir", state)
+    assert status.returncode == 3 and "no embedded ray head" in status.stdout
+
+
+@pytest.fixture
+def other_version_dashboard() -> Iterator[str]:
+    """A loopback HTTP server answering /api/version as a Ray 2.9.3 cluster would.
+
+    Stands in for a cluster of another Ray version: installing a second Ray here to run
+    a real one is not possible in one environment.
+    """
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps({"version": "4", "ray_version": "2.9.3", "ray_commit": "x"}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+
+
+def test_version_mismatch_is_refused_before_submitting(other_version_dashboard: str) -> None:
+    import ray
+
+    runner = RayJobRunner(address=other_version_dashboard)
+    with pytest.raises(RayUnreachableError) as exc:
+        runner.client()
+    msg = str(exc.value)
+    assert "Ray version mismatch" in msg and "2.9.3" in msg and ray.__version__ in msg
+
+
+def test_ray_client_address_is_refused_with_hint() -> None:
+    with pytest.raises(RayUnreachableError, match="dashboard address"):
+        RayJobRunner(address="ray://head:10001")
+
+
+def test_down_never_signals_a_reused_pid(tmp_path: Path) -> None:
+    """head.json names a PID that now belongs to another program (the head died, the PID
+    was reused, e.g. after a reboot): `down`, `status` and `up`'s stale-state path must
+    leave that program alone."""
+    import subprocess
+    import time
+
+    from zipline_dagster.training.launchers.ray_head import LocalRayHead
+
+    other = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        state = tmp_path / "ray"
+        state.mkdir()
+        (state / "head.json").write_text(
+            json.dumps(
+                {
+                    "pid": other.pid,
+                    "dashboard_url": "http://127.0.0.1:9",
+                    "gcs_address": "127.0.0.1:9",
+                    "ray_version": "2.60.0",
+                    "log_path": str(state / "head.log"),
+                    "started_at": time.time() - 3600,
+                    # the start token of the head that once had this PID
+                    "pid_start": "an-earlier-boot:12345",
+                }
+            )
+        )
+        assert LocalRayHead(state).status() is None
+        down = run_cli("ray", "down", "--state-dir", str(state))
+        assert down.returncode == 0 and "no embedded ray head was running" in down.stdout
+        time.sleep(0.5)
+        assert other.poll() is None, "down signalled a process it did not start"
+    finally:
+        other.kill()
+        other.wait()

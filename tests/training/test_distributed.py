@@ -1,0 +1,72 @@
+"""Distributed training with Ray Train V2 on a real two-node cluster, with a worker killed
+mid-training: the run recovers from its last checkpoint and scores as a clean run does."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tests.conftest import TRAINERS
+from tests.helpers import days_ending, write_table
+from tests.training.test_assets import (
+    DS,
+    TABLE,
+    make_model,
+    materialize,
+    only_materialization,
+    resources,
+)
+from zipline_dagster.storage.blobs import blob_store
+from zipline_dagster.training.archive import publish_trainer_archive
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+ROUNDS = 10
+TOLERANCE = 1e-6  # same data, same shards, deterministic hist: resumed == uninterrupted
+
+
+def run(ray: Any, base: str, version: str, model_dir: str, extra: dict[str, str]) -> dict[str, Any]:
+    jc = {
+        "label-column": "label",
+        "eval-days": "1",
+        "features": "price_log,inventory_count",
+        "num-rounds": str(ROUNDS),
+        "model-dir": model_dir,
+        **extra,
+    }
+    model = make_model(version, base, job_configs=jc, replicas=2)
+    result = materialize(model, resources(ray.dashboard_url, base))
+    md = {k: v.value for k, v in only_materialization(result).metadata.items()}
+    return {
+        "md": md,
+        "report": json.loads(blob_store(model_dir).read_bytes(f"{model_dir}/metrics.json")),
+    }
+
+
+def test_worker_killed_mid_training_recovers_from_checkpoint(
+    ray_two_nodes: Any, file_base: str
+) -> None:
+    write_table(file_base, TABLE, days_ending(DS, 4), rows=2000)
+    version = publish_trainer_archive(
+        TRAINERS / "listing_ctr_model", model_name="listing_ctr_model", base=file_base
+    ).version
+
+    clean = run(ray_two_nodes, file_base, version, f"{file_base}/runs/clean", {})
+    dist = clean["report"]["distributed"]
+    assert dist["world_size"] == 2 and len(dist["nodes"]) == 2  # one worker on each node
+    assert {w["rank"] for w in dist["worker_starts"]} == {0, 1}
+    assert dist["resumed_from_round"] == 0
+
+    faulty = run(
+        ray_two_nodes, file_base, version, f"{file_base}/runs/faulty", {"fail-at-round": "5"}
+    )
+    fdist = faulty["report"]["distributed"]
+    # the killed worker's group was restarted and resumed from the last checkpoint
+    assert 1 <= fdist["resumed_from_round"] <= 5, fdist
+    assert len(fdist["worker_starts"]) >= 4  # 2 workers x (first attempt + retry)
+    assert faulty["md"]["holdout/auc"] == pytest.approx(clean["md"]["holdout/auc"], abs=TOLERANCE)
+    assert faulty["md"]["holdout/logloss"] == pytest.approx(
+        clean["md"]["holdout/logloss"], abs=TOLERANCE
+    )
+    assert faulty["report"]["num_rounds"] == ROUNDS

@@ -1,0 +1,167 @@
+"""Training requests, flags, windows and the artifact commit protocol (no Ray needed)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.training.test_assets import make_model
+from zipline_dagster.storage.blobs import blob_store
+from zipline_dagster.storage.paths import MANIFEST_NAME
+from zipline_dagster.training.request import (
+    ArtifactError,
+    attempt_dir,
+    build_training_request,
+    is_committed,
+    promote_attempt,
+    promotion_lock,
+    supersede_previous,
+    window_days,
+)
+
+
+def test_window_is_exactly_n_days_ending_at_ds() -> None:
+    assert window_days("2026-07-10", 4) == ["2026-07-07", "2026-07-08", "2026-07-09", "2026-07-10"]
+    assert window_days("2026-03-01", 2) == ["2026-02-28", "2026-03-01"]
+    assert window_days("2026-07-10", 1) == ["2026-07-10"]
+
+
+def test_flags_platform_first_then_job_configs() -> None:
+    model = make_model(
+        "a" * 12, "s3://b/wh", job_configs={"label-column": "label", "eval-days": "1"}
+    )
+    req = build_training_request(model, "2026-07-10", warehouse="s3://b/tables")
+    assert req.flags == (
+        "--input-table=ctr.training_v1",
+        "--start-ds=2026-07-07",
+        "--end-ds=2026-07-10",
+        f"--model-dir=s3://b/wh/models/listing_ctr_model/{'a' * 12}/2026-07-10",
+        "--warehouse=s3://b/tables",
+        "--label-column=label",
+        "--eval-days=1",
+    )
+    assert req.entrypoint.startswith("python -m trainer.train --input-table=ctr.training_v1 ")
+    assert req.job_key == f"listing_ctr_model-{'a' * 12}-2026-07-10"
+
+
+def test_derived_flags_overridable_once() -> None:
+    model = make_model(
+        "a" * 12, "s3://b/wh", job_configs={"model-dir": "s3://x/m", "warehouse": "s3://x/t"}
+    )
+    req = build_training_request(model, "2026-07-10", warehouse="s3://b/tables")
+    assert req.model_dir == "s3://x/m" and req.warehouse == "s3://x/t"
+    assert [f for f in req.flags if f.startswith("--model-dir")] == ["--model-dir=s3://x/m"]
+    assert [f for f in req.flags if f.startswith("--warehouse")] == ["--warehouse=s3://x/t"]
+
+
+def test_values_with_spaces_are_quoted_in_the_entrypoint() -> None:
+    model = make_model("a" * 12, "file:///wh", job_configs={"note": "two words; rm -rf /"})
+    req = build_training_request(model, "2026-07-10", warehouse="file:///wh")
+    assert "'--note=two words; rm -rf /'" in req.entrypoint
+
+
+def test_bad_partition_key_refused() -> None:
+    with pytest.raises(ValueError):
+        build_training_request(
+            make_model("a" * 12, "file:///wh"), "July 10", warehouse="file:///wh"
+        )
+
+
+def test_for_attempt_points_the_trainer_at_its_own_folder() -> None:
+    model = make_model("a" * 12, "s3://b/wh", job_configs={})
+    req = build_training_request(model, "2026-07-10", warehouse="s3://b/t")
+    job = req.for_attempt("zd-x-1")
+    canonical = f"s3://b/wh/models/listing_ctr_model/{'a' * 12}/2026-07-10"
+    assert job.canonical_dir == req.model_dir == canonical
+    assert job.model_dir == f"{canonical}/_attempts/zd-x-1" and job.attempt_id == "zd-x-1"
+    assert f"--model-dir={canonical}/_attempts/zd-x-1" in job.flags
+    assert [f for f in job.flags if f.startswith("--model-dir")] == [
+        f"--model-dir={canonical}/_attempts/zd-x-1"
+    ]
+
+
+def _attempt(store: object, d: str, attempt: str, files: dict[str, bytes]) -> None:
+    for name, data in files.items():
+        store.write_bytes(f"{attempt_dir(d, attempt)}/{name}", data)  # type: ignore[attr-defined]
+
+
+def test_promotion_commits_with_the_manifest_last(file_base: str) -> None:
+    d = f"{file_base}/models/m/{'a' * 12}/2026-07-10"
+    store = blob_store(d)
+    _attempt(store, d, "a1", {"model.json": b"{}"})
+    with pytest.raises(ArtifactError, match="wrote no metrics.json"):
+        promote_attempt(store, d, "a1", extra={})
+    assert not is_committed(store, d)
+    assert not store.exists(f"{d}/model.json")  # nothing copied for a bad attempt
+    _attempt(store, d, "a1", {"metrics.json": b'{"train": {}}'})
+    p = promote_attempt(store, d, "a1", extra={"model": "m"})
+    assert [f["path"] for f in p.manifest["files"]] == ["metrics.json", "model.json"]
+    assert p.manifest["attempt"] == "a1" and p.superseded is None and not p.already
+    assert is_committed(store, d)
+    # promoting the same attempt again (a second run attached to the same job) is a no-op
+    again = promote_attempt(store, d, "a1", extra={"model": "m"})
+    assert again.already and again.manifest == p.manifest
+    store.write_bytes(f"{d}/model.json", b"changed after commit")
+    assert not is_committed(store, d)
+    assert is_committed(store, d, checksums=False)  # the cheap check sees files only
+
+
+def test_a_later_attempt_supersedes_and_an_old_one_cannot_come_back(file_base: str) -> None:
+    d = f"{file_base}/models/m/{'a' * 12}/2026-07-10"
+    store = blob_store(d)
+    _attempt(store, d, "a1", {"metrics.json": b'{"v": 1}', "sub/model.bin": b"1"})
+    promote_attempt(store, d, "a1", extra={})
+    _attempt(store, d, "a2", {"metrics.json": b'{"v": 2}'})
+    p2 = promote_attempt(store, d, "a2", extra={})
+    assert p2.superseded is not None and p2.superseded.startswith(f"{d}/_superseded/")
+    assert json.loads(store.read_bytes(f"{p2.superseded}/metrics.json")) == {"v": 1}
+    assert store.exists(f"{p2.superseded}/sub/model.bin")
+    assert store.exists(f"{p2.superseded}/{MANIFEST_NAME}")
+    assert not store.exists(f"{d}/sub/model.bin")  # the finished model is a2's alone
+    # a late run of a1 finds it promoted and superseded since: nothing moves
+    with pytest.raises(ArtifactError, match="has since been superseded"):
+        promote_attempt(store, d, "a1", extra={})
+    assert json.loads(store.read_bytes(f"{d}/metrics.json")) == {"v": 2}
+
+
+def test_promotion_lock_excludes_and_breaks_when_stale(file_base: str) -> None:
+    import time
+
+    d = f"{file_base}/models/m/{'a' * 12}/2026-07-10"
+    store = blob_store(d)
+    with promotion_lock(store, d):
+        assert not store.create_exclusive(f"{d}/_PROMOTING.lock", b"x")
+        with (
+            pytest.raises(ArtifactError, match="held by another run"),
+            promotion_lock(store, d, wait_s=0.5),
+        ):
+            pass
+    assert not store.exists(f"{d}/_PROMOTING.lock")
+    # a lock left by a run that died long ago is broken
+    store.write_bytes(f"{d}/_PROMOTING.lock", json.dumps({"at": time.time() - 3600}).encode())
+    with promotion_lock(store, d, stale_s=60):
+        pass
+
+
+def test_supersede_moves_everything_and_manifest_first(file_base: str) -> None:
+    d = f"{file_base}/models/m/{'a' * 12}/2026-07-10"
+    store = blob_store(d)
+    assert supersede_previous(store, d) is None
+    _attempt(store, d, "a1", {"metrics.json": b"{}", "sub/model.bin": b"1"})
+    promote_attempt(store, d, "a1", extra={})
+    dest = supersede_previous(store, d)
+    assert dest is not None and dest.startswith(f"{d}/_superseded/")
+    assert not is_committed(store, d)
+    assert sorted(u[len(dest) + 1 :] for u in store.list(dest)) == [
+        MANIFEST_NAME,
+        "metrics.json",
+        "sub/model.bin",
+    ]
+    skip = ("/_superseded/", "/_attempts/")
+    assert [u for u in store.list(d) if not any(s in u for s in skip)] == []
+    # a second supersede keeps both generations
+    store.write_bytes(f"{d}/metrics.json", b"{}")
+    dest2 = supersede_previous(store, d)
+    assert dest2 != dest and json.loads(store.read_bytes(f"{dest2}/metrics.json")) == {}
+    assert store.exists(f"{dest}/sub/model.bin")

@@ -1,0 +1,175 @@
+"""The table registry: every table resolves, by its exact name, to the asset producing it.
+
+A model (or producer) whose input table no asset emits fails when the code location
+loads, listing the closest names: a near miss (a catalog qualifier, a typo) would
+otherwise make the platform treat the table as external and train on stale data. A
+table that truly comes from outside is declared with ``ExternalTable`` and its
+partitions are then observed in the warehouse, never assumed fresh.
+"""
+
+import difflib
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import dagster as dg
+
+from zipline_dagster.declarations.features import Producer, output_columns
+from zipline_dagster.declarations.model import Model, ModelSpecError
+from zipline_dagster.features.assets import build_producer_asset
+from zipline_dagster.lineage.automation import automation_sensor, retrain_condition
+from zipline_dagster.lineage.partitions import daily_partitions, table_asset_key
+from zipline_dagster.storage.resources import WarehouseResource
+from zipline_dagster.storage.tables import committed_partitions
+from zipline_dagster.training.assets import build_model_asset
+
+
+@dataclass(frozen=True)
+class ExternalTable:
+    """A table no asset here produces (e.g. written by another team's pipeline)."""
+
+    table: str
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class SourceTable:
+    """A table produced by a plain asset you wrote (e.g. an ingestion step)."""
+
+    table: str
+    asset: dg.AssetsDefinition
+
+
+def closest_tables(table: str, known: Sequence[str], n: int = 3) -> list[str]:
+    """Near misses first: a known name the given one ends with (catalog qualifier), then
+    spelling neighbours."""
+    suffix = [k for k in known if table.endswith("." + k) or k.endswith("." + table)]
+    fuzzy = difflib.get_close_matches(table, known, n=n, cutoff=0.5)
+    out: list[str] = []
+    for k in suffix + fuzzy:
+        if k not in out:
+            out.append(k)
+    return out[:n]
+
+
+def resolve_table(
+    table: str, known: Mapping[str, dg.AssetKey], *, who: str, field: str
+) -> dg.AssetKey:
+    if table in known:
+        return known[table]
+    close = closest_tables(table, sorted(known))
+    hint = (
+        f"closest: {', '.join(close)}"
+        if close
+        else f"known tables: {', '.join(sorted(known)) or 'none'}"
+    )
+    raise ModelSpecError(
+        f"{who}: {field}={table!r} is not emitted by any asset in these definitions ({hint}). "
+        "Use the exact name its producer emits; a table that truly comes from outside must be "
+        "declared with ExternalTable(...) so its partitions are observed, not assumed fresh."
+    )
+
+
+def check_selected_columns(model: Model, producer: Producer | None) -> None:
+    """The model's selected columns must be columns its training table has, where the
+    producer's declaration fixes them (a GroupBy, a Join with left selects)."""
+    if producer is None or not model.columns:
+        return
+    have = output_columns(producer)
+    if have is None:
+        return
+    missing = [c for c in model.columns if c not in have]
+    if missing:
+        raise ModelSpecError(
+            f"Model {model.name!r}: training_conf.training_data_source.query.selects names "
+            f"{missing}, which {type(producer).__name__} {producer.name!r} does not emit into "
+            f"{model.table}; it emits: {', '.join(have)}"
+        )
+
+
+def build_external_table_asset(ext: ExternalTable) -> dg.SourceAsset:
+    @dg.observable_source_asset(
+        key=table_asset_key(ext.table),
+        partitions_def=daily_partitions,
+        group_name="external",
+        description=ext.description or f"external table {ext.table}, observed in the warehouse",
+    )
+    def _observe(
+        context: dg.AssetExecutionContext, warehouse: WarehouseResource
+    ) -> dg.DataVersionsByPartition:
+        store = warehouse.store(warehouse.uri)
+        versions: dict[str, str] = {}
+        for ds, files in sorted(committed_partitions(store, warehouse.uri, ext.table).items()):
+            if not daily_partitions.has_partition_key(ds):
+                continue
+            digest = hashlib.sha256()
+            for f in files:
+                digest.update(f.encode())
+                digest.update(hashlib.sha256(store.read_bytes(f)).digest())
+            versions[ds] = digest.hexdigest()[:16]
+        context.log.info(f"observed {len(versions)} partitions of {ext.table}")
+        return dg.DataVersionsByPartition({k: dg.DataVersion(v) for k, v in versions.items()})
+
+    return _observe
+
+
+def build_definitions(
+    *,
+    producers: Sequence[Producer] = (),
+    models: Sequence[Model] = (),
+    sources: Sequence[SourceTable] = (),
+    external_tables: Sequence[ExternalTable] = (),
+    resources: Mapping[str, Any] | None = None,
+    extra_assets: Sequence[Any] = (),
+    automation: bool = True,
+) -> dg.Definitions:
+    """Definitions for producers and models, every table name checked at load time.
+
+    Raises:
+        ModelSpecError: a table is produced twice, or an input table resolves to no asset.
+    """
+    known: dict[str, dg.AssetKey] = {}
+    owners: dict[str, str] = {}
+
+    def register(table: str, owner: str) -> None:
+        if table in known:
+            raise ModelSpecError(
+                f"table {table!r} is emitted twice: by {owners[table]} and by {owner}"
+            )
+        known[table] = table_asset_key(table)
+        owners[table] = owner
+
+    for s in sources:
+        register(s.table, f"source asset {s.asset.key.to_user_string()}")
+    for e in external_tables:
+        register(e.table, "ExternalTable")
+    for p in producers:
+        register(p.table, f"{type(p).__name__} {p.name!r}")
+
+    for p in producers:
+        for t in p.upstream_tables:
+            resolve_table(t, known, who=f"{type(p).__name__} {p.name!r}", field="input table")
+    by_table = {p.table: p for p in producers}
+    for m in models:
+        resolve_table(
+            m.table,
+            known,
+            who=f"Model {m.name!r}",
+            field="training_conf.training_data_source.table",
+        )
+        check_selected_columns(m, by_table.get(m.table))
+
+    condition = retrain_condition() if automation else None
+    assets: list[Any] = [s.asset for s in sources]
+    assets += [build_external_table_asset(e) for e in external_tables]
+    assets += [build_producer_asset(p, automation_condition=condition) for p in producers]
+    assets += [build_model_asset(model=m, automation_condition=condition) for m in models]
+    assets += list(extra_assets)
+    return dg.Definitions(
+        assets=assets,
+        sensors=[automation_sensor()] if automation else [],
+        resources=dict(resources or {}),
+        # One process per run: Spark starts once per run and steps share it.
+        executor=dg.in_process_executor,
+    )

@@ -1,0 +1,2 @@
+"""Storage: URIs and the paths derived from a model definition, blobs (file://, s3://),
+and warehouse tables with atomic partitions."""

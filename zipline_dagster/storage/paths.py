@@ -1,0 +1,52 @@
+"""The one place where archive, model and table locations are derived.
+
+Anyone holding a model definition can compute every path here; nothing has to be told.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from zipline_dagster.declarations.model import Model
+
+MANIFEST_NAME = "_MANIFEST.json"
+
+
+def join_uri(base: str, *parts: str) -> str:
+    """Join URI segments with single slashes (``file:///a/`` + ``b`` -> ``file:///a/b``)."""
+    out = base.rstrip("/")
+    for p in parts:
+        p = p.strip("/")
+        if p:
+            out = f"{out}/{p}"
+    return out
+
+
+def archive_uri(base: str, model_name: str, version: str) -> str:
+    """``{base}/builds/{model_name}-{version}.zip``: the code going in."""
+    return join_uri(base, "builds", f"{model_name}-{version}.zip")
+
+
+def model_archive_uri(model: Model) -> str:
+    return archive_uri(model.model_artifact_base_uri, model.name, model.version)
+
+
+def model_dir_uri(base: str, model_name: str, version: str, ds: str) -> str:
+    """``{base}/models/{model_name}/{version}/{ds}``: artifacts coming out, per partition."""
+    return join_uri(base, "models", model_name, version, ds)
+
+
+def model_partition_uri(model: Model, ds: str) -> str:
+    return model_dir_uri(model.model_artifact_base_uri, model.name, model.version, ds)
+
+
+def table_uri(warehouse: str, table: str) -> str:
+    """A table ``ns.name`` lives at ``{warehouse}/ns/name``."""
+    ns, name = table.split(".", 1)
+    return join_uri(warehouse, ns, name)
+
+
+def table_partition_uri(warehouse: str, table: str, ds: str) -> str:
+    """Hive-style daily partition: ``{warehouse}/ns/name/ds=YYYY-MM-DD``."""
+    return join_uri(table_uri(warehouse, table), f"ds={ds}")

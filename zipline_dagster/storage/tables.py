@@ -1,0 +1,128 @@
+"""Warehouse tables: ``{warehouse}/ns/name/ds=YYYY-MM-DD/*.parquet``, one folder per day.
+
+Partitions are replaced atomically. A writer puts its new data files (named by its write
+id) beside the old ones, then swaps the partition's commit marker ``_COMMITTED.json``
+(one atomic object write) to list the new files, then deletes the rest. Readers read
+exactly the files the marker lists, so at any moment, whatever dies in between, they
+see the old partition or the new one, never a mix. A first write of a partition starts
+with a marker that says "in progress" (``"files": null``): until it commits, the
+partition is missing, not partial. A folder with no marker (a table another system
+writes) is read as all its parquet files.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+import uuid
+
+from zipline_dagster.storage.blobs import BlobStore
+from zipline_dagster.storage.paths import join_uri, table_partition_uri, table_uri
+
+#: The partition's commit marker; the trainers read the same file (``trainer/io.py``).
+COMMIT_NAME = "_COMMITTED.json"
+#: Where a Spark range write lands before its partitions are committed one by one.
+STAGING_DIR = "_staging"
+
+
+def days_between(start: str, end: str) -> list[str]:
+    """Every day from ``start`` to ``end``, inclusive."""
+    d0, d1 = dt.date.fromisoformat(start), dt.date.fromisoformat(end)
+    return [(d0 + dt.timedelta(days=n)).isoformat() for n in range((d1 - d0).days + 1)]
+
+
+def shift_day(ds: str, days: int) -> str:
+    return (dt.date.fromisoformat(ds) + dt.timedelta(days=days)).isoformat()
+
+
+def committed_partitions(store: BlobStore, warehouse: str, table: str) -> dict[str, list[str]]:
+    """{ds: URIs of its committed parquet files} for every complete partition, from one
+    listing of the table (plus one read of each partition's marker)."""
+    root = table_uri(warehouse, table)
+    parquet: dict[str, list[str]] = {}
+    markers: set[str] = set()
+    for uri in store.list(root):
+        rel = uri[len(root) :].lstrip("/")
+        part, _, name = rel.partition("/")
+        if not part.startswith("ds=") or "/" in name:
+            continue
+        if name == COMMIT_NAME:
+            markers.add(part[3:])
+        elif name.endswith(".parquet"):
+            parquet.setdefault(part[3:], []).append(uri)
+    out: dict[str, list[str]] = {}
+    for ds in sorted(markers | set(parquet)):
+        if ds in markers:
+            folder = join_uri(root, f"ds={ds}")
+            listed = json.loads(store.read_bytes(join_uri(folder, COMMIT_NAME))).get("files")
+            if listed is not None:  # None: a first write still in progress
+                out[ds] = [join_uri(folder, name) for name in listed]
+        else:
+            out[ds] = sorted(parquet[ds])
+    return out
+
+
+def existing_partitions(store: BlobStore, warehouse: str, table: str) -> dict[str, int]:
+    """{ds: number of committed parquet files} for every complete partition of the table."""
+    return {ds: len(files) for ds, files in committed_partitions(store, warehouse, table).items()}
+
+
+def new_write_id() -> str:
+    """Names one write's files: sortable by time, unique across writers."""
+    return f"{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
+
+
+def begin_partition(store: BlobStore, folder: str) -> None:
+    """Before a partition's first write: mark it in progress (readers see it missing)."""
+    marker = join_uri(folder, COMMIT_NAME)
+    if not store.exists(marker):
+        store.write_bytes(marker, json.dumps({"files": None, "in_progress": True}).encode())
+
+
+def commit_partition(
+    store: BlobStore, folder: str, files: list[str], *, write_id: str, rows: int
+) -> None:
+    """Swap the marker to ``files`` (names inside ``folder``), then delete the rest."""
+    marker = join_uri(folder, COMMIT_NAME)
+    body = {"files": files, "write_id": write_id, "rows": rows, "committed_at": time.time()}
+    store.write_bytes(marker, json.dumps(body, sort_keys=True).encode())
+    keep = {join_uri(folder, f) for f in files} | {marker}
+    for uri in store.list(folder):
+        if uri not in keep:
+            store.delete(uri)
+
+
+def format_days(days: list[str]) -> str:
+    """Compact day ranges: 2026-07-01..2026-07-03, 2026-07-05."""
+    if not days:
+        return "none"
+    parts: list[str] = []
+    start = prev = dt.date.fromisoformat(days[0])
+    for d in [dt.date.fromisoformat(x) for x in days[1:]] + [None]:
+        if d is not None and d - prev == dt.timedelta(days=1):
+            prev = d
+            continue
+        parts.append(start.isoformat() if start == prev else f"{start}..{prev}")
+        if d is not None:
+            start = prev = d
+    return ", ".join(parts)
+
+
+def write_partition_frame(
+    store: BlobStore, warehouse: str, table: str, ds: str, frame: object
+) -> str:
+    """Replace partition ``ds`` of ``table`` with a pandas frame (one parquet file),
+    atomically (see the module doc). Timestamps are stored in microseconds, the finest
+    unit Spark reads."""
+    import io
+
+    folder = table_partition_uri(warehouse, table, ds)
+    write_id = new_write_id()
+    name = f"part-{write_id}-00000.parquet"
+    buf = io.BytesIO()
+    frame.to_parquet(buf, index=False, coerce_timestamps="us", allow_truncated_timestamps=True)  # type: ignore[attr-defined]
+    begin_partition(store, folder)
+    store.write_bytes(join_uri(folder, name), buf.getvalue())
+    commit_partition(store, folder, [name], write_id=write_id, rows=len(frame))  # type: ignore[arg-type]
+    return join_uri(folder, name)

@@ -1,0 +1,301 @@
+"""Deterministic, content-addressed trainer archives.
+
+The same source gives the same bytes on any machine: entries are sorted, timestamps and
+permissions fixed, caches/VCS/build output left out, and every entry sits under exactly
+one top-level folder (Ray strips a single top-level folder when it unpacks a remote
+``working_dir``, so a zip holding only ``trainer/`` would lose the package).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import io
+import os
+import re
+import stat
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+#: 1980-01-01 00:00:00, the earliest timestamp a zip entry can hold.
+FIXED_DATE_TIME = (1980, 1, 1, 0, 0, 0)
+VERSION_LENGTH = 12
+
+EXCLUDED_DIR_NAMES = frozenset(
+    {
+        "__pycache__",
+        ".git",
+        ".hg",
+        ".svn",
+        ".mypy_cache",
+        ".pytest_cache",
+        ".ruff_cache",
+        ".tox",
+        ".nox",
+        ".venv",
+        "venv",
+        "build",
+        "dist",
+        ".eggs",
+        ".ipynb_checkpoints",
+        ".idea",
+        ".vscode",
+    }
+)
+EXCLUDED_FILE_SUFFIXES = (".pyc", ".pyo", ".so.tmp", ".swp", "~")
+EXCLUDED_FILE_NAMES = frozenset({".DS_Store", "Thumbs.db"})
+
+
+class TrainerArchiveError(ValueError):
+    """The trainer folder cannot be archived (missing, escaping symlink, no setup.py...)."""
+
+
+#: A distribution name usable as the archive's single top-level folder.
+_TOP_LEVEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def setup_keywords(source: str | bytes, *, where: str) -> dict[str, object]:
+    """``name`` and ``install_requires`` of a ``setup.py``, read without executing it.
+
+    Both must be literals (a string; a list of strings): the archive's top-level folder
+    and the job's environment are derived from them, so they cannot depend on what a
+    build machine happens to have.
+
+    Raises:
+        TrainerArchiveError: the file does not parse, calls no ``setup(...)``, or a
+            keyword is not a literal (names the file, the keyword and the expression).
+    """
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        raise TrainerArchiveError(
+            f"{where} is not valid Python (SyntaxError: {exc.msg}, line {exc.lineno})"
+        ) from exc
+    calls = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and getattr(node.func, "id", getattr(node.func, "attr", None)) == "setup"
+    ]
+    if not calls:
+        raise TrainerArchiveError(f"{where} calls no setup(...); a trainer is a normal package")
+    out: dict[str, object] = {}
+    for kw in calls[0].keywords:
+        if kw.arg not in ("name", "install_requires"):
+            continue
+        try:
+            value = ast.literal_eval(kw.value)
+        except ValueError as exc:
+            raise TrainerArchiveError(
+                f"{where}: {kw.arg}={ast.unparse(kw.value)} is not a literal; write it out "
+                + ("as a string" if kw.arg == "name" else "as a list of requirement strings")
+                + " (the platform reads it without running setup.py)"
+            ) from exc
+        if kw.arg == "name" and not (isinstance(value, str) and _TOP_LEVEL_RE.match(value)):
+            raise TrainerArchiveError(
+                f"{where}: name={value!r} is invalid; expected a package name of letters, "
+                "digits, '.', '_' and '-' (it names the archive's top-level folder)"
+            )
+        if kw.arg == "install_requires" and not (
+            isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
+        ):
+            raise TrainerArchiveError(
+                f"{where}: install_requires={ast.unparse(kw.value)} is invalid; expected a "
+                "list of requirement strings such as ['pandas>=2.3,<3']"
+            )
+        out[kw.arg] = list(value) if kw.arg == "install_requires" else value  # type: ignore[arg-type]
+    if "name" not in out:
+        raise TrainerArchiveError(
+            f"{where} sets no name=...; the package name names the archive's top-level folder"
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class TrainerArchive:
+    data: bytes
+    sha256: str
+    #: files in the archive, as stored (``{top}/path``)
+    names: tuple[str, ...]
+
+    @property
+    def version(self) -> str:
+        """The content address: the first 12 hex characters of the zip's SHA-256."""
+        return self.sha256[:VERSION_LENGTH]
+
+
+def content_version(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:VERSION_LENGTH]
+
+
+def _excluded(rel: Path, is_dir: bool) -> bool:
+    if is_dir:
+        return rel.name in EXCLUDED_DIR_NAMES or rel.name.endswith(".egg-info")
+    return rel.name in EXCLUDED_FILE_NAMES or rel.name.endswith(EXCLUDED_FILE_SUFFIXES)
+
+
+def _collect(root: Path) -> list[tuple[str, Path]]:
+    """(archive-relative posix path, real file) for every file, sorted, with checks."""
+    files: list[tuple[str, Path]] = []
+    real_root = root.resolve()
+
+    def walk(directory: Path) -> None:
+        for entry in sorted(os.scandir(directory), key=lambda e: e.name):
+            path = Path(entry.path)
+            rel = path.relative_to(root)
+            if entry.is_symlink():
+                target = path.resolve()
+                if not target.is_relative_to(real_root):
+                    raise TrainerArchiveError(
+                        f"trainer folder {root}: symlink {rel.as_posix()} points outside the "
+                        f"package (to {os.readlink(path)}); only links inside the package are "
+                        "allowed, so the archive holds exactly the code it is named after"
+                    )
+                if not target.exists():
+                    raise TrainerArchiveError(
+                        f"trainer folder {root}: symlink {rel.as_posix()} is dangling "
+                        f"(to {os.readlink(path)})"
+                    )
+            is_dir = path.is_dir()
+            if _excluded(rel, is_dir):
+                continue
+            if is_dir:
+                if entry.is_symlink():
+                    raise TrainerArchiveError(
+                        f"trainer folder {root}: {rel.as_posix()} is a symlink to a folder; "
+                        "only file symlinks inside the package are allowed"
+                    )
+                walk(path)
+            elif path.is_file():
+                files.append((rel.as_posix(), path))
+
+    walk(root)
+    return files
+
+
+def build_trainer_archive(source: str | os.PathLike[str]) -> TrainerArchive:
+    """Zip a trainer package folder deterministically.
+
+    The single top-level folder inside the zip (Ray strips it when it unpacks the
+    archive) is the package's ``setup.py`` name, never the folder it was built from: the
+    same files anywhere give the same bytes and so the same version.
+
+    Args:
+        source: the package folder (holding ``setup.py`` and the trainer module).
+
+    Returns:
+        The archive bytes, their SHA-256 and the entry names. ``.version`` is the
+        content address to declare on the ``Model``.
+
+    Raises:
+        TrainerArchiveError: the folder is missing, has no ``setup.py`` (or one whose
+            ``name``/``install_requires`` are not literals), or holds a symlink that
+            points outside it.
+    """
+    root = Path(source)
+    if not root.is_dir():
+        raise TrainerArchiveError(f"trainer folder {root} does not exist or is not a folder")
+    if not (root / "setup.py").is_file():
+        raise TrainerArchiveError(
+            f"trainer folder {root} has no setup.py; a trainer is a normal package with "
+            "setup.py (name, install_requires) and a module Ray can run (trainer/train.py)"
+        )
+    top = str(setup_keywords((root / "setup.py").read_bytes(), where=f"{root}/setup.py")["name"])
+
+    files = _collect(root)
+    buf = io.BytesIO()
+    # Entries are stored, not deflated: deflate output depends on the zlib build
+    # (zlib vs zlib-ng), and the content address must not. Trainer sources are small.
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as zf:
+        for rel, path in files:
+            info = zipfile.ZipInfo(f"{top}/{rel}", date_time=FIXED_DATE_TIME)
+            info.compress_type = zipfile.ZIP_STORED
+            info.create_system = 3  # unix, so external_attr means the same everywhere
+            mode = 0o755 if os.stat(path).st_mode & stat.S_IXUSR else 0o644
+            info.external_attr = (stat.S_IFREG | mode) << 16
+            zf.writestr(info, path.read_bytes())
+    data = buf.getvalue()
+    return TrainerArchive(
+        data=data,
+        sha256=hashlib.sha256(data).hexdigest(),
+        names=tuple(f"{top}/{rel}" for rel, _ in files),
+    )
+
+
+class ArchiveVerificationError(RuntimeError):
+    """The stored archive is missing or its bytes do not hash to the declared version."""
+
+
+@dataclass(frozen=True)
+class PublishedArchive:
+    version: str
+    uri: str
+    size: int
+
+
+def publish_trainer_archive(
+    source: str | os.PathLike[str], *, model_name: str, base: str, s3_client: object | None = None
+) -> PublishedArchive:
+    """Build the archive and upload it to ``{base}/builds/{model_name}-{version}.zip``.
+
+    Uploading the same bytes twice is a no-op in effect: the name is the content.
+    """
+    from zipline_dagster.declarations.model import MODEL_NAME_RE
+    from zipline_dagster.storage.blobs import blob_store
+    from zipline_dagster.storage.paths import archive_uri
+
+    if not MODEL_NAME_RE.match(model_name):
+        raise TrainerArchiveError(
+            f"model name {model_name!r} is invalid; expected a safe path segment matching "
+            "[a-z0-9_][a-z0-9_-]*"
+        )
+    archive = build_trainer_archive(source)
+    uri = archive_uri(base, model_name, archive.version)
+    store = blob_store(uri, s3_client=s3_client)
+    if not (store.exists(uri) and content_version(store.read_bytes(uri)) == archive.version):
+        store.write_bytes(uri, archive.data)
+    return PublishedArchive(version=archive.version, uri=uri, size=len(archive.data))
+
+
+def load_verified_archive(
+    *, base: str, model_name: str, version: str, s3_client: object | None = None
+) -> tuple[str, bytes]:
+    """Read the archive at its derived path and check it hashes to ``version``.
+
+    Returns:
+        The archive URI and its bytes.
+
+    Raises:
+        ArchiveVerificationError: absent, or its bytes hash to another version (both
+            messages name the path).
+    """
+    from zipline_dagster.storage.blobs import BlobNotFoundError, blob_store
+    from zipline_dagster.storage.paths import archive_uri
+
+    uri = archive_uri(base, model_name, version)
+    try:
+        data = blob_store(uri, s3_client=s3_client).read_bytes(uri)
+    except BlobNotFoundError as exc:
+        raise ArchiveVerificationError(
+            f"trainer archive for model {model_name!r} version {version} is missing: no object "
+            f"at {uri}. Build and upload it with `zipline-dagster build-trainer trainers/"
+            f"{model_name} --model-name {model_name} --base {base}`."
+        ) from exc
+    actual = hashlib.sha256(data).hexdigest()
+    if not actual.startswith(version):
+        raise ArchiveVerificationError(
+            f"trainer archive at {uri} does not match its version: its bytes hash to "
+            f"{actual[: len(version)]}, not {version}. The object was modified after upload; "
+            "rebuild and re-upload it, and never overwrite a content-addressed archive."
+        )
+    return uri, data
+
+
+def verify_trainer_archive(
+    *, base: str, model_name: str, version: str, s3_client: object | None = None
+) -> str:
+    """Check the archive exists at its derived path and hashes to ``version``; its URI."""
+    return load_verified_archive(
+        base=base, model_name=model_name, version=version, s3_client=s3_client
+    )[0]

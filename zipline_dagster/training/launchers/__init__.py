@@ -1,0 +1,1 @@
+"""Launchers: each runs a training request to a finished job (``TrainingRunner``)."""

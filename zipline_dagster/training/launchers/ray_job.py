@@ -1,0 +1,513 @@
+"""Run one training request as a Ray Job and follow it to a terminal state.
+
+Plain library code (no Dagster): the Dagster resource in ``resources.py`` wraps it.
+
+* Submission ids are deterministic, ``zd-{model}-{version}-{ds}-{attempt}``: a retried or
+  restarted step re-attaches to a live job for the same (model, version, ds) instead of
+  starting a second one.
+* The job's logs are forwarded line by line while it runs.
+* An interrupt (run cancelled, even twice) or the timeout (from the job's own start)
+  stops the Ray job before the step ends; nothing else does: transient dashboard errors
+  are retried for a tolerance while the job keeps running.
+* Each attempt's trainer writes into its own folder (``_attempts/{submission id}``); the
+  model asset promotes it into place only when it succeeded.
+* Nothing secret goes into ``runtime_env`` or job metadata (both are shown verbatim by
+  the dashboard); jobs inherit secrets from the cluster's own environment.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+from zipline_dagster.training.request import (
+    JobOutcome,
+    TrainingJobError,
+    TrainingRequest,
+    traceback_tail,
+)
+
+TERMINAL = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
+LIVE = frozenset({"PENDING", "RUNNING"})
+_MAX_ATTEMPT_PROBE = 1000
+
+
+class RayJobError(TrainingJobError):
+    """The Ray job failed, was stopped or timed out; carries the job id and log tail."""
+
+
+class RayUnreachableError(RuntimeError):
+    """No Ray cluster answers at the configured address, or its Ray version differs."""
+
+
+def _http_address(address: str) -> str:
+    if address.startswith(("http://", "https://")):
+        return address.rstrip("/")
+    if address.startswith("ray://"):
+        raise RayUnreachableError(
+            f"Ray address {address!r} is a Ray Client address; the Job API needs the dashboard "
+            "address, e.g. http://head:8265 (set RAY_ADDRESS or the resource's address)"
+        )
+    return f"http://{address.rstrip('/')}"
+
+
+def cluster_ray_version(address: str, timeout: float = 5.0) -> str:
+    url = f"{_http_address(address)}/api/version"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return str(json.load(r)["ray_version"])
+    except Exception as exc:
+        raise RayUnreachableError(
+            f"no Ray cluster answers at {_http_address(address)} ({type(exc).__name__}: {exc}). "
+            "Start the embedded head with `zipline-dagster ray up`, or point RAY_ADDRESS / the "
+            "ray resource's address at a running cluster's dashboard (http://head:8265)."
+        ) from exc
+
+
+def _is_not_found(exc: Exception) -> bool:
+    text = str(exc)
+    return "404" in text or "does not exist" in text or "not found" in text.lower()
+
+
+class RayDashboardLostError(TrainingJobError):
+    """The dashboard stayed unreachable longer than the tolerance; the job may still run."""
+
+
+def is_transient(exc: BaseException) -> bool:
+    """An error talking to the dashboard that says nothing about the job itself.
+
+    Connection refused / reset / remote disconnected, timeouts, and 5xx answers (a proxy
+    in front of the dashboard answers 502 while it restarts).
+    """
+    import requests
+
+    if isinstance(exc, (requests.ConnectionError, requests.Timeout, ConnectionError, TimeoutError)):
+        return True
+    if isinstance(exc, requests.exceptions.ChunkedEncodingError):
+        return True
+    text = str(exc)
+    if "already exists" in text or "does not exist" in text:
+        return False  # the dashboard answered about the job itself
+    return bool(re.search(r"status code 5\d\d", text)) or "Connection aborted" in text
+
+
+class _LogFollower:
+    """Follows a job's logs incrementally through the dashboard's log stream.
+
+    ``tail_job_logs`` streams the log from its start; after a reconnect the part already
+    forwarded is skipped, so nothing is re-downloaded on a healthy connection and nothing
+    is forwarded twice. The step never waits for the stream to close (3-5 s after the
+    job ends): ``finish`` takes what is left from one final read of the logs.
+    """
+
+    def __init__(self, runner: RayJobRunner, submission_id: str) -> None:
+        self.runner = runner
+        self.sid = submission_id
+        self.text: list[str] = []
+        self._delivered = 0  # characters of the log forwarded so far
+        self._partial = ""  # a line not yet ended
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._loop: Any = None
+        self._task: Any = None
+        self._thread = threading.Thread(target=self._run, name=f"logs-{submission_id}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _offer(self, offset: int, chunk: str) -> None:
+        """Forward the part of ``chunk`` (starting at log ``offset``) not forwarded yet."""
+        with self._lock:
+            if self._done.is_set():
+                return
+            end = offset + len(chunk)
+            if end <= self._delivered:
+                return
+            new = chunk[max(0, self._delivered - offset) :]
+            self._delivered = end
+            self.text.append(new)
+            lines = (self._partial + new).split("\n")
+            self._partial = lines.pop()
+            for line in lines:
+                if line.strip():
+                    self.runner.log.info(f"[{self.sid}] {line}")
+
+    def _run(self) -> None:
+        import asyncio
+
+        async def follow() -> None:
+            client = self.runner.client()
+            while not self._done.is_set():
+                offset = 0
+                try:
+                    async for chunk in client.tail_job_logs(self.sid):
+                        self._offer(offset, chunk)
+                        offset += len(chunk)
+                    return  # the stream ended with the job
+                except asyncio.CancelledError:
+                    return
+                except Exception:  # dashboard blip: reconnect and skip what was seen
+                    await asyncio.sleep(1.0)
+
+        self._loop = asyncio.new_event_loop()
+        try:
+            self._task = self._loop.create_task(follow())
+            self._loop.run_until_complete(self._task)
+        except BaseException:
+            pass
+        finally:
+            self._loop.close()
+
+    def finish(self, full_logs: str | None) -> str:
+        """Forward what the stream has not delivered yet and stop following."""
+        if full_logs is not None:
+            self._offer(0, full_logs)
+        with self._lock:
+            if self._partial.strip():
+                self.runner.log.info(f"[{self.sid}] {self._partial}")
+            self._partial = ""
+            self._done.set()
+        loop, task = self._loop, self._task
+        if loop is not None and task is not None:
+            with contextlib.suppress(RuntimeError):  # the loop already closed
+                loop.call_soon_threadsafe(task.cancel)
+        return "".join(self.text)
+
+
+class RayJobRunner:
+    """Submit a training request as a Ray Job and follow it to a terminal state.
+
+    Args:
+        address: the cluster's dashboard address (``http://host:8265``).
+        auth_mode: ``RAY_AUTH_MODE`` for this client (``disabled`` or ``token``).
+        timeout_s: stop the job and fail after this long, counted from the job's own
+            start time (a re-attached step does not restart the clock).
+        poll_max_s: longest wait between status checks (polling backs off up to it).
+        unreachable_tolerance_s: how long the dashboard may stay unreachable (connection
+            errors, 5xx) while following a job; the job keeps running meanwhile, and
+            when the tolerance runs out the step fails saying a retry re-attaches.
+        install_requirements: install the trainer's ``install_requires`` into the job's
+            environment (Ray's ``pip`` runtime env, cached per requirement set).
+        log: receives the job's log lines and lifecycle messages.
+
+    Example:
+        >>> runner = RayJobRunner(address="http://127.0.0.1:8265")  # doctest: +SKIP
+        >>> outcome = runner.run(request, archive=data, requirements=[], metadata={})  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        *,
+        address: str,
+        auth_mode: str | None = None,
+        timeout_s: float = 6 * 3600,
+        poll_max_s: float = 2.0,
+        unreachable_tolerance_s: float = 120.0,
+        install_requirements: bool = True,
+        log: logging.Logger | logging.LoggerAdapter[Any] | None = None,
+    ) -> None:
+        if not isinstance(address, str) or not address:
+            raise TypeError(f"address must be a non-empty string, got {address!r}")
+        self.address = _http_address(address)
+        self.auth_mode = auth_mode
+        self.timeout_s = timeout_s
+        self.poll_max_s = poll_max_s
+        self.unreachable_tolerance_s = unreachable_tolerance_s
+        self.install_requirements = install_requirements
+        self.log = log or logging.getLogger(__name__)
+        self._client: Any = None
+        self._lost_since: float | None = None
+        self._last_warning = 0.0
+
+    # -- connection -----------------------------------------------------------------
+    def client(self) -> Any:
+        if self._client is None:
+            import ray
+            from ray.job_submission import JobSubmissionClient
+
+            if self.auth_mode:
+                os.environ["RAY_AUTH_MODE"] = self.auth_mode
+            version = cluster_ray_version(self.address)
+            if version != ray.__version__:
+                raise RayUnreachableError(
+                    f"Ray version mismatch: the cluster at {self.address} runs Ray {version}, this "
+                    f"client has Ray {ray.__version__}; install ray=={version} here or run a "
+                    f"{ray.__version__} cluster"
+                )
+            try:
+                self._client = JobSubmissionClient(self.address)
+            except Exception as exc:
+                raise RayUnreachableError(
+                    f"cannot use the Ray Job API at {self.address} ({type(exc).__name__}: {exc})"
+                ) from exc
+        return self._client
+
+    def _call(self, what: str, fn: Callable[[], Any], *, job: str | None = None) -> Any:
+        """``fn()``, retrying transient dashboard errors with backoff up to the tolerance."""
+        delay = 0.5
+        while True:
+            try:
+                result = fn()
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                now = time.monotonic()
+                if self._lost_since is None:
+                    self._lost_since = now
+                lost = now - self._lost_since
+                if lost > self.unreachable_tolerance_s:
+                    raise RayDashboardLostError(
+                        f"lost contact with the Ray dashboard at {self.address} for {lost:.0f}s "
+                        f"(tolerance {self.unreachable_tolerance_s:.0f}s) while trying to {what} "
+                        f"({type(exc).__name__}: {_short(exc)}). "
+                        + (
+                            f"Ray job {job} was not stopped and may still be running on the "
+                            "cluster; a retry of this step re-attaches to it (same submission id)."
+                            if job
+                            else "Nothing was submitted."
+                        ),
+                        job_id=job,
+                    ) from exc
+                if now - self._last_warning > 10 or lost == 0:
+                    self._last_warning = now
+                    self.log.warning(
+                        f"Ray dashboard at {self.address} unreachable for {lost:.0f}s while trying "
+                        f"to {what} ({type(exc).__name__}: {_short(exc)}); retrying for up to "
+                        f"{self.unreachable_tolerance_s:.0f}s"
+                        + (f", job {job} keeps running" if job else "")
+                    )
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            if self._lost_since is not None:
+                self.log.warning(
+                    f"Ray dashboard at {self.address} reachable again after "
+                    f"{time.monotonic() - self._lost_since:.0f}s"
+                )
+                self._lost_since = None
+            return result
+
+    # -- ids and re-attachment ---------------------------------------------------------
+    def _info(self, submission_id: str) -> Any | None:
+        def get() -> Any | None:
+            try:
+                return self.client().get_job_info(submission_id)
+            except Exception as exc:
+                if _is_not_found(exc):
+                    return None
+                raise
+
+        return self._call(f"look up job {submission_id}", get)
+
+    def find_attempt(self, job_key: str) -> tuple[int, Any | None]:
+        """The latest attempt number for ``job_key`` and its job info (0, None if none)."""
+        last, info = 0, None
+        for n in range(1, _MAX_ATTEMPT_PROBE):
+            found = self._info(f"zd-{job_key}-{n}")
+            if found is None:
+                break
+            last, info = n, found
+        return last, info
+
+    # -- submit ------------------------------------------------------------------------
+    def runtime_env(self, request: TrainingRequest, requirements: list[str]) -> dict[str, Any]:
+        env: dict[str, Any] = {
+            "working_dir": request.archive_uri,
+            # Platform settings only: runtime_env is shown verbatim by the dashboard.
+            "env_vars": {"PYTHONUNBUFFERED": "1", **request.env},
+        }
+        if requirements and self.install_requirements:
+            env["pip"] = {"packages": requirements, "pip_check": False}
+        return env
+
+    def submit_or_attach(
+        self,
+        request: TrainingRequest,
+        *,
+        requirements: list[str],
+        metadata: dict[str, str],
+    ) -> tuple[TrainingRequest, bool]:
+        """Re-attach to a live job for the same (model, version, ds), else submit one.
+
+        Returns the request of the attempt being followed (its ``attempt_id`` is the
+        submission id, its ``model_dir`` the attempt folder) and whether it re-attached.
+        """
+        attempt, info = self.find_attempt(request.job_key)
+        if info is not None and str(info.status) in LIVE:
+            sid = f"zd-{request.job_key}-{attempt}"
+            self.log.info(
+                f"re-attaching to live Ray job {sid} ({info.status}) instead of submitting again"
+            )
+            return request.for_attempt(sid), True
+        sid = f"zd-{request.job_key}-{attempt + 1}"
+        job = request.for_attempt(sid)
+        resources = request.model.training_conf.resource_config
+
+        def submit() -> None:
+            self.client().submit_job(
+                entrypoint=job.entrypoint,
+                submission_id=sid,
+                runtime_env=self.runtime_env(job, requirements),
+                metadata=metadata,
+                # A distributed driver holds no CPU its own workers need.
+                entrypoint_num_cpus=resources.cpus_per_replica if resources.workers == 0 else 0,
+            )
+
+        try:
+            self._call(f"submit job {sid}", submit)
+        except Exception as exc:
+            # another step submitted it a moment ago, or our own retried request did
+            if "already exists" in str(exc):
+                self.log.info(
+                    f"Ray job {sid} already exists (submitted by another step); re-attaching"
+                )
+                return job, True
+            raise
+        self.log.info(f"submitted Ray job {sid}: {job.entrypoint}")
+        return job, False
+
+    # -- follow ------------------------------------------------------------------------
+    def stop(self, submission_id: str, wait_s: float = 20.0) -> str:
+        """Stop the job and wait for a terminal state; repeated interrupts do not abort it."""
+        deadline = time.monotonic() + wait_s
+        requested = False
+        status = "UNKNOWN"
+        while time.monotonic() < deadline:
+            try:
+                if not requested:
+                    self.client().stop_job(submission_id)
+                    requested = True
+                status = str(self.client().get_job_status(submission_id))
+                if status in TERMINAL:
+                    break
+                time.sleep(0.25)
+            except (KeyboardInterrupt, SystemExit):
+                continue  # interrupted again while stopping: keep stopping
+            except BaseException as exc:
+                if type(exc).__name__ == "DagsterExecutionInterruptedError":
+                    continue
+                if isinstance(exc, Exception) and is_transient(exc):
+                    time.sleep(0.5)
+                    continue
+                self.log.warning(f"could not stop Ray job {submission_id}: {exc}")
+                break
+        self.log.warning(f"Ray job {submission_id} stop requested; status {status}")
+        return status
+
+    def wait(self, job: TrainingRequest, *, attached: bool) -> JobOutcome:
+        """Follow the attempt's job to a terminal state, forwarding its logs as they come.
+
+        Only a run cancellation (an interrupt) or the timeout stops the job; a dashboard
+        that stays unreachable past the tolerance fails the step and leaves the job be.
+        """
+        sid = job.attempt_id
+        assert sid is not None
+        follower = _LogFollower(self, sid)
+        follower.start()
+        started = time.monotonic()
+        info = self._call(f"follow job {sid}", lambda: self.client().get_job_info(sid), job=sid)
+        # The job's own clock: a re-attached step does not restart the timeout.
+        job_start = (info.start_time / 1000.0) if info.start_time else time.time()
+        delay = 0.2
+        status = str(info.status)
+        try:
+            while status not in TERMINAL:
+                if time.time() - job_start > self.timeout_s:
+                    final = self.stop(sid)
+                    logs = follower.finish(None)
+                    raise RayJobError(
+                        f"Ray job {sid} timed out after {self.timeout_s:.0f}s (counted from the "
+                        f"job's start) and was stopped ({final})",
+                        job_id=sid,
+                        logs_tail=traceback_tail(logs),
+                    )
+                time.sleep(delay)
+                delay = min(delay * 1.5, self.poll_max_s)
+                status = str(
+                    self._call(
+                        f"follow job {sid}", lambda: self.client().get_job_status(sid), job=sid
+                    )
+                )
+        except RayJobError:
+            raise
+        except Exception:
+            follower.finish(None)
+            raise  # the dashboard is lost (or a bug): the job is left running, not stopped
+        except BaseException:
+            # Run cancelled (Dagster interrupts the step): never leave the job running
+            # behind a step that has ended.
+            follower.finish(None)
+            if status not in TERMINAL:
+                self.stop(sid)
+            raise
+        full = self._call(
+            f"read the logs of job {sid}", lambda: self.client().get_job_logs(sid), job=sid
+        )
+        logs = follower.finish(full)
+        outcome = JobOutcome(
+            job_id=sid,
+            status=status,
+            dashboard_url=self.address,
+            attached=attached,
+            seconds=time.monotonic() - started,
+            logs=logs,
+            model_dir=job.model_dir,
+        )
+        if status != "SUCCEEDED":
+            info = self._call(f"read job {sid}", lambda: self.client().get_job_info(sid), job=sid)
+            error_type = getattr(info, "error_type", None)
+            exit_code = getattr(info, "driver_exit_code", None)
+            tail = traceback_tail(logs or (info.message or ""))
+            message = (info.message or "").strip().splitlines()
+            first = message[0] if message else ""
+            raise RayJobError(
+                f"Ray job {sid} {status}"
+                + (
+                    f" ({error_type}"
+                    + (f", exit code {exit_code}" if exit_code is not None else "")
+                    + ")"
+                    if error_type
+                    else ""
+                )
+                + f": {first}\n--- trainer output (tail) ---\n{tail}",
+                job_id=sid,
+                logs_tail=tail,
+            )
+        return outcome
+
+    def run(
+        self,
+        request: TrainingRequest,
+        *,
+        archive: bytes | None = None,
+        requirements: list[str],
+        metadata: dict[str, str],
+    ) -> JobOutcome:
+        job, attached = self.submit_or_attach(request, requirements=requirements, metadata=metadata)
+        return self.wait(job, attached=attached)
+
+
+def _short(exc: BaseException, limit: int = 200) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+_SAFE_META = re.compile(r"^[\w.:/@+-]{0,256}$")
+
+
+def job_metadata(**values: str) -> dict[str, str]:
+    """Job metadata is public (dashboard, list_jobs): only plain identifiers go in."""
+    out = {}
+    for k, v in values.items():
+        if not _SAFE_META.match(v):
+            raise ValueError(f"job metadata {k}={v!r} is not a plain identifier")
+        out[f"zipline.{k}"] = v
+    return out

@@ -1,0 +1,454 @@
+"""What one model partition's training run is: its window, flags, paths and artifacts.
+
+Launcher-neutral: the Ray launcher and the local launcher both run the request built
+here, so the flags, paths and report are identical whichever runs the trainer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import hashlib
+import io
+import json
+import os
+import shlex
+import socket
+import time
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+from zipline_dagster.declarations.model import Model
+from zipline_dagster.storage.blobs import BlobStore
+from zipline_dagster.storage.paths import (
+    MANIFEST_NAME,
+    join_uri,
+    model_archive_uri,
+    model_partition_uri,
+    table_uri,
+)
+from zipline_dagster.storage.tables import days_between, existing_partitions, format_days, shift_day
+
+REPORT_NAME = "metrics.json"
+SUPERSEDED_DIR = "_superseded"
+#: Each training attempt writes into its own folder; only a successful one is promoted
+#: into ``{version}/{ds}/``, so a failed retrain leaves the finished model in place.
+ATTEMPTS_DIR = "_attempts"
+#: Left in an attempt folder once it was promoted (holds the manifest it became).
+PROMOTED_NAME = "_PROMOTED.json"
+#: Held while one run promotes an attempt into the partition folder.
+PROMOTE_LOCK_NAME = "_PROMOTING.lock"
+#: Ray Train checkpoints live beside the attempts (``--checkpoint-dir``), so a new
+#: attempt resumes from an earlier one's; training state, not artifacts.
+CHECKPOINTS_DIR = "_checkpoints"
+_NOT_ARTIFACTS = (SUPERSEDED_DIR, ATTEMPTS_DIR, CHECKPOINTS_DIR, PROMOTE_LOCK_NAME, PROMOTED_NAME)
+
+
+def _artifact_files(store: BlobStore, model_dir: str) -> list[str]:
+    """Artifacts directly of ``model_dir``: not superseded ones, attempts or checkpoints."""
+    out = []
+    for uri in store.list(model_dir):
+        first = uri[len(model_dir) :].lstrip("/").split("/", 1)[0]
+        if first not in _NOT_ARTIFACTS:
+            out.append(uri)
+    return out
+
+
+def attempt_dir(model_dir: str, attempt_id: str) -> str:
+    """``{model_dir}/_attempts/{attempt_id}``: where one attempt's trainer writes."""
+    return join_uri(model_dir, ATTEMPTS_DIR, attempt_id)
+
+
+class TrainingDataError(RuntimeError):
+    """The window's training data is missing or empty; names what is missing and what exists."""
+
+
+class TrainingJobError(RuntimeError):
+    """The trainer failed, was stopped or timed out; carries the job id and the log tail."""
+
+    def __init__(self, message: str, *, job_id: str | None = None, logs_tail: str = "") -> None:
+        super().__init__(message)
+        self.job_id = job_id
+        self.logs_tail = logs_tail
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    """A finished training job, whichever launcher ran it."""
+
+    job_id: str
+    status: str
+    dashboard_url: str | None
+    attached: bool
+    seconds: float
+    logs: str
+    launcher: str = "ray"
+    #: the attempt folder the trainer wrote into
+    model_dir: str = ""
+
+    @property
+    def job_url(self) -> str | None:
+        return f"{self.dashboard_url}/#/jobs/{self.job_id}" if self.dashboard_url else None
+
+
+class TrainingRunner(Protocol):
+    """What a launcher returns: runs one partition's request to a finished job.
+
+    The runner picks the attempt id, points the trainer at ``request.for_attempt(id)``
+    and reports the attempt folder in ``JobOutcome.model_dir``; it never touches the
+    partition folder itself (the model asset promotes a successful attempt).
+    """
+
+    def run(
+        self,
+        request: TrainingRequest,
+        *,
+        archive: bytes,
+        requirements: list[str],
+        metadata: dict[str, str],
+    ) -> JobOutcome: ...
+
+
+def traceback_tail(logs: str, max_lines: int = 40) -> str:
+    """The trainer's own traceback (from the last 'Traceback'), else the last lines."""
+    lines = logs.rstrip().splitlines()
+    starts = [
+        i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")
+    ]
+    tail = lines[starts[-1] :] if starts else lines
+    return "\n".join(tail[-max_lines:])
+
+
+class ArtifactError(RuntimeError):
+    """The trainer finished but its artifacts are not what the contract requires."""
+
+
+def window_days(ds: str, length: int) -> list[str]:
+    """A window of N days ending at ``ds``: exactly ``ds-(N-1)`` .. ``ds``, inclusive."""
+    return days_between(shift_day(ds, -(length - 1)), ds)
+
+
+@dataclass(frozen=True)
+class TrainingRequest:
+    model: Model
+    ds: str
+    warehouse: str
+    days: tuple[str, ...]
+    model_dir: str
+    archive_uri: str
+    #: every flag, platform ones first, then job_configs, as ``--key=value``
+    flags: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+    #: the partition folder the finished model is promoted into; ``model_dir`` is the
+    #: same until ``for_attempt`` points the trainer at an attempt folder below it
+    canonical_dir: str = ""
+    attempt_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.canonical_dir:
+            object.__setattr__(self, "canonical_dir", self.model_dir)
+
+    def for_attempt(self, attempt_id: str) -> TrainingRequest:
+        """The same request with the trainer writing into ``_attempts/{attempt_id}``."""
+        adir = attempt_dir(self.canonical_dir, attempt_id)
+        flags = tuple(
+            f"--model-dir={adir}" if f.startswith("--model-dir=") else f for f in self.flags
+        )
+        return replace(self, model_dir=adir, flags=flags, attempt_id=attempt_id)
+
+    @property
+    def start_ds(self) -> str:
+        return self.days[0]
+
+    @property
+    def end_ds(self) -> str:
+        return self.days[-1]
+
+    @property
+    def argv(self) -> list[str]:
+        """``python -m {module} --k=v ...`` as an argument list (no shell)."""
+        return ["python", "-m", self.model.training_conf.python_module, *self.flags]
+
+    @property
+    def entrypoint(self) -> str:
+        """The same command as a shell string, each argument quoted."""
+        return shlex.join(self.argv)
+
+    @property
+    def job_key(self) -> str:
+        """Stable id of what is trained: (model, version, ds)."""
+        return f"{self.model.name}-{self.model.version}-{self.ds}"
+
+
+def trainer_flags(
+    model: Model, *, start_ds: str, end_ds: str, warehouse: str, model_dir: str
+) -> list[str]:
+    """The one place ``job_configs`` become flags.
+
+    Platform flags (never user-set) come first, then derived flags unless ``job_configs``
+    overrides them (``--model-dir``, ``--warehouse``, ``--columns`` when the training
+    source selects columns, ``--num-workers`` and ``--checkpoint-dir`` when the
+    ResourceConfig asks for workers), then every ``job_configs`` entry as ``--key=value``.
+    """
+    conf = dict(model.training_conf.job_configs)
+    flags = {
+        "input-table": model.table,
+        "start-ds": start_ds,
+        "end-ds": end_ds,
+        "model-dir": conf.pop("model-dir", model_dir),
+        "warehouse": conf.pop("warehouse", warehouse),
+    }
+    if model.columns:
+        # the training source's selects: the only columns the trainer reads
+        flags["columns"] = conf.pop("columns", ",".join(model.columns))
+    workers = model.training_conf.resource_config.workers
+    if workers > 0 or "num-workers" in conf:
+        # distributed / fan-out trainers size themselves from it; the driver holds no CPU
+        flags["num-workers"] = conf.pop("num-workers", str(workers))
+    if workers > 0:
+        # Checkpoints sit beside the attempt folders, so a new attempt resumes.
+        flags["checkpoint-dir"] = conf.pop(
+            "checkpoint-dir", join_uri(flags["model-dir"], CHECKPOINTS_DIR)
+        )
+    flags.update(conf)
+    return [f"--{k}={v}" for k, v in flags.items()]
+
+
+def build_training_request(model: Model, ds: str, *, warehouse: str) -> TrainingRequest:
+    dt.date.fromisoformat(ds)
+    days = window_days(ds, model.window_days)
+    derived_dir = model_partition_uri(model, ds)
+    model_dir = model.training_conf.job_configs.get("model-dir", derived_dir)
+    warehouse = model.training_conf.job_configs.get("warehouse", warehouse)
+    flags = trainer_flags(
+        model, start_ds=days[0], end_ds=days[-1], warehouse=warehouse, model_dir=model_dir
+    )
+    env = {}
+    if model.training_conf.resource_config.workers > 0:
+        # Ray Train's controller polls workers every 2 s by default, which costs ~2 s per
+        # reported round; 0.2 s halves a short run (RAY_NOTES.md).
+        env["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = "0.2"
+    return TrainingRequest(
+        model=model,
+        ds=ds,
+        warehouse=warehouse,
+        days=tuple(days),
+        model_dir=model_dir,
+        archive_uri=model_archive_uri(model),
+        flags=tuple(flags),
+        env=env,
+    )
+
+
+def check_training_window(store: BlobStore, request: TrainingRequest) -> dict[str, int]:
+    """Fail before anything is submitted when a window partition is missing.
+
+    Returns:
+        {ds: parquet file count} of the window.
+
+    Raises:
+        TrainingDataError: names the missing partitions and what the table has.
+    """
+    table = request.model.table
+    have = existing_partitions(store, request.warehouse, table)
+    missing = [d for d in request.days if d not in have]
+    if missing:
+        raise TrainingDataError(
+            f"model {request.model.name!r} partition {request.ds}: training table {table} "
+            f"({table_uri(request.warehouse, table)}) is missing partitions {format_days(missing)} "
+            f"of the window {request.start_ds}..{request.end_ds}; the table has "
+            f"{format_days(sorted(have))}. Materialize the upstream partitions first "
+            "(a backfill of the model does it)."
+        )
+    return {d: have[d] for d in request.days}
+
+
+def read_install_requires(archive: bytes, *, uri: str = "the trainer archive") -> list[str]:
+    """``install_requires`` of the archive's ``setup.py``, read without executing it.
+
+    Raises:
+        TrainerArchiveError: it is not a literal list of strings (names the archive).
+    """
+    from zipline_dagster.training.archive import setup_keywords
+
+    with zipfile.ZipFile(io.BytesIO(archive)) as zf:
+        names = [n for n in zf.namelist() if n.count("/") == 1 and n.endswith("/setup.py")]
+        if not names:
+            return []
+        source = zf.read(names[0])
+    found = setup_keywords(source, where=f"{uri}: {names[0]}")
+    return [str(v) for v in found.get("install_requires", [])]  # type: ignore[attr-defined]
+
+
+# ---------------------------------------------------------------------------------------
+# Artifacts: superseding earlier attempts, the manifest commit marker, the report.
+
+
+def supersede_previous(store: BlobStore, model_dir: str) -> str | None:
+    """Move the partition's finished files aside, inside its own folder.
+
+    The manifest goes first, so a crash mid-way never leaves the partition looking
+    finished; the rest lands in ``{model_dir}/_superseded/{UTC stamp}/`` and stays
+    recoverable. Returns that folder, or None when the partition was empty.
+    """
+    current = _artifact_files(store, model_dir)
+    if not current:
+        return None
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+    dest = join_uri(model_dir, SUPERSEDED_DIR, stamp)
+    manifest = join_uri(model_dir, MANIFEST_NAME)
+    ordered = sorted(current, key=lambda u: u != manifest)  # manifest first
+    for uri in ordered:
+        rel = uri[len(model_dir) :].lstrip("/")
+        store.write_bytes(join_uri(dest, rel), store.read_bytes(uri))
+        store.delete(uri)
+    return dest
+
+
+class PromotionLockError(ArtifactError):
+    """Another run held the partition's promotion lock for too long."""
+
+
+@contextlib.contextmanager
+def promotion_lock(
+    store: BlobStore, model_dir: str, *, wait_s: float = 900.0, stale_s: float = 600.0
+) -> Iterator[None]:
+    """Hold ``{model_dir}/_PROMOTING.lock`` while the partition folder changes.
+
+    Two runs of one partition (both attached to the same Ray job, or a retrain racing a
+    late one) promote one at a time, so neither moves the other's files. A lock older
+    than ``stale_s`` belongs to a run that died mid-promotion and is broken.
+    """
+    uri = join_uri(model_dir, PROMOTE_LOCK_NAME)
+    owner = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "at": time.time()})
+    deadline = time.monotonic() + wait_s
+    while not store.create_exclusive(uri, owner.encode()):
+        try:
+            held = json.loads(store.read_bytes(uri))
+            age = time.time() - float(held.get("at", 0))
+        except Exception:  # vanished or half-visible: look again
+            age = 0.0
+        if age > stale_s:
+            store.delete(uri)
+            continue
+        if time.monotonic() > deadline:
+            raise PromotionLockError(
+                f"{uri} has been held by another run for {age:.0f}s; the partition is left "
+                "as it is. If no run is promoting it, delete the lock and retry."
+            )
+        time.sleep(0.2)
+    try:
+        yield
+    finally:
+        store.delete(uri)
+
+
+@dataclass(frozen=True)
+class Promotion:
+    manifest: dict[str, Any]
+    #: where the earlier finished model was moved, if there was one
+    superseded: str | None
+    #: True when another run had already promoted this very attempt
+    already: bool
+
+
+def _read_json(store: BlobStore, uri: str) -> dict[str, Any] | None:
+    try:
+        value = json.loads(store.read_bytes(uri))
+    except FileNotFoundError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def promote_attempt(
+    store: BlobStore, model_dir: str, attempt_id: str, *, extra: dict[str, Any]
+) -> Promotion:
+    """Make a successful attempt the partition's finished model.
+
+    Under the partition's lock: check the attempt's report, move the earlier finished
+    model to ``_superseded/`` (manifest first), copy the attempt's files into place and
+    write ``_MANIFEST.json`` (each file's SHA-256) last, as the commit marker. Promoting
+    an attempt another run already promoted returns that manifest untouched.
+
+    Raises:
+        ArtifactError: the attempt wrote no valid report (the partition is untouched),
+            or it was promoted earlier and has since been superseded by another attempt.
+    """
+    adir = attempt_dir(model_dir, attempt_id)
+    manifest_uri = join_uri(model_dir, MANIFEST_NAME)
+    with promotion_lock(store, model_dir):
+        current = _read_json(store, manifest_uri)
+        if current and current.get("attempt") == attempt_id and is_committed(store, model_dir):
+            return Promotion(manifest=current, superseded=None, already=True)
+        if store.exists(join_uri(adir, PROMOTED_NAME)):
+            raise ArtifactError(
+                f"attempt {attempt_id} was promoted into {model_dir} by another run and has "
+                f"since been superseded (the partition now holds attempt "
+                f"{(current or {}).get('attempt', 'none')}); nothing was changed"
+            )
+        files = [u for u in _artifact_files(store, adir) if not u.endswith("/" + MANIFEST_NAME)]
+        if join_uri(adir, REPORT_NAME) not in files:
+            raise ArtifactError(
+                f"the trainer finished but wrote no {REPORT_NAME} into {adir} "
+                f"(found: {[u[len(adir) + 1 :] for u in files] or 'nothing'}); the partition "
+                f"{model_dir} is left as it was"
+            )
+        read_report(store, adir)
+        superseded = supersede_previous(store, model_dir)
+        entries = []
+        for uri in files:
+            rel = uri[len(adir) :].lstrip("/")
+            data = store.read_bytes(uri)
+            store.write_bytes(join_uri(model_dir, rel), data)
+            entries.append(
+                {"path": rel, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+            )
+        manifest = {
+            "files": entries,
+            "attempt": attempt_id,
+            "committed_at": time.time(),
+            **extra,
+        }
+        body = json.dumps(manifest, indent=2, sort_keys=True).encode()
+        store.write_bytes(manifest_uri, body)
+        # The attempt folder keeps only a note of what it became.
+        store.write_bytes(join_uri(adir, PROMOTED_NAME), body)
+        for uri in files:
+            store.delete(uri)
+    return Promotion(manifest=manifest, superseded=superseded, already=False)
+
+
+def read_report(store: BlobStore, model_dir: str) -> dict[str, Any]:
+    uri = join_uri(model_dir, REPORT_NAME)
+    try:
+        report = json.loads(store.read_bytes(uri))
+    except ValueError as exc:
+        raise ArtifactError(f"{uri} is not valid JSON ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(report, dict):
+        raise ArtifactError(f"{uri} holds {type(report).__name__}, expected a JSON object")
+    return report
+
+
+def is_committed(store: BlobStore, model_dir: str, *, checksums: bool = True) -> bool:
+    """A partition is a finished model only when its manifest exists and every file matches.
+
+    ``checksums=False`` checks that every listed file exists (one listing, no reads).
+    """
+    manifest = _read_json(store, join_uri(model_dir, MANIFEST_NAME))
+    if manifest is None:
+        return False
+    entries = manifest.get("files", [])
+    if not checksums:
+        present = set(_artifact_files(store, model_dir))
+        return all(join_uri(model_dir, e["path"]) in present for e in entries)
+    for entry in entries:
+        f = join_uri(model_dir, entry["path"])
+        try:
+            data = store.read_bytes(f)
+        except FileNotFoundError:
+            return False
+        if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+            return False
+    return True

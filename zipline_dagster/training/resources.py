@@ -1,0 +1,97 @@
+"""Dagster resources that pick the launcher a model partition trains with."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import dagster as dg
+from pydantic import Field
+
+from zipline_dagster.training.request import TrainingRunner
+
+
+class TrainingLauncher(dg.ConfigurableResource):
+    """Runs a model partition's trainer: as a Ray Job, or locally for development.
+
+    Both run the same archive with the same flags, paths and report.
+    """
+
+    timeout_s: float = Field(
+        default=6 * 3600, description="Stop the trainer and fail the step after this many seconds."
+    )
+
+    def runner(self, log: Any) -> TrainingRunner:
+        raise NotImplementedError
+
+
+class LocalLauncherResource(TrainingLauncher):
+    """Runs the trainer as a subprocess of the step, in this environment (no cluster)."""
+
+    def runner(self, log: Any) -> TrainingRunner:
+        from zipline_dagster.training.launchers.local import LocalRunner
+
+        return LocalRunner(timeout_s=self.timeout_s, log=log)
+
+
+class RayJobsResource(TrainingLauncher):
+    """Submits training as Ray Jobs.
+
+    The cluster is, in order: ``address`` if set, else ``RAY_ADDRESS``, else the embedded
+    default: a local head on loopback that the platform starts once and reuses
+    (``zipline-dagster ray up | down | status``).
+    """
+
+    address: str | None = Field(
+        default=None,
+        description="Dashboard address of the Ray cluster, e.g. http://raycluster-head-svc:8265. "
+        "Unset: RAY_ADDRESS, else the embedded local head.",
+    )
+    auth_mode: str | None = Field(
+        default=None,
+        description="RAY_AUTH_MODE for the client: 'disabled' or 'token' (the token comes from "
+        "RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH in the environment, never from config). "
+        "Unset: RAY_AUTH_MODE, else 'disabled' for the embedded head.",
+    )
+    timeout_s: float = Field(
+        default=6 * 3600, description="Stop the Ray job and fail the step after this many seconds."
+    )
+    poll_max_s: float = Field(default=2.0, description="Longest wait between job status checks.")
+    unreachable_tolerance_s: float = Field(
+        default=120.0,
+        description="How long the Ray dashboard may stay unreachable (connection errors, 5xx) "
+        "while a job is followed; the job keeps running meanwhile, and past this the step fails "
+        "(a retry re-attaches to the job).",
+    )
+    install_requirements: bool = Field(
+        default=True,
+        description="Install the trainer's install_requires into the job (Ray pip runtime env, cached per set).",
+    )
+    embedded_state_dir: str | None = Field(
+        default=None, description="State folder of the embedded head (default $ZIPLINE_HOME/ray)."
+    )
+
+    def resolved_address(self) -> tuple[str, str | None]:
+        """(dashboard address, auth mode), starting the embedded head when nothing is configured."""
+        address = self.address or os.environ.get("RAY_ADDRESS")
+        auth = self.auth_mode or os.environ.get("RAY_AUTH_MODE")
+        if address:
+            return address, auth
+        from zipline_dagster.training.launchers.ray_head import EMBEDDED_AUTH_MODE, LocalRayHead
+
+        head = LocalRayHead(self.embedded_state_dir).ensure_running()
+        return head.dashboard_url, EMBEDDED_AUTH_MODE
+
+    def runner(self, log: Any) -> TrainingRunner:
+        from zipline_dagster.training.launchers.ray_job import RayJobRunner
+
+        address, auth = self.resolved_address()
+        return RayJobRunner(
+            address=address,
+            auth_mode=auth,
+            timeout_s=self.timeout_s,
+            poll_max_s=self.poll_max_s,
+            unreachable_tolerance_s=self.unreachable_tolerance_s,
+            install_requirements=self.install_requirements,
+            log=log,
+        )
