@@ -102,7 +102,7 @@ SPARK_WRITER = textwrap.dedent(
     base = sys.argv[1]
     spark = SparkResource(master="local[1]").spark_session
     days = ["2026-07-01", "2026-07-02", "2026-07-03"]
-    df = (spark.range(0, 30_000_000)
+    df = (spark.range(0, 12_000_000)
           .withColumn("version", F.lit(2))
           .withColumn("x", F.rand(1))
           .withColumn("ds", F.element_at(F.array(*[F.lit(d) for d in days]),
