@@ -221,6 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from zipline_dagster.declarations.model import ModelSpecError
     from zipline_dagster.errors import describe
     from zipline_dagster.lineage.backfill import BackfillError
+    from zipline_dagster.settings import SettingsError
     from zipline_dagster.storage.blobs import BlobStorageError
     from zipline_dagster.training.archive import ArchiveVerificationError, TrainerArchiveError
     from zipline_dagster.training.launchers.ray_head import RayHeadError
@@ -236,6 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         RayHeadError,
         BackfillError,
         ModelSpecError,
+        SettingsError,
         CliError,
     ) as exc:
         print(f"error: {describe(exc)}", file=sys.stderr)

@@ -1,25 +1,92 @@
-"""Embedded defaults, each overridable from the environment (see the deployment guide).
+"""Settings: the one place that reads the environment.
+
+Every other module receives these values (resource fields, arguments); nothing else in
+the library calls ``os.environ.get``. Trainers read only their flags.
 
 | setting | environment variable | embedded default |
 | --- | --- | --- |
 | local state (Ray head, warehouse) | ``ZIPLINE_HOME`` | ``./.zipline`` |
 | warehouse root (tables) | ``ZIPLINE_WAREHOUSE`` | ``file://$ZIPLINE_HOME/warehouse`` |
 | model artifacts base | ``ZIPLINE_ARTIFACT_BASE`` | same as the warehouse |
+| launcher | ``ZIPLINE_LAUNCHER`` (``ray`` or ``local``) | ``ray`` |
+| Ray cluster (dashboard address) | ``RAY_ADDRESS`` | the embedded head |
+| Ray auth mode | ``RAY_AUTH_MODE`` | ``disabled`` for the embedded head |
+| Spark master | ``SPARK_MASTER`` | ``local[*]`` |
+| S3 endpoint | ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` | AWS |
+| S3 region | ``AWS_REGION`` / ``AWS_DEFAULT_REGION`` | AWS default |
+
+Credentials are never settings: the AWS SDK and Ray read them from the environment of the
+process (or the cluster) that needs them.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+
+LAUNCHERS = ("ray", "local")
+
+
+class SettingsError(ValueError):
+    """An environment variable holds a value the platform does not accept."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    home: Path
+    warehouse: str
+    artifact_base: str
+    launcher: str = "ray"
+    ray_address: str | None = None
+    ray_auth_mode: str | None = None
+    spark_master: str | None = None
+    s3_endpoint_url: str | None = None
+    aws_region: str | None = None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if environ is None else environ
+
+        def get(*names: str) -> str | None:
+            for name in names:
+                if env.get(name):
+                    return env[name]
+            return None
+
+        home = Path(get("ZIPLINE_HOME") or Path.cwd() / ".zipline").resolve()
+        warehouse = get("ZIPLINE_WAREHOUSE") or (home / "warehouse").as_uri()
+        launcher = get("ZIPLINE_LAUNCHER") or "ray"
+        if launcher not in LAUNCHERS:
+            raise SettingsError(
+                f"ZIPLINE_LAUNCHER={launcher!r} is invalid; accepted: {', '.join(LAUNCHERS)}"
+            )
+        return cls(
+            home=home,
+            warehouse=warehouse,
+            artifact_base=get("ZIPLINE_ARTIFACT_BASE") or warehouse,
+            launcher=launcher,
+            ray_address=get("RAY_ADDRESS"),
+            ray_auth_mode=get("RAY_AUTH_MODE"),
+            spark_master=get("SPARK_MASTER"),
+            s3_endpoint_url=get("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"),
+            aws_region=get("AWS_REGION", "AWS_DEFAULT_REGION"),
+        )
+
+
+def settings() -> Settings:
+    """The settings as the environment gives them now."""
+    return Settings.from_env()
 
 
 def zipline_home() -> Path:
-    return Path(os.environ.get("ZIPLINE_HOME") or Path.cwd() / ".zipline").resolve()
+    return settings().home
 
 
 def warehouse_uri() -> str:
-    return os.environ.get("ZIPLINE_WAREHOUSE") or (zipline_home() / "warehouse").as_uri()
+    return settings().warehouse
 
 
 def artifact_base_uri() -> str:
-    return os.environ.get("ZIPLINE_ARTIFACT_BASE") or warehouse_uri()
+    return settings().artifact_base

@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -16,6 +15,7 @@ import dagster as dg
 from pydantic import Field
 
 from zipline_dagster.declarations.features import GroupBy, Join, Operation, StagingQuery
+from zipline_dagster.settings import settings
 from zipline_dagster.storage.blobs import BlobStore
 from zipline_dagster.storage.paths import join_uri, table_partition_uri, table_uri
 from zipline_dagster.storage.tables import (
@@ -106,7 +106,7 @@ class SparkResource(dg.ConfigurableResource):
     def config(self) -> dict[str, str]:
         return {
             **DEFAULT_SPARK_CONFIG,
-            "spark.master": self.master or os.environ.get("SPARK_MASTER") or "local[*]",
+            "spark.master": self.master or settings().spark_master or "local[*]",
             "spark.app.name": "zipline_dagster",
             **self.spark_config,
         }

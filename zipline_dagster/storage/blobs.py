@@ -126,12 +126,13 @@ def default_s3_client(endpoint_url: str | None = None) -> Any:
     """A boto3 S3 client built by dagster-aws from the standard AWS environment."""
     from dagster_aws.s3.utils import construct_s3_client
 
+    from zipline_dagster.settings import settings
+
+    env = settings()
     return construct_s3_client(
         max_attempts=5,
-        endpoint_url=endpoint_url
-        or os.environ.get("AWS_ENDPOINT_URL_S3")
-        or os.environ.get("AWS_ENDPOINT_URL"),
-        region_name=os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION"),
+        endpoint_url=endpoint_url or env.s3_endpoint_url,
+        region_name=env.aws_region,
     )
 
 

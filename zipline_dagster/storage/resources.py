@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import dagster as dg
 from dagster_aws.s3 import S3Resource
 from pydantic import Field
 
-from zipline_dagster.settings import warehouse_uri
+from zipline_dagster.settings import settings
 from zipline_dagster.storage.blobs import BlobStore, blob_store
 
 
@@ -34,11 +33,12 @@ class WarehouseResource(dg.ConfigurableResource):
 
 
 def default_warehouse() -> WarehouseResource:
+    """The warehouse the settings describe (embedded default: a local folder)."""
+    env = settings()
     return WarehouseResource(
-        uri=warehouse_uri(),
+        uri=env.warehouse,
         s3=S3Resource(
-            endpoint_url=os.environ.get("AWS_ENDPOINT_URL_S3")
-            or os.environ.get("AWS_ENDPOINT_URL"),
-            region_name=os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION"),
+            endpoint_url=env.s3_endpoint_url,
+            region_name=env.aws_region,
         ),
     )

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import dagster as dg
 from pydantic import Field
 
+from zipline_dagster.settings import settings
 from zipline_dagster.training.request import TrainingRunner
 
 
@@ -73,8 +73,9 @@ class RayJobsResource(TrainingLauncher):
 
     def resolved_address(self) -> tuple[str, str | None]:
         """(dashboard address, auth mode), starting the embedded head when nothing is configured."""
-        address = self.address or os.environ.get("RAY_ADDRESS")
-        auth = self.auth_mode or os.environ.get("RAY_AUTH_MODE")
+        env = settings()
+        address = self.address or env.ray_address
+        auth = self.auth_mode or env.ray_auth_mode
         if address:
             return address, auth
         from zipline_dagster.training.launchers.ray_head import EMBEDDED_AUTH_MODE, LocalRayHead

@@ -160,14 +160,15 @@ class LocalRayHead:
         ]
         if self.num_cpus is not None:
             cmd.append(f"--num-cpus={self.num_cpus}")
+        inherited = dict(os.environ)  # the head's processes inherit this one's environment
         env = {
-            **os.environ,
+            **inherited,
             **self.env,
             "RAY_AUTH_MODE": EMBEDDED_AUTH_MODE,
             "RAY_USAGE_STATS_ENABLED": "0",
             # Job entrypoints run `python -m ...` through a shell: it must be this
             # environment's python, where the platform's packages are installed.
-            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{inherited.get('PATH', '')}",
         }
         env.pop("RAY_ADDRESS", None)
         with open(log_path, "wb") as log:
