@@ -46,7 +46,11 @@ def test_only_settings_reads_the_environment() -> None:
     library = ROOT / "zipline_dagster"
     for path in library.rglob("*.py"):
         rel = path.relative_to(library)
-        if rel.parts[0] == "defs" or rel == Path("settings.py"):
+        # defs/ is the code location (not the library); trainer_io.py runs inside trainer
+        # processes on the cluster, where the AWS SDK convention (AWS_ENDPOINT_URL from
+        # the cluster's environment, like the credentials) names the S3 endpoint
+        skip = {Path("settings.py"), Path("training/trainer_io.py")}
+        if rel.parts[0] == "defs" or rel in skip:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):

@@ -21,6 +21,8 @@ from pathlib import Path
 #: 1980-01-01 00:00:00, the earliest timestamp a zip entry can hold.
 FIXED_DATE_TIME = (1980, 1, 1, 0, 0, 0)
 VERSION_LENGTH = 12
+#: The trainer support module every archive gets, beside the trainer's own package.
+SUPPORT_MODULE = "zipline_trainer_io.py"
 
 EXCLUDED_DIR_NAMES = frozenset(
     {
@@ -204,6 +206,13 @@ def build_trainer_archive(source: str | os.PathLike[str]) -> TrainerArchive:
     top = str(setup_keywords((root / "setup.py").read_bytes(), where=f"{root}/setup.py")["name"])
 
     files = _collect(root)
+    if any(rel == SUPPORT_MODULE for rel, _ in files):
+        raise TrainerArchiveError(
+            f"trainer folder {root} has its own {SUPPORT_MODULE}; that name is the platform's "
+            "trainer support module, which the build places into every archive"
+        )
+    # the platform's trainer support (shared, not copied), in sorted place
+    files = sorted([*files, (SUPPORT_MODULE, Path(__file__).with_name("trainer_io.py"))])
     buf = io.BytesIO()
     # Entries are stored, not deflated: deflate output depends on the zlib build
     # (zlib vs zlib-ng), and the content address must not. Trainer sources are small.

@@ -8,16 +8,12 @@ command runs by hand, without Ray or Dagster.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 from collections.abc import Sequence
 
-
-def _day(value: str) -> str:
-    try:
-        dt.date.fromisoformat(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a day (YYYY-MM-DD)") from None
-    return value
+try:  # the build places the platform's trainer support into every archive
+    import zipline_trainer_io as tio
+except ModuleNotFoundError:  # run by hand from this repository
+    from zipline_dagster.training import trainer_io as tio  # type: ignore[no-redef]
 
 
 def _non_negative_int(value: str) -> int:
@@ -32,25 +28,13 @@ def _non_negative_int(value: str) -> int:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m trainer.train", description=__doc__)
-    p.add_argument("--input-table", required=True, help="training table, ns.name")
-    p.add_argument("--start-ds", required=True, type=_day, help="first partition, inclusive")
-    p.add_argument("--end-ds", required=True, type=_day, help="last partition, inclusive")
-    p.add_argument(
-        "--model-dir", required=True, help="output URI (file:///..., s3://..., or a path)"
-    )
-    p.add_argument("--warehouse", required=True, help="warehouse root URI holding ns/name/ds=.../")
+    tio.add_platform_flags(p)
     p.add_argument(
         "--checkpoint-dir",
         default="",
         help="Ray Train checkpoints (default {model-dir}/_checkpoints); kept across attempts",
     )
-    p.add_argument(
-        "--columns",
-        default="",
-        help="comma list: read only these columns (the model's selects); default: all",
-    )
     p.add_argument("--label-column", default="label")
-    p.add_argument("--partition-column", default="ds")
     p.add_argument(
         "--features",
         default="",
@@ -84,7 +68,4 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=0,
         help="fault injection for recovery tests: the last worker dies at this round once",
     )
-    args = p.parse_args(argv)
-    if args.start_ds > args.end_ds:
-        p.error(f"--start-ds={args.start_ds} is after --end-ds={args.end_ds}")
-    return args
+    return tio.check_window(p, p.parse_args(argv))

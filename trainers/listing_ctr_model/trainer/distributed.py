@@ -20,7 +20,10 @@ import socket
 import time
 from typing import Any
 
-from trainer import io as tio
+try:  # the build places the platform's trainer support into every archive
+    import zipline_trainer_io as tio
+except ModuleNotFoundError:  # run by hand from this repository
+    from zipline_dagster.training import trainer_io as tio  # type: ignore[no-redef]
 
 
 def _train_fn(config: dict[str, Any]) -> None:

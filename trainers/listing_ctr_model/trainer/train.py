@@ -7,7 +7,6 @@ Split by date, never at random: the ``--eval-days`` most recent days are held ou
 
 from __future__ import annotations
 
-import datetime as dt
 import io
 import json
 import logging
@@ -17,39 +16,16 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from trainer import io as tio
+try:  # the build places the platform's trainer support into every archive
+    import zipline_trainer_io as tio
+except ModuleNotFoundError:  # run by hand from this repository
+    from zipline_dagster.training import trainer_io as tio  # type: ignore[no-redef]
 from trainer.cli import parse_args
 
 log = logging.getLogger("trainer")
 
 
 TrainingDataError = tio.TrainingDataError
-
-
-def days(start: str, end: str) -> list[str]:
-    d0, d1 = dt.date.fromisoformat(start), dt.date.fromisoformat(end)
-    return [(d0 + dt.timedelta(n)).isoformat() for n in range((d1 - d0).days + 1)]
-
-
-def read_window(
-    warehouse: str, table: str, window: list[str], partition_column: str, columns: list[str]
-) -> Any:
-    """All rows of the window's partitions; fails naming missing or empty partitions."""
-    import pandas as pd
-
-    frames, missing = tio.read_partitions(warehouse, table, window, partition_column, columns)
-    if missing:
-        raise TrainingDataError(
-            f"table {table} at {warehouse} is missing partitions "
-            f"{', '.join(missing)} of the window {window[0]}..{window[-1]}"
-        )
-    data = pd.concat(frames, ignore_index=True)
-    if data.empty:
-        raise TrainingDataError(
-            f"table {table}: the window {window[0]}..{window[-1]} has no rows "
-            f"(empty partitions: {', '.join(window)})"
-        )
-    return data
 
 
 def feature_columns(data: Any, spec: str, label: str, partition_column: str) -> dict[str, str]:
@@ -156,20 +132,14 @@ def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     args = parse_args(argv)
     t0 = time.monotonic()
-    window = days(args.start_ds, args.end_ds)
+    window = tio.window_days(args.start_ds, args.end_ds)
     eval_days = min(args.eval_days, len(window))
     holdout_days = window[len(window) - eval_days :] if eval_days else []
     train_days = window[: len(window) - eval_days]
     log.info(
         "reading %s %s..%s from %s", args.input_table, args.start_ds, args.end_ds, args.warehouse
     )
-    data = read_window(
-        args.warehouse,
-        args.input_table,
-        window,
-        args.partition_column,
-        tio.column_list(args.columns),
-    )
+    data = tio.read_flags_window(args)
     if args.label_column not in data.columns:
         raise TrainingDataError(
             f"label column {args.label_column!r} is not in {args.input_table}; "
@@ -267,14 +237,7 @@ def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ds_hold = sorted(set(hold_df[args.partition_column]))
     report: dict[str, Any] = {
         "model_type": "xgboost.binary:logistic",
-        "input_table": args.input_table,
-        "window": {"start": args.start_ds, "end": args.end_ds, "days": len(window)},
-        "split": {
-            "method": "date",
-            "eval_days": args.eval_days,
-            "train_days": train_days,
-            "holdout_days": holdout_days,
-        },
+        **tio.report_header(args, holdout_days),
         "train": {"rows": len(train_df), "date_range": _range(ds_train), "metrics": train_metrics},
         "holdout": {"rows": len(hold_df), "date_range": _range(ds_hold), "metrics": hold_metrics},
         "status": status,
@@ -310,17 +273,7 @@ def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(
-        level=logging.INFO,
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-        stream=sys.stdout,
-    )
-    try:
-        train(argv)
-    except TrainingDataError as exc:
-        log.error("training data error: %s", exc)
-        return 2
-    return 0
+    return tio.run_main(train, argv)
 
 
 if __name__ == "__main__":

@@ -5,22 +5,17 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+try:  # the build places the platform's trainer support into every archive
+    import zipline_trainer_io as tio
+except ModuleNotFoundError:  # run by hand from this repository
+    from zipline_dagster.training import trainer_io as tio  # type: ignore[no-redef]
+
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m trainer.train", description=__doc__)
-    p.add_argument("--input-table", required=True)
-    p.add_argument("--start-ds", required=True)
-    p.add_argument("--end-ds", required=True)
-    p.add_argument("--model-dir", required=True)
-    p.add_argument("--warehouse", required=True)
+    tio.add_platform_flags(p)
     p.add_argument("--segment-column", default="market")
-    p.add_argument(
-        "--columns",
-        default="",
-        help="comma list: read only these columns (the model's selects); default: all",
-    )
     p.add_argument("--label-column", default="label")
-    p.add_argument("--partition-column", default="ds")
     p.add_argument("--features", default="", help="comma list; default every numeric column")
     p.add_argument("--eval-days", type=int, default=1)
     p.add_argument("--max-depth", type=int, default=3)
@@ -39,7 +34,4 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--task-retries", type=int, default=2, help="retries of a task whose worker died"
     )
-    args = p.parse_args(argv)
-    if args.start_ds > args.end_ds:
-        p.error(f"--start-ds={args.start_ds} is after --end-ds={args.end_ds}")
-    return args
+    return tio.check_window(p, p.parse_args(argv))

@@ -6,7 +6,6 @@ per-segment metrics, every failed segment with its error, and a summary.
 
 from __future__ import annotations
 
-import datetime as dt
 import io
 import json
 import logging
@@ -18,29 +17,14 @@ import zipfile
 from collections.abc import Sequence
 from typing import Any
 
-from trainer import io as tio
+try:  # the build places the platform's trainer support into every archive
+    import zipline_trainer_io as tio
+except ModuleNotFoundError:  # run by hand from this repository
+    from zipline_dagster.training import trainer_io as tio  # type: ignore[no-redef]
 from trainer.cli import parse_args
 from trainer.fanout import run_ray, run_serial
 
 log = logging.getLogger("trainer")
-
-
-def days(start: str, end: str) -> list[str]:
-    d0, d1 = dt.date.fromisoformat(start), dt.date.fromisoformat(end)
-    return [(d0 + dt.timedelta(n)).isoformat() for n in range((d1 - d0).days + 1)]
-
-
-def read_window(
-    warehouse: str, table: str, window: list[str], partition_column: str, columns: list[str]
-) -> Any:
-    import pandas as pd
-
-    frames, missing = tio.read_partitions(warehouse, table, window, partition_column, columns)
-    if missing:
-        raise SystemExit(
-            f"training data error: table {table} is missing partitions {', '.join(missing)}"
-        )
-    return pd.concat(frames, ignore_index=True)
 
 
 def split_by_segment(data: Any, args: Any, features: list[str]) -> dict[str, dict[str, Any]]:
@@ -58,15 +42,9 @@ def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
     import pandas as pd
 
     args = parse_args(argv)
-    window = days(args.start_ds, args.end_ds)
+    window = tio.window_days(args.start_ds, args.end_ds)
     holdout = window[len(window) - args.eval_days :] if args.eval_days else []
-    data = read_window(
-        args.warehouse,
-        args.input_table,
-        window,
-        args.partition_column,
-        tio.column_list(args.columns),
-    )
+    data = tio.read_flags_window(args)
     skip = {args.segment_column, args.label_column, args.partition_column}
     features = (
         [f.strip() for f in args.features.split(",") if f.strip()]
@@ -111,14 +89,7 @@ def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
     train_days = [d for d in window if d not in holdout]
     report = {
         "model_type": "xgboost.binary:logistic per segment",
-        "input_table": args.input_table,
-        "window": {"start": args.start_ds, "end": args.end_ds, "days": len(window)},
-        "split": {
-            "method": "date",
-            "eval_days": args.eval_days,
-            "train_days": train_days,
-            "holdout_days": holdout,
-        },
+        **tio.report_header(args, holdout),
         "executor": "ray" if use_ray else "serial",
         "fanout_seconds": round(fanout_seconds, 3),
         "train": {
@@ -163,13 +134,7 @@ def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(
-        level=logging.INFO,
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-        stream=sys.stdout,
-    )
-    report = train(argv)
-    return 0 if report["segments_trained"] else 1
+    return tio.run_main(train, argv, succeeded=lambda report: report["segments_trained"])
 
 
 if __name__ == "__main__":

@@ -1,0 +1,233 @@
+"""Trainer support: what every trainer archive gets, so trainers share it, not copy it.
+
+``zipline-dagster build-trainer`` places this file into every archive as the top-level
+module ``zipline_trainer_io`` (beside the trainer's package), so a job on any cluster
+imports it without the platform installed; run by hand from this repository, trainers
+import it from ``zipline_dagster.training.trainer_io``. It holds the trainer contract's
+shared half: the platform flags, the training window, reading committed table
+partitions (with the ``--columns`` projection) and writing artifacts, for local paths,
+``file://`` and ``s3://``. Standard library and pyarrow only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+from typing import Any
+from urllib.parse import urlparse
+
+
+def filesystem(uri: str) -> tuple[Any, str]:
+    """A pyarrow filesystem and the path inside it for ``uri``."""
+    import pyarrow.fs as pafs
+
+    parsed = urlparse(uri)
+    if parsed.scheme in ("", "file"):
+        return pafs.LocalFileSystem(), os.path.abspath(parsed.path if parsed.scheme else uri)
+    if parsed.scheme == "s3":
+        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        kwargs: dict[str, Any] = {}
+        if endpoint:
+            ep = urlparse(endpoint)
+            kwargs["endpoint_override"] = ep.netloc or endpoint
+            kwargs["scheme"] = ep.scheme or "https"
+        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+        if region:
+            kwargs["region"] = region
+        return pafs.S3FileSystem(**kwargs), parsed.netloc + parsed.path
+    fs, path = pafs.FileSystem.from_uri(uri)
+    return fs, path
+
+
+def join(uri: str, *parts: str) -> str:
+    out = uri.rstrip("/")
+    for p in parts:
+        out = f"{out}/{p.strip('/')}"
+    return out
+
+
+def write_bytes(dir_uri: str, name: str, data: bytes) -> str:
+    fs, path = filesystem(join(dir_uri, name))
+    parent = path.rsplit("/", 1)[0]
+    fs.create_dir(parent, recursive=True)
+    with fs.open_output_stream(path) as f:
+        f.write(data)
+    return join(dir_uri, name)
+
+
+#: A partition's commit marker: the data files of its current version (the platform
+#: writes new files first and swaps this marker last, so a reader sees the old version or
+#: the new one, never a mix). ``"files": null`` marks a first write still in progress.
+COMMIT_NAME = "_COMMITTED.json"
+
+
+class TrainingDataError(RuntimeError):
+    """The training window's data is missing, incomplete or lacks a requested column."""
+
+
+def partition_files(fs: Any, directory: str) -> list[str]:
+    """The committed parquet files of one partition folder; [] when it has none.
+
+    With a commit marker, exactly the files it lists; without one (a table written by
+    another system), every parquet file in the folder.
+    """
+    import pyarrow.fs as pafs
+
+    marker = f"{directory}/{COMMIT_NAME}"
+    if fs.get_file_info(marker).type == pafs.FileType.File:
+        with fs.open_input_stream(marker) as f:
+            listed = json.loads(f.read()).get("files")
+        return [f"{directory}/{name}" for name in listed] if listed is not None else []
+    info = fs.get_file_info(directory)
+    if info.type != pafs.FileType.Directory:
+        return []
+    selector = pafs.FileSelector(directory, recursive=False)
+    return sorted(
+        f.path
+        for f in fs.get_file_info(selector)
+        if f.type == pafs.FileType.File and f.path.endswith(".parquet")
+    )
+
+
+def read_partitions(
+    warehouse: str, table: str, window: list[str], partition_column: str, columns: list[str]
+) -> tuple[list[Any], list[str]]:
+    """One frame per present partition of the window (with the partition column) and
+    the days that are missing. ``columns`` (the platform's ``--columns``) projects the
+    read; a column the table lacks fails, naming it and what the table has."""
+    import pandas as pd
+    import pyarrow.parquet as pq
+
+    ns, name = table.split(".", 1)
+    fs, root = filesystem(join(warehouse, ns, name))
+    frames, missing = [], []
+    for ds in window:
+        files = partition_files(fs, f"{root}/{partition_column}={ds}")
+        if not files:
+            missing.append(ds)
+            continue
+        parts = []
+        for path in files:
+            if columns:
+                have = pq.read_schema(path, filesystem=fs).names
+                absent = [c for c in columns if c not in have]
+                if absent:
+                    raise TrainingDataError(
+                        f"table {table} partition {ds} has no columns {absent} (--columns); "
+                        f"it has {sorted(have)}"
+                    )
+            parts.append(pq.read_table(path, filesystem=fs, columns=columns or None).to_pandas())
+        part = pd.concat(parts, ignore_index=True)
+        part[partition_column] = ds
+        frames.append(part)
+    return frames, missing
+
+
+def read_window(
+    warehouse: str, table: str, window: list[str], partition_column: str, columns: list[str]
+) -> Any:
+    """All rows of the window's partitions as one frame; fails naming missing partitions
+    (and what is asked for) or a window without rows."""
+    import pandas as pd
+
+    frames, missing = read_partitions(warehouse, table, window, partition_column, columns)
+    if missing:
+        raise TrainingDataError(
+            f"table {table} at {warehouse} is missing partitions "
+            f"{', '.join(missing)} of the window {window[0]}..{window[-1]}"
+        )
+    data = pd.concat(frames, ignore_index=True)
+    if data.empty:
+        raise TrainingDataError(
+            f"table {table}: the window {window[0]}..{window[-1]} has no rows "
+            f"(empty partitions: {', '.join(window)})"
+        )
+    return data
+
+
+def read_flags_window(args: argparse.Namespace) -> Any:
+    """``read_window`` of the platform flags: the table, its window, the projection."""
+    return read_window(
+        args.warehouse,
+        args.input_table,
+        window_days(args.start_ds, args.end_ds),
+        args.partition_column,
+        column_list(args.columns),
+    )
+
+
+def report_header(args: argparse.Namespace, holdout_days: list[str]) -> dict[str, Any]:
+    """The report's description of the data: table, window and the date split."""
+    window = window_days(args.start_ds, args.end_ds)
+    return {
+        "input_table": args.input_table,
+        "window": {"start": args.start_ds, "end": args.end_ds, "days": len(window)},
+        "split": {
+            "method": "date",
+            "eval_days": args.eval_days,
+            "train_days": [d for d in window if d not in holdout_days],
+            "holdout_days": holdout_days,
+        },
+    }
+
+
+def column_list(value: str) -> list[str]:
+    return [c.strip() for c in value.split(",") if c.strip()]
+
+
+def window_days(start: str, end: str) -> list[str]:
+    """Every day from ``start`` to ``end``, inclusive (the platform's window)."""
+    d0, d1 = dt.date.fromisoformat(start), dt.date.fromisoformat(end)
+    return [(d0 + dt.timedelta(n)).isoformat() for n in range((d1 - d0).days + 1)]
+
+
+def _day(value: str) -> str:
+    try:
+        dt.date.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a day (YYYY-MM-DD)") from None
+    return value
+
+
+def add_platform_flags(p: argparse.ArgumentParser) -> None:
+    """The flags the platform passes every trainer (never user-set, or derived)."""
+    p.add_argument("--input-table", required=True, help="training table, ns.name")
+    p.add_argument("--start-ds", required=True, type=_day, help="first partition, inclusive")
+    p.add_argument("--end-ds", required=True, type=_day, help="last partition, inclusive")
+    p.add_argument(
+        "--model-dir", required=True, help="output URI (file:///..., s3://..., or a path)"
+    )
+    p.add_argument("--warehouse", required=True, help="warehouse root URI holding ns/name/ds=.../")
+    p.add_argument(
+        "--columns",
+        default="",
+        help="comma list: read only these columns (the model's selects); default: all",
+    )
+    p.add_argument("--partition-column", default="ds")
+
+
+def check_window(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
+    if args.start_ds > args.end_ds:
+        p.error(f"--start-ds={args.start_ds} is after --end-ds={args.end_ds}")
+    return args
+
+
+def run_main(train: Any, argv: Any = None, *, succeeded: Any = lambda report: True) -> int:
+    """A trainer's ``main``: log to stdout (the platform streams it), run ``train(argv)``,
+    exit 2 on a training data error (named in the log), 1 when ``succeeded`` says no."""
+    import logging
+    import sys
+
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        stream=sys.stdout,
+    )
+    try:
+        report = train(argv)
+    except TrainingDataError as exc:
+        logging.getLogger("trainer").error("training data error: %s", exc)
+        return 2
+    return 0 if succeeded(report) else 1
