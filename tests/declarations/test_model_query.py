@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +13,9 @@ import dagster as dg
 import pytest
 
 import zipline_dagster.defs.listing_ctr as demo
-from tests.conftest import TRAINERS
 from tests.helpers import days_ending, write_table
 from tests.lineage.test_registry import defs_with
+from tests.trainers.test_listing_ctr_model import run_trainer
 from zipline_dagster import EventSource, ModelSpecError, Query, selects
 from zipline_dagster.lineage.backfill import BackfillError, model_partitions
 from zipline_dagster.training.assets import build_model_asset
@@ -91,16 +89,6 @@ def test_start_partition_bounds_the_trainable_partitions() -> None:
 def test_invalid_start_partition_day_refused() -> None:
     with pytest.raises(ModelSpecError, match="start_partition='2026-02-30'"):
         Query(start_partition="2026-02-30")
-
-
-def run_trainer(*flags: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "trainer.train", *flags],
-        cwd=TRAINERS / "listing_ctr_model",
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
 
 
 def test_reference_trainer_reads_only_the_selected_columns(file_base: str, tmp_path: Path) -> None:

@@ -268,6 +268,23 @@ def slow_setup(file_base: str, ds: str, steps: str) -> tuple[str, Any]:
     return version, make_model(version, file_base, name="slow_model", job_configs={"steps": steps})
 
 
+def dashboard_proxy(ray_head: Any) -> TcpProxy:
+    host, port = ray_head.dashboard_url.rsplit("//", 1)[1].split(":")
+    return TcpProxy(host, int(port))
+
+
+def materialize_slow(
+    model: Any, ds: str, res: dict[str, Any], instance: dg.DagsterInstance
+) -> dg.ExecuteInProcessResult:
+    return dg.materialize(
+        [build_model_asset(model=model)],
+        partition_key=ds,
+        resources=res,
+        instance=instance,
+        raise_on_error=False,
+    )
+
+
 def cut_for(proxy: TcpProxy, client: Any, sid: str, seconds: float) -> threading.Thread:
     """Once the job runs, cut the proxy for ``seconds`` (forever when negative)."""
 
@@ -288,8 +305,7 @@ def cut_for(proxy: TcpProxy, client: Any, sid: str, seconds: float) -> threading
 def test_dashboard_blip_mid_job_is_ridden_out(ray_head: Any, file_base: str) -> None:
     ds = "2026-07-23"
     version, model = slow_setup(file_base, ds, "16")
-    host, port = ray_head.dashboard_url.rsplit("//", 1)[1].split(":")
-    proxy = TcpProxy(host, int(port))
+    proxy = dashboard_proxy(ray_head)
     try:
         res = resources(None, file_base)
         res["launcher"] = RayJobsResource(address=proxy.url, poll_max_s=0.5, timeout_s=300)
@@ -297,13 +313,7 @@ def test_dashboard_blip_mid_job_is_ridden_out(ray_head: Any, file_base: str) -> 
         sid = f"zd-slow_model-{version}-{ds}-1"
         cutter = cut_for(proxy, client, sid, 6.0)
         instance = dg.DagsterInstance.ephemeral()
-        result = dg.materialize(
-            [build_model_asset(model=model)],
-            partition_key=ds,
-            resources=res,
-            instance=instance,
-            raise_on_error=False,
-        )
+        result = materialize_slow(model, ds, res, instance)
         cutter.join(30)
     finally:
         proxy.close()
@@ -329,8 +339,7 @@ def test_dashboard_lost_past_tolerance_fails_the_step_and_leaves_the_job(
 ) -> None:
     ds = "2026-07-24"
     version, model = slow_setup(file_base, ds, "24")
-    host, port = ray_head.dashboard_url.rsplit("//", 1)[1].split(":")
-    proxy = TcpProxy(host, int(port))
+    proxy = dashboard_proxy(ray_head)
     client = ray_client(ray_head.dashboard_url)
     sid = f"zd-slow_model-{version}-{ds}-1"
     instance = dg.DagsterInstance.ephemeral()
@@ -340,13 +349,7 @@ def test_dashboard_lost_past_tolerance_fails_the_step_and_leaves_the_job(
             address=proxy.url, poll_max_s=0.5, timeout_s=300, unreachable_tolerance_s=3
         )
         cutter = cut_for(proxy, client, sid, -1)
-        result = dg.materialize(
-            [build_model_asset(model=model)],
-            partition_key=ds,
-            resources=res,
-            instance=instance,
-            raise_on_error=False,
-        )
+        result = materialize_slow(model, ds, res, instance)
         cutter.join(30)
         assert not result.success
         err = result.get_step_failure_events()[0].step_failure_data.error
@@ -360,13 +363,7 @@ def test_dashboard_lost_past_tolerance_fails_the_step_and_leaves_the_job(
 
         # The network comes back; a retry re-attaches to the same job and finishes it.
         proxy.restore()
-        retry = dg.materialize(
-            [build_model_asset(model=model)],
-            partition_key=ds,
-            resources=res,
-            instance=instance,
-            raise_on_error=False,
-        )
+        retry = materialize_slow(model, ds, res, instance)
     finally:
         proxy.close()
     assert retry.success
