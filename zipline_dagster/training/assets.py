@@ -133,7 +133,10 @@ def build_model_asset(
                 archive=archive,
                 requirements=requirements,
                 metadata=job_metadata(
-                    model=model.name, version=model.version, ds=ds, dagster_run_id=context.run_id
+                    model=model.name,
+                    version=model.version,
+                    ds=ds,
+                    dagster_run_id=context.run.run_id,
                 ),
             )
         except TrainingJobError as exc:
@@ -161,7 +164,7 @@ def build_model_asset(
                     "job_id": outcome.job_id,
                     "launcher": outcome.launcher,
                     "archive_uri": archive_uri,
-                    "dagster_run_id": context.run_id,
+                    "dagster_run_id": context.run.run_id,
                 },
             )
             report = read_report(artifacts, request.canonical_dir)
