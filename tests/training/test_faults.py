@@ -45,15 +45,14 @@ RETRAIN_DS = "2026-07-26"
 
 
 def materialize_on(
-    instance: dg.DagsterInstance, model: Any, res: dict[str, Any], **kw: Any
+    instance: dg.DagsterInstance, model: Any, res: dict[str, Any], ds: str = RETRAIN_DS
 ) -> dg.ExecuteInProcessResult:
     return dg.materialize(
         [build_model_asset(model=model)],
-        partition_key=RETRAIN_DS,
+        partition_key=ds,
         resources=res,
         instance=instance,
         raise_on_error=False,
-        **kw,
     )
 
 
@@ -273,18 +272,6 @@ def dashboard_proxy(ray_head: Any) -> TcpProxy:
     return TcpProxy(host, int(port))
 
 
-def materialize_slow(
-    model: Any, ds: str, res: dict[str, Any], instance: dg.DagsterInstance
-) -> dg.ExecuteInProcessResult:
-    return dg.materialize(
-        [build_model_asset(model=model)],
-        partition_key=ds,
-        resources=res,
-        instance=instance,
-        raise_on_error=False,
-    )
-
-
 def cut_for(proxy: TcpProxy, client: Any, sid: str, seconds: float) -> threading.Thread:
     """Once the job runs, cut the proxy for ``seconds`` (forever when negative)."""
 
@@ -313,7 +300,7 @@ def test_dashboard_blip_mid_job_is_ridden_out(ray_head: Any, file_base: str) -> 
         sid = f"zd-slow_model-{version}-{ds}-1"
         cutter = cut_for(proxy, client, sid, 6.0)
         instance = dg.DagsterInstance.ephemeral()
-        result = materialize_slow(model, ds, res, instance)
+        result = materialize_on(instance, model, res, ds)
         cutter.join(30)
     finally:
         proxy.close()
@@ -349,7 +336,7 @@ def test_dashboard_lost_past_tolerance_fails_the_step_and_leaves_the_job(
             address=proxy.url, poll_max_s=0.5, timeout_s=300, unreachable_tolerance_s=3
         )
         cutter = cut_for(proxy, client, sid, -1)
-        result = materialize_slow(model, ds, res, instance)
+        result = materialize_on(instance, model, res, ds)
         cutter.join(30)
         assert not result.success
         err = result.get_step_failure_events()[0].step_failure_data.error
@@ -363,7 +350,7 @@ def test_dashboard_lost_past_tolerance_fails_the_step_and_leaves_the_job(
 
         # The network comes back; a retry re-attaches to the same job and finishes it.
         proxy.restore()
-        retry = materialize_slow(model, ds, res, instance)
+        retry = materialize_on(instance, model, res, ds)
     finally:
         proxy.close()
     assert retry.success
