@@ -19,6 +19,14 @@ $(SYNCED): pyproject.toml uv.lock | $(UV)
 	$(UV) sync --frozen --quiet --python $(PYTHON)
 	@touch $@
 
+# Azurite (Azure Blob emulator, for the abfss:// tests) from npm, locked like the rest.
+AZURITE := .tools/node/node_modules/.bin/azurite-blob
+$(AZURITE): tests/services/package.json tests/services/package-lock.json
+	@mkdir -p .tools/node
+	cp tests/services/package.json tests/services/package-lock.json .tools/node/
+	cd .tools/node && npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
+
 env: $(SYNCED)
 
 $(DAGSTER_HOME)/dagster.yaml:
@@ -28,7 +36,7 @@ $(DAGSTER_HOME)/dagster.yaml:
 demo: $(SYNCED) $(DAGSTER_HOME)/dagster.yaml
 	$(VENV)/bin/python -m zipline_dagster.defs.demo
 
-test: $(SYNCED)
+test: $(SYNCED) $(AZURITE)
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 lint: $(SYNCED)

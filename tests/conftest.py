@@ -28,13 +28,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_http(url: str, timeout: float = 30.0) -> None:
+def wait_http(url: str, timeout: float = 30.0, *, any_status: bool = False) -> None:
+    """Wait until ``url`` answers 2xx (or, with ``any_status``, answers at all)."""
+    import urllib.error
+
     deadline = time.monotonic() + timeout
     last: Exception | None = None
     while time.monotonic() < deadline:
         try:
             urllib.request.urlopen(url, timeout=2).read()
             return
+        except urllib.error.HTTPError as exc:
+            if any_status:
+                return
+            last = exc
+            time.sleep(0.2)
         except Exception as exc:  # not up yet
             last = exc
             time.sleep(0.2)
@@ -73,23 +81,160 @@ def s3_server() -> Iterator[dict[str, str]]:
         unregister(proc.pid)
 
 
+def _setenv(monkeypatch: pytest.MonkeyPatch, values: dict[str, str]) -> dict[str, str]:
+    for k, v in values.items():
+        monkeypatch.setenv(k, v)
+    return values
+
+
+def _fresh_bucket(scheme: str, env: dict[str, str]) -> str:
+    """A new bucket (container) on the loopback server ``env`` points at; its name."""
+    import uuid
+
+    from zipline_dagster.storage.blobs import StorageOptions, object_filesystem
+
+    name = f"test-{uuid.uuid4().hex[:12]}"
+    opts = StorageOptions(
+        s3_endpoint_url=env.get("AWS_ENDPOINT_URL"),
+        gcs_endpoint_url=env.get("STORAGE_EMULATOR_HOST"),
+        azure_connection_string=env.get("AZURE_STORAGE_CONNECTION_STRING"),
+    )
+    object_filesystem(scheme, opts).mkdir(name)
+    return name
+
+
 @pytest.fixture
 def s3_env(s3_server: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    for k, v in s3_server.items():
-        monkeypatch.setenv(k, v)
-    return s3_server
+    return _setenv(monkeypatch, s3_server)
 
 
 @pytest.fixture
 def s3_bucket(s3_env: dict[str, str]) -> str:
     """A fresh bucket on the loopback S3 server; returns ``s3://name``."""
-    import uuid
+    return f"s3://{_fresh_bucket('s3', s3_env)}"
 
-    from zipline_dagster.storage.blobs import default_s3_client
 
-    name = f"test-{uuid.uuid4().hex[:12]}"
-    default_s3_client().create_bucket(Bucket=name)
-    return f"s3://{name}"
+def _serve(cmd: list[str], *, what: str, url: str, cwd: Path | None = None) -> Any:
+    """Start a loopback server in its own session, recorded for cleanup; wait for ``url``."""
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=cwd,
+        start_new_session=True,
+    )
+    register(proc.pid, group=True, what=what)
+    try:
+        wait_http(url, any_status=True)
+    except BaseException:
+        _stop(proc)
+        raise
+    return proc
+
+
+def _stop(proc: Any) -> None:
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    except ProcessLookupError:
+        pass
+    unregister(proc.pid)
+
+
+@pytest.fixture(scope="session")
+def gcs_server() -> Iterator[dict[str, str]]:
+    """A real GCS API server on loopback (``gcp-storage-emulator`` from PyPI, in memory).
+
+    Yields the environment the Google SDKs use to reach it (``STORAGE_EMULATOR_HOST``).
+    """
+    port = free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    proc = _serve(
+        [
+            str(BIN / "gcp-storage-emulator"),
+            "start",
+            "--host=127.0.0.1",
+            f"--port={port}",
+            "--in-memory",
+        ],
+        what="GCS emulator",
+        url=endpoint + "/storage/v1/b",
+    )
+    try:
+        yield {"STORAGE_EMULATOR_HOST": endpoint}
+    finally:
+        _stop(proc)
+
+
+#: Azurite's documented development account (public, fixed; not a secret).
+AZURITE_ACCOUNT = "devstoreaccount1"
+AZURITE_KEY = (
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+)
+AZURITE_BIN = ROOT / ".tools" / "node" / "node_modules" / ".bin" / "azurite-blob"
+
+
+@pytest.fixture(scope="session")
+def azurite_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A real Azure Blob API server on loopback (Azurite from npm, installed by ``make test``).
+
+    Yields the environment the Azure SDKs use to reach it
+    (``AZURE_STORAGE_CONNECTION_STRING``).
+    """
+    if not AZURITE_BIN.exists():
+        pytest.fail(f"Azurite is not installed at {AZURITE_BIN}: run the tests with `make test`")
+    port = free_port()
+    blob = f"http://127.0.0.1:{port}/{AZURITE_ACCOUNT}"
+    proc = _serve(
+        [
+            str(AZURITE_BIN),
+            "--blobHost=127.0.0.1",
+            f"--blobPort={port}",
+            f"--location={tmp_path_factory.mktemp('azurite')}",
+            "--silent",
+            "--loose",
+            "--skipApiVersionCheck",
+        ],
+        what="Azurite",
+        url=f"{blob}?comp=list",
+    )
+    try:
+        yield {
+            "AZURE_STORAGE_CONNECTION_STRING": (
+                f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};"
+                f"AccountKey={AZURITE_KEY};BlobEndpoint={blob};"
+            )
+        }
+    finally:
+        _stop(proc)
+
+
+@pytest.fixture
+def gcs_env(gcs_server: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    return _setenv(monkeypatch, gcs_server)
+
+
+@pytest.fixture
+def azure_env(azurite_server: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    return _setenv(monkeypatch, azurite_server)
+
+
+@pytest.fixture
+def gs_bucket(gcs_env: dict[str, str]) -> str:
+    """A fresh bucket on the loopback GCS server; returns ``gs://name``."""
+    return f"gs://{_fresh_bucket('gs', gcs_env)}"
+
+
+@pytest.fixture
+def abfss_container(azure_env: dict[str, str]) -> str:
+    """A fresh container on Azurite; returns ``abfss://name@account.dfs.core.windows.net``
+    (the production URI form; the connection string routes it to Azurite)."""
+    return f"abfss://{_fresh_bucket('abfss', azure_env)}@{AZURITE_ACCOUNT}.dfs.core.windows.net"
 
 
 @pytest.fixture
@@ -123,16 +268,25 @@ FIXTURE_TRAINERS = Path(__file__).resolve().parent / "fixtures" / "trainers"
 
 
 @pytest.fixture(scope="session")
-def ray_head(s3_server: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def ray_head(
+    s3_server: dict[str, str],
+    gcs_server: dict[str, str],
+    azurite_server: dict[str, str],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Any]:
     """A real local Ray head (its own process group and ports), stopped after the session.
 
-    It is started with the loopback S3 server's endpoint and credentials in its
-    environment: Ray's runtime-env agent fetches s3:// working_dirs with them, and jobs
-    inherit them (never through runtime_env).
+    It is started with the loopback storage servers' endpoints and credentials in its
+    environment, as a cluster is: Ray's runtime-env agent fetches s3:// and gs://
+    working_dirs with them, and jobs inherit them (never through runtime_env).
     """
     from zipline_dagster.training.launchers.ray_head import LocalRayHead
 
-    head = LocalRayHead(tmp_path_factory.mktemp("ray"), num_cpus=2, env=dict(s3_server))
+    head = LocalRayHead(
+        tmp_path_factory.mktemp("ray"),
+        num_cpus=2,
+        env={**s3_server, **gcs_server, **azurite_server},
+    )
     info = head.ensure_running()
     register(info.pid, group=True, what="Ray head")
     try:

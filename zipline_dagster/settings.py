@@ -14,17 +14,22 @@ the library calls ``os.environ.get``. Trainers read only their flags.
 | Spark master | ``SPARK_MASTER`` | ``local[*]`` |
 | S3 endpoint | ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` | AWS |
 | S3 region | ``AWS_REGION`` / ``AWS_DEFAULT_REGION`` | AWS default |
+| GCS endpoint (an emulator) | ``STORAGE_EMULATOR_HOST`` | Google Cloud Storage |
+| Azure storage (account + key, or an emulator) | ``AZURE_STORAGE_CONNECTION_STRING`` | the account in the ``abfss://`` URI, Azure's default credential |
 
-Credentials are never settings: the AWS SDK and Ray read them from the environment of the
-process (or the cluster) that needs them.
+Credentials are never settings: the AWS, Google and Azure SDKs and Ray read them from the
+environment of the process (or the cluster) that needs them. The Azure connection string
+is the exception the Azure SDK imposes (it holds the account key): it is never shown.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from zipline_dagster.storage.blobs import StorageOptions
 
 LAUNCHERS = ("ray", "local")
 
@@ -44,6 +49,8 @@ class Settings:
     spark_master: str | None = None
     s3_endpoint_url: str | None = None
     aws_region: str | None = None
+    gcs_endpoint_url: str | None = None
+    azure_connection_string: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -72,6 +79,17 @@ class Settings:
             spark_master=get("SPARK_MASTER"),
             s3_endpoint_url=get("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"),
             aws_region=get("AWS_REGION", "AWS_DEFAULT_REGION"),
+            gcs_endpoint_url=get("STORAGE_EMULATOR_HOST"),
+            azure_connection_string=get("AZURE_STORAGE_CONNECTION_STRING"),
+        )
+
+    @property
+    def storage_options(self) -> StorageOptions:
+        return StorageOptions(
+            s3_endpoint_url=self.s3_endpoint_url,
+            aws_region=self.aws_region,
+            gcs_endpoint_url=self.gcs_endpoint_url,
+            azure_connection_string=self.azure_connection_string,
         )
 
 

@@ -147,3 +147,41 @@ def test_cli_outside_a_project_asks_for_the_module(tmp_path: Path) -> None:
     )
     assert res.returncode == 1 and "no Dagster project around" in res.stderr, res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_archive_ray_cannot_fetch_fails_at_load_naming_scheme_and_reason() -> None:
+    """An archive base Ray's agent cannot download from (abfss:// routed to a non-Azure
+    endpoint by a connection string) fails `dg check defs`, not a job at training time;
+    the local launcher, which reads archives through the platform's storage, loads it."""
+    import os
+
+    from tests.conftest import AZURITE_KEY, BIN, ROOT
+
+    env = {
+        **os.environ,
+        "ZIPLINE_ARTIFACT_BASE": "abfss://ml@devstoreaccount1.dfs.core.windows.net/artifacts",
+        "AZURE_STORAGE_CONNECTION_STRING": (
+            "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;"
+            f"AccountKey={AZURITE_KEY};BlobEndpoint=http://127.0.0.1:10000/devstoreaccount1;"
+        ),
+        "ZIPLINE_LAUNCHER": "ray",
+        "RAY_ADDRESS": "http://127.0.0.1:9",  # never contacted at load
+    }
+
+    def check(**extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(BIN / "dg"), "check", "defs"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**env, **extra},
+        )
+
+    res = check()
+    out = res.stdout + res.stderr
+    assert res.returncode != 0
+    assert "Model 'listing_ctr_model'" in out and "from abfss://" in out
+    assert "does not use AZURE_STORAGE_CONNECTION_STRING" in out and "127.0.0.1:10000" in out
+    assert AZURITE_KEY not in out
+    assert check(ZIPLINE_LAUNCHER="local").returncode == 0

@@ -1,4 +1,5 @@
-"""Upload, exists, read, list, verify and tamper detection on file:// and a real S3 server."""
+"""Upload, exists, read, list, verify and tamper detection on file:// and on real servers on
+loopback: S3 (moto), GCS (gcp-storage-emulator) and Azure Blob (Azurite) for abfss://."""
 
 from __future__ import annotations
 
@@ -15,12 +16,14 @@ from zipline_dagster.training.archive import (
     verify_trainer_archive,
 )
 
+BUCKETS = {"s3": "s3_bucket", "gs": "gs_bucket", "abfss": "abfss_container"}
 
-@pytest.fixture(params=["file", "s3"])
+
+@pytest.fixture(params=["file", "s3", "gs", "abfss"])
 def base(request: pytest.FixtureRequest, file_base: str) -> str:
     if request.param == "file":
         return file_base
-    return str(request.getfixturevalue("s3_bucket")) + "/warehouse"
+    return str(request.getfixturevalue(BUCKETS[request.param])) + "/warehouse"
 
 
 def test_store_roundtrip(base: str) -> None:
@@ -68,21 +71,20 @@ def test_verify_absent_archive_names_the_path(base: str) -> None:
     assert "missing" in str(exc.value)
 
 
-def test_s3_error_names_uri_when_bucket_absent(s3_env: dict[str, str]) -> None:
-    uri = "s3://no-such-bucket-zd/x.zip"
+@pytest.mark.parametrize("scheme", ["s3", "gs", "abfss"])
+def test_error_names_uri_when_bucket_absent(scheme: str, request: pytest.FixtureRequest) -> None:
+    existing = str(request.getfixturevalue(BUCKETS[scheme]))
+    uri = existing.replace("test-", "absent-", 1) + "/x.zip"
     with pytest.raises(BlobStorageError) as exc:
         blob_store(uri).write_bytes(uri, b"x")
-    assert uri in str(exc.value) and "NoSuchBucket" in str(exc.value)
+    assert str(exc.value).startswith(f"could not write {uri}: ")
 
 
-@pytest.mark.parametrize(
-    ("uri", "fragment"),
-    [("gs://b/x", "GCS"), ("abfss://c@a/x", "Azure"), ("ftp://h/x", "unknown scheme")],
-)
-def test_unsupported_schemes_are_named(uri: str, fragment: str) -> None:
+def test_unknown_scheme_is_named_with_the_accepted_ones() -> None:
     with pytest.raises(BlobStorageError) as exc:
-        blob_store(uri)
-    assert fragment in str(exc.value) and "file://" in str(exc.value)
+        blob_store("ftp://h/x")
+    assert "'ftp'" in str(exc.value)
+    assert "file://, s3://, gs://, abfss://" in str(exc.value)
 
 
 def test_local_write_is_atomic_no_temp_files_left(file_base: str) -> None:
@@ -107,11 +109,13 @@ def test_exclusive_create_and_move(base: str) -> None:
         store.move(lock, f"{base}/moved/b.lock")
 
 
-def test_promotion_on_s3(s3_bucket: str) -> None:
-    """Attempt promotion through the S3 API (the lock is a conditional put)."""
+@pytest.mark.parametrize("scheme", ["s3", "gs", "abfss"])
+def test_promotion_on_object_stores(scheme: str, request: pytest.FixtureRequest) -> None:
+    """Attempt promotion through each object store's API (the lock is a conditional put)."""
     from zipline_dagster.training.request import attempt_dir, is_committed, promote_attempt
 
-    d = f"{s3_bucket}/models/m/{'a' * 12}/2026-07-10"
+    bucket = str(request.getfixturevalue(BUCKETS[scheme]))
+    d = f"{bucket}/models/m/{'a' * 12}/2026-07-10"
     store = blob_store(d)
     store.write_bytes(f"{attempt_dir(d, 'a1')}/metrics.json", b"{}")
     store.write_bytes(f"{attempt_dir(d, 'a1')}/model.json", b"1")

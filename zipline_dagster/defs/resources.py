@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from dagster_aws.s3 import S3Resource
-
 from zipline_dagster.features.spark import SparkResource
 from zipline_dagster.settings import settings
-from zipline_dagster.storage.resources import WarehouseResource
+from zipline_dagster.storage.resources import default_warehouse
 from zipline_dagster.training.resources import LocalLauncherResource, RayJobsResource
 
 
@@ -18,8 +16,5 @@ def resources() -> dict[str, object]:
         if env.launcher == "local"
         else RayJobsResource(address=env.ray_address),
         "spark": SparkResource(master=env.spark_master),
-        "warehouse": WarehouseResource(
-            uri=env.warehouse,
-            s3=S3Resource(endpoint_url=env.s3_endpoint_url, region_name=env.aws_region),
-        ),
+        "warehouse": default_warehouse(for_definitions=True),
     }

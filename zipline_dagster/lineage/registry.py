@@ -20,9 +20,12 @@ from zipline_dagster.declarations.model import Model, ModelSpecError
 from zipline_dagster.features.assets import build_producer_asset
 from zipline_dagster.lineage.automation import automation_sensor, retrain_condition
 from zipline_dagster.lineage.partitions import daily_partitions, table_asset_key
+from zipline_dagster.settings import settings
+from zipline_dagster.storage.paths import model_archive_uri
 from zipline_dagster.storage.resources import WarehouseResource
 from zipline_dagster.storage.tables import committed_partitions
 from zipline_dagster.training.assets import build_model_asset
+from zipline_dagster.training.resources import TrainingLauncher
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,33 @@ def build_external_table_asset(ext: ExternalTable) -> dg.SourceAsset:
     return _observe
 
 
+def check_archive_reachable(model: Model, resources: Mapping[str, Any]) -> None:
+    """The configured launcher can run the model's archive from where it is stored.
+
+    Raises:
+        ModelSpecError: naming the model, the archive's scheme and the reason.
+    """
+    launcher = resources.get("launcher")
+    if not isinstance(launcher, TrainingLauncher):
+        return
+    warehouse = resources.get("warehouse")
+    options = (
+        warehouse.storage_options()
+        if isinstance(warehouse, WarehouseResource)
+        else settings().storage_options
+    )
+    uri = model_archive_uri(model)
+    problem = launcher.archive_problem(uri, options)
+    if problem:
+        scheme = uri.split("://", 1)[0]
+        raise ModelSpecError(
+            f"Model {model.name!r}: its trainer archive {uri} cannot be run by the "
+            f"{type(launcher).__name__} launcher from {scheme}://: {problem}. Put "
+            "model_artifact_base_uri on storage the cluster can fetch, or use "
+            "ZIPLINE_LAUNCHER=local."
+        )
+
+
 def build_definitions(
     *,
     producers: Sequence[Producer] = (),
@@ -159,6 +189,7 @@ def build_definitions(
             field="training_conf.training_data_source.table",
         )
         check_selected_columns(m, by_table.get(m.table))
+        check_archive_reachable(m, resources or {})
 
     condition = retrain_condition() if automation else None
     assets: list[Any] = [s.asset for s in sources]

@@ -1,17 +1,27 @@
-"""Blob storage for archives and artifacts: ``file://`` (embedded default) and ``s3://``.
+"""Blob storage for archives, artifacts and tables: ``file://``, ``s3://``, ``gs://``, ``abfss://``.
 
-``s3://`` goes through dagster-aws's client construction; the endpoint and credentials
-come from the standard AWS environment (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID`` ...)
-or from an explicit client, e.g. ``S3Resource(endpoint_url=...).get_client()``.
+Built on fsspec (s3fs, gcsfs, adlfs): one maintained, URI-dispatching layer with an
+exclusive create in every backend (``pipe_file(mode="create")``: ``If-None-Match: *`` on
+S3 and Azure, ``ifGenerationMatch=0`` on GCS), whose filesystems pandas, pyarrow and Ray
+Train accept as they are, so the platform and the trainers share one layer
+(``pyarrow.fs`` has no conditional write and ignores ``AWS_ENDPOINT_URL``).
+
+Clients are configured by :class:`StorageOptions` (from :mod:`zipline_dagster.settings`
+or the warehouse resource): an S3 endpoint and region, a GCS endpoint (an emulator), an
+Azure connection string. Credentials come from each SDK's standard environment.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import unquote, urlparse
+
+#: Schemes the store accepts, as users write them.
+SCHEMES = ("file", "s3", "gs", "abfss")
 
 
 class BlobStorageError(RuntimeError):
@@ -32,16 +42,27 @@ class BlobStore(Protocol):
 
     def delete(self, uri: str) -> None: ...
     def move(self, src: str, dst: str) -> None:
-        """Move one object (a rename locally, copy + delete on S3)."""
+        """Move one object (a rename locally, copy + delete on object stores)."""
         ...
 
     def create_exclusive(self, uri: str, data: bytes) -> bool:
         """Write ``data`` only if nothing is at ``uri``; False when something already is.
 
         The one atomic primitive locks are built on (``O_EXCL`` locally, a conditional
-        put ``If-None-Match: *`` on S3).
+        put on object stores).
         """
         ...
+
+
+@dataclass(frozen=True)
+class StorageOptions:
+    """How to reach each object store; None means the SDK's own default."""
+
+    s3_endpoint_url: str | None = None
+    aws_region: str | None = None
+    gcs_endpoint_url: str | None = None
+    #: Holds an account key: never shown (repr) nor put in a message.
+    azure_connection_string: str | None = field(default=None, repr=False)
 
 
 def local_path(uri: str) -> Path:
@@ -55,6 +76,10 @@ def local_path(uri: str) -> Path:
 def file_uri(path: str | os.PathLike[str]) -> str:
     """``/a/b`` -> ``file:///a/b``, unescaped, so Hive folders stay ``ds=YYYY-MM-DD``."""
     return "file://" + Path(path).resolve().as_posix()
+
+
+def _is_temp(name: str) -> bool:
+    return name.startswith(".") and name.endswith(".tmp")
 
 
 class LocalStore:
@@ -86,11 +111,7 @@ class LocalStore:
         root = local_path(prefix_uri)
         if not root.is_dir():
             return []
-        return sorted(
-            file_uri(p)
-            for p in root.rglob("*")
-            if p.is_file() and not (p.name.startswith(".") and p.name.endswith(".tmp"))
-        )
+        return sorted(file_uri(p) for p in root.rglob("*") if p.is_file() and not _is_temp(p.name))
 
     def delete(self, uri: str) -> None:
         local_path(uri).unlink(missing_ok=True)
@@ -115,142 +136,170 @@ class LocalStore:
         return True
 
 
-def _split_s3(uri: str) -> tuple[str, str]:
-    parsed = urlparse(uri)
-    if parsed.scheme != "s3" or not parsed.netloc:
-        raise BlobStorageError(f"{uri!r} is not an s3://bucket/key URI")
-    return parsed.netloc, parsed.path.lstrip("/")
+def object_filesystem(scheme: str, options: StorageOptions | None = None) -> Any:
+    """The fsspec filesystem for an object-store scheme, configured by ``options``.
+
+    Listings are never cached: other processes (trainers, concurrent runs) write too.
+    """
+    opts = options or StorageOptions()
+    if scheme == "s3":
+        import s3fs
+
+        client_kwargs = {"region_name": opts.aws_region} if opts.aws_region else {}
+        return s3fs.S3FileSystem(
+            endpoint_url=opts.s3_endpoint_url,
+            client_kwargs=client_kwargs,
+            use_listings_cache=False,
+        )
+    if scheme == "gs":
+        # The plain client: gcsfs's default (experimental) one probes a storage-layout
+        # API before each bucket's first use, which emulators do not serve.
+        from gcsfs.core import GCSFileSystem
+
+        if opts.gcs_endpoint_url:
+            return GCSFileSystem(
+                endpoint_url=opts.gcs_endpoint_url, token="anon", use_listings_cache=False
+            )
+        return GCSFileSystem(use_listings_cache=False)
+    if scheme == "abfss":
+        import adlfs
+
+        return adlfs.AzureBlobFileSystem(
+            connection_string=opts.azure_connection_string, use_listings_cache=False
+        )
+    raise _unsupported(f"{scheme}://")
 
 
-def default_s3_client(endpoint_url: str | None = None) -> Any:
-    """A boto3 S3 client built by dagster-aws from the standard AWS environment."""
-    from dagster_aws.s3.utils import construct_s3_client
-
-    from zipline_dagster.settings import settings
-
-    env = settings()
-    return construct_s3_client(
-        max_attempts=5,
-        endpoint_url=endpoint_url or env.s3_endpoint_url,
-        region_name=env.aws_region,
+def _unsupported(uri: str) -> BlobStorageError:
+    scheme = urlparse(uri).scheme
+    return BlobStorageError(
+        f"cannot use {uri!r}: unknown scheme {scheme!r}; accepted: "
+        + ", ".join(f"{s}://" for s in SCHEMES)
     )
 
 
-class S3Store:
-    """``s3://bucket/key`` URIs; any S3-compatible endpoint."""
+class ObjectStore:
+    """``s3://bucket/key``, ``gs://bucket/key`` and ``abfss://container@host/key`` on fsspec.
 
-    def __init__(self, client: Any | None = None) -> None:
-        self._client = client
+    Object writes are atomic by nature (an object appears whole or not at all).
+    """
 
-    @property
-    def client(self) -> Any:
-        if self._client is None:
-            self._client = default_s3_client()
-        return self._client
+    def __init__(self, scheme: str, fs: Any) -> None:
+        self.scheme = scheme
+        self.fs = fs
+
+    def _path(self, uri: str) -> str:
+        parsed = urlparse(uri)
+        if parsed.scheme != self.scheme or not parsed.netloc:
+            raise BlobStorageError(f"{uri!r} is not a {self.scheme}://bucket/key URI")
+        return str(self.fs._strip_protocol(uri)).rstrip("/")
+
+    def _uri(self, path: str, like: str) -> str:
+        """The URI of ``path`` (as the filesystem lists it), in the form of ``like``."""
+        parsed = urlparse(like)
+        root_uri = f"{parsed.scheme}://{parsed.netloc}"
+        root_path = str(self.fs._strip_protocol(root_uri)).rstrip("/")
+        return root_uri + path[len(root_path) :]
 
     def _err(self, action: str, uri: str, exc: Exception) -> BlobStorageError:
-        return BlobStorageError(f"could not {action} {uri}: {type(exc).__name__}: {exc}")
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return BlobStorageError(f"could not {action} {uri}: {type(exc).__name__}: {first}")
 
     def write_bytes(self, uri: str, data: bytes) -> None:
-        bucket, key = _split_s3(uri)
         try:
-            self.client.put_object(Bucket=bucket, Key=key, Body=data)
-        except Exception as exc:  # botocore raises many types; name the URI in all cases
+            self.fs.pipe_file(self._path(uri), data)
+        except BlobStorageError:
+            raise
+        except Exception as exc:  # each SDK raises its own types; name the URI in all
             raise self._err("write", uri, exc) from exc
 
     def read_bytes(self, uri: str) -> bytes:
-        bucket, key = _split_s3(uri)
         try:
-            return bytes(self.client.get_object(Bucket=bucket, Key=key)["Body"].read())
+            return bytes(self.fs.cat_file(self._path(uri)))
+        except FileNotFoundError as exc:
+            raise BlobNotFoundError(f"no object at {uri}") from exc
+        except BlobStorageError:
+            raise
         except Exception as exc:
-            if _is_not_found(exc):
-                raise BlobNotFoundError(f"no object at {uri}") from exc
             raise self._err("read", uri, exc) from exc
 
     def exists(self, uri: str) -> bool:
-        bucket, key = _split_s3(uri)
         try:
-            self.client.head_object(Bucket=bucket, Key=key)
-            return True
+            return bool(self.fs.isfile(self._path(uri)))
+        except BlobStorageError:
+            raise
         except Exception as exc:
-            if _is_not_found(exc):
-                return False
             raise self._err("check", uri, exc) from exc
 
     def list(self, prefix_uri: str) -> list[str]:
-        bucket, prefix = _split_s3(prefix_uri)
-        prefix = prefix.rstrip("/") + "/" if prefix else ""
-        out: list[str] = []
+        prefix = self._path(prefix_uri)
         try:
-            for page in self.client.get_paginator("list_objects_v2").paginate(
-                Bucket=bucket, Prefix=prefix
-            ):
-                # Keys ending in "/" are folder markers some writers (pyarrow) create.
-                out.extend(
-                    f"s3://{bucket}/{o['Key']}"
-                    for o in page.get("Contents", [])
-                    if not o["Key"].endswith("/")
-                )
+            found = self.fs.find(prefix + "/")
+        except FileNotFoundError:
+            return []
         except Exception as exc:
             raise self._err("list", prefix_uri, exc) from exc
-        return sorted(out)
+        # Keys ending in "/" are folder markers some writers create.
+        return sorted(self._uri(p, prefix_uri) for p in found if not p.endswith("/"))
 
     def delete(self, uri: str) -> None:
-        bucket, key = _split_s3(uri)
         try:
-            self.client.delete_object(Bucket=bucket, Key=key)
+            self.fs.rm_file(self._path(uri))
+        except FileNotFoundError:
+            pass
+        except BlobStorageError:
+            raise
         except Exception as exc:
             raise self._err("delete", uri, exc) from exc
 
     def move(self, src: str, dst: str) -> None:
-        sb, sk = _split_s3(src)
-        db, dk = _split_s3(dst)
         try:
-            self.client.copy_object(Bucket=db, Key=dk, CopySource={"Bucket": sb, "Key": sk})
+            self.fs.copy(self._path(src), self._path(dst))
+        except FileNotFoundError as exc:
+            raise BlobNotFoundError(f"no object at {src}") from exc
+        except BlobStorageError:
+            raise
         except Exception as exc:
-            if _is_not_found(exc):
-                raise BlobNotFoundError(f"no object at {src}") from exc
             raise self._err("move", src, exc) from exc
         self.delete(src)
 
     def create_exclusive(self, uri: str, data: bytes) -> bool:
-        bucket, key = _split_s3(uri)
+        path = self._path(uri)
         try:
-            self.client.put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
+            # The conditional put is the guarantee; the check spares a request (and
+            # keeps the answer right on emulators that ignore preconditions).
+            if self.fs.isfile(path):
+                return False
+            self.fs.pipe_file(path, data, mode="create")
             return True
+        except FileExistsError:
+            return False
         except Exception as exc:
-            code = str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
-            if code in {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}:
+            if _precondition_failed(exc):
                 return False
             raise self._err("create", uri, exc) from exc
 
 
-def _is_not_found(exc: Exception) -> bool:
+def _precondition_failed(exc: BaseException) -> bool:
     code = str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
-    return code in {"404", "NoSuchKey", "NotFound"}
+    return code in {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"} or (
+        getattr(exc, "code", None) in (409, 412)
+    )
 
 
-_UNSUPPORTED = {
-    "gs": "gs:// needs a GCS client (gcsfs/google-cloud-storage), which this installation "
-    "does not include; Ray itself can still fetch gs:// working_dirs on a cluster that has it",
-    "abfss": "abfss:// needs an Azure client (adlfs), which this installation does not include",
-}
-
-
-def blob_store(uri: str, *, s3_client: Any | None = None) -> BlobStore:
+def blob_store(uri: str, *, options: StorageOptions | None = None) -> BlobStore:
     """The store for ``uri``'s scheme.
 
     Raises:
-        BlobStorageError: the scheme is not supported here (names it and what is).
+        BlobStorageError: the scheme is not supported (names it and what is).
     """
     scheme = urlparse(uri).scheme
     if scheme == "file":
         return LocalStore()
-    if scheme == "s3":
-        return S3Store(s3_client)
-    if scheme in _UNSUPPORTED:
-        raise BlobStorageError(f"cannot use {uri}: {_UNSUPPORTED[scheme]}; use file:// or s3://")
-    raise BlobStorageError(
-        f"cannot use {uri!r}: unknown scheme {scheme!r}; accepted: file://, s3:// "
-        "(gs:// and abfss:// need extra clients)"
-    )
+    if scheme in SCHEMES:
+        if options is None:
+            from zipline_dagster.settings import settings
+
+            options = settings().storage_options
+        return ObjectStore(scheme, object_filesystem(scheme, options))
+    raise _unsupported(uri)

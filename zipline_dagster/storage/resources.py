@@ -2,43 +2,67 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import dagster as dg
 from dagster_aws.s3 import S3Resource
 from pydantic import Field
 
 from zipline_dagster.settings import settings
-from zipline_dagster.storage.blobs import BlobStore, blob_store
+from zipline_dagster.storage.blobs import BlobStore, StorageOptions, blob_store
 
 
 class WarehouseResource(dg.ConfigurableResource):
-    """The warehouse root (tables) and the client for ``s3://`` locations."""
+    """The warehouse root (tables) and how to reach object stores."""
 
     uri: str = Field(
-        description="Warehouse root: file:///... (embedded default) or s3://bucket/prefix."
+        description="Warehouse root: file:///... (embedded default), s3://bucket/prefix, "
+        "gs://bucket/prefix or abfss://container@account.dfs.core.windows.net/prefix."
     )
     s3: S3Resource = Field(
         default_factory=S3Resource,
-        description="dagster-aws S3 client settings (endpoint_url, region_name ...); credentials "
-        "come from the standard AWS environment.",
+        description="dagster-aws S3 settings (endpoint_url, region_name) for s3:// "
+        "locations; credentials come from the standard AWS environment.",
+    )
+    gcs_endpoint_url: str | None = Field(
+        default=None,
+        description="GCS endpoint for gs:// locations (an emulator); default: Google Cloud "
+        "Storage with the standard Google credentials.",
+    )
+    azure_connection_string: str | None = Field(
+        default=None,
+        description="Azure storage connection string for abfss:// locations (it holds the "
+        "account key: give it as dg.EnvVar); default: the URI's account with Azure's "
+        "default credential.",
     )
 
-    def s3_client_for(self, uri: str) -> Any:
-        """The configured S3 client for ``s3://`` URIs, None for anything else."""
-        return self.s3.get_client() if uri.startswith("s3://") else None
+    def storage_options(self) -> StorageOptions:
+        azure = self.azure_connection_string
+        if isinstance(azure, dg.EnvVar):  # outside a run (at load): Dagster resolves it in runs
+            azure = azure.get_value()
+        return StorageOptions(
+            s3_endpoint_url=self.s3.endpoint_url,
+            aws_region=self.s3.region_name,
+            gcs_endpoint_url=self.gcs_endpoint_url,
+            azure_connection_string=azure,
+        )
 
     def store(self, uri: str) -> BlobStore:
-        return blob_store(uri, s3_client=self.s3_client_for(uri))
+        return blob_store(uri, options=self.storage_options())
 
 
-def default_warehouse() -> WarehouseResource:
-    """The warehouse the settings describe (embedded default: a local folder)."""
+def default_warehouse(*, for_definitions: bool = False) -> WarehouseResource:
+    """The warehouse the settings describe (embedded default: a local folder).
+
+    ``for_definitions``: the Azure connection string is given as
+    ``dg.EnvVar("AZURE_STORAGE_CONNECTION_STRING")``, so Dagster resolves it in the run
+    and shows only the variable's name, never its value.
+    """
     env = settings()
+    secret: str | None = env.azure_connection_string
+    if secret and for_definitions:
+        secret = dg.EnvVar("AZURE_STORAGE_CONNECTION_STRING")
     return WarehouseResource(
         uri=env.warehouse,
-        s3=S3Resource(
-            endpoint_url=env.s3_endpoint_url,
-            region_name=env.aws_region,
-        ),
+        s3=S3Resource(endpoint_url=env.s3_endpoint_url, region_name=env.aws_region),
+        gcs_endpoint_url=env.gcs_endpoint_url,
+        azure_connection_string=secret,
     )

@@ -17,6 +17,10 @@ import stat
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from zipline_dagster.storage.blobs import StorageOptions
 
 #: 1980-01-01 00:00:00, the earliest timestamp a zip entry can hold.
 FIXED_DATE_TIME = (1980, 1, 1, 0, 0, 0)
@@ -244,7 +248,11 @@ class PublishedArchive:
 
 
 def publish_trainer_archive(
-    source: str | os.PathLike[str], *, model_name: str, base: str, s3_client: object | None = None
+    source: str | os.PathLike[str],
+    *,
+    model_name: str,
+    base: str,
+    options: StorageOptions | None = None,
 ) -> PublishedArchive:
     """Build the archive and upload it to ``{base}/builds/{model_name}-{version}.zip``.
 
@@ -261,14 +269,14 @@ def publish_trainer_archive(
         )
     archive = build_trainer_archive(source)
     uri = archive_uri(base, model_name, archive.version)
-    store = blob_store(uri, s3_client=s3_client)
+    store = blob_store(uri, options=options)
     if not (store.exists(uri) and content_version(store.read_bytes(uri)) == archive.version):
         store.write_bytes(uri, archive.data)
     return PublishedArchive(version=archive.version, uri=uri, size=len(archive.data))
 
 
 def load_verified_archive(
-    *, base: str, model_name: str, version: str, s3_client: object | None = None
+    *, base: str, model_name: str, version: str, options: StorageOptions | None = None
 ) -> tuple[str, bytes]:
     """Read the archive at its derived path and check it hashes to ``version``.
 
@@ -284,7 +292,7 @@ def load_verified_archive(
 
     uri = archive_uri(base, model_name, version)
     try:
-        data = blob_store(uri, s3_client=s3_client).read_bytes(uri)
+        data = blob_store(uri, options=options).read_bytes(uri)
     except BlobNotFoundError as exc:
         raise ArchiveVerificationError(
             f"trainer archive for model {model_name!r} version {version} is missing: no object "
@@ -302,9 +310,9 @@ def load_verified_archive(
 
 
 def verify_trainer_archive(
-    *, base: str, model_name: str, version: str, s3_client: object | None = None
+    *, base: str, model_name: str, version: str, options: StorageOptions | None = None
 ) -> str:
     """Check the archive exists at its derived path and hashes to ``version``; its URI."""
     return load_verified_archive(
-        base=base, model_name=model_name, version=version, s3_client=s3_client
+        base=base, model_name=model_name, version=version, options=options
     )[0]

@@ -109,7 +109,7 @@ def build_model_asset(
                 base=model.model_artifact_base_uri,
                 model_name=model.name,
                 version=model.version,
-                s3_client=warehouse.s3_client_for(request.archive_uri),
+                options=warehouse.storage_options(),
             )
             requirements = read_install_requires(archive, uri=archive_uri)
         except (

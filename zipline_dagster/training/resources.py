@@ -8,6 +8,7 @@ import dagster as dg
 from pydantic import Field
 
 from zipline_dagster.settings import settings
+from zipline_dagster.storage.blobs import StorageOptions
 from zipline_dagster.training.request import TrainingRunner
 
 
@@ -23,6 +24,14 @@ class TrainingLauncher(dg.ConfigurableResource):
 
     def runner(self, log: Any) -> TrainingRunner:
         raise NotImplementedError
+
+    def archive_problem(self, uri: str, options: StorageOptions) -> str | None:
+        """Why this launcher cannot run a trainer archive stored at ``uri``; None if it can.
+
+        The local launcher reads archives through the platform's storage layer: any
+        scheme it accepts works.
+        """
+        return None
 
 
 class LocalLauncherResource(TrainingLauncher):
@@ -82,6 +91,12 @@ class RayJobsResource(TrainingLauncher):
 
         head = LocalRayHead(self.embedded_state_dir).ensure_running()
         return head.dashboard_url, EMBEDDED_AUTH_MODE
+
+    def archive_problem(self, uri: str, options: StorageOptions) -> str | None:
+        """Ray downloads the archive itself (as the job's working_dir)."""
+        from zipline_dagster.training.launchers.working_dir import working_dir_problem
+
+        return working_dir_problem(uri, options)
 
     def runner(self, log: Any) -> TrainingRunner:
         from zipline_dagster.training.launchers.ray_job import RayJobRunner

@@ -6,7 +6,8 @@ imports it without the platform installed; run by hand from this repository, tra
 import it from ``zipline_dagster.training.trainer_io``. It holds the trainer contract's
 shared half: the platform flags, the training window, reading committed table
 partitions (with the ``--columns`` projection) and writing artifacts, for local paths,
-``file://`` and ``s3://``. Standard library and pyarrow only.
+``file://``, ``s3://``, ``gs://`` and ``abfss://`` through fsspec (the platform's storage
+layer). Standard library, fsspec and pyarrow only.
 """
 
 from __future__ import annotations
@@ -20,25 +21,33 @@ from urllib.parse import urlparse
 
 
 def filesystem(uri: str) -> tuple[Any, str]:
-    """A pyarrow filesystem and the path inside it for ``uri``."""
-    import pyarrow.fs as pafs
+    """An fsspec filesystem and the path inside it for ``uri`` (the platform's storage
+    layer): local paths, ``file://``, ``s3://``, ``gs://``, ``abfss://``. Endpoints and
+    credentials come from the job's environment, read by each SDK itself
+    (``AWS_ENDPOINT_URL``, ``STORAGE_EMULATOR_HOST``, ``AZURE_STORAGE_CONNECTION_STRING``
+    ...), which jobs inherit from the cluster."""
+    import fsspec
 
     parsed = urlparse(uri)
     if parsed.scheme in ("", "file"):
-        return pafs.LocalFileSystem(), os.path.abspath(parsed.path if parsed.scheme else uri)
-    if parsed.scheme == "s3":
-        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-        kwargs: dict[str, Any] = {}
-        if endpoint:
-            ep = urlparse(endpoint)
-            kwargs["endpoint_override"] = ep.netloc or endpoint
-            kwargs["scheme"] = ep.scheme or "https"
-        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-        if region:
-            kwargs["region"] = region
-        return pafs.S3FileSystem(**kwargs), parsed.netloc + parsed.path
-    fs, path = pafs.FileSystem.from_uri(uri)
-    return fs, path
+        from fsspec.implementations.local import LocalFileSystem
+
+        return LocalFileSystem(), os.path.abspath(parsed.path if parsed.scheme else uri)
+    if parsed.scheme == "gs":  # the plain client (see zipline_dagster.storage.blobs)
+        from gcsfs.core import GCSFileSystem
+
+        fs: Any = GCSFileSystem(use_listings_cache=False)
+        return fs, str(fs._strip_protocol(uri)).rstrip("/")
+    fs, path = fsspec.url_to_fs(uri, use_listings_cache=False)
+    return fs, str(path).rstrip("/")
+
+
+def arrow_filesystem(uri: str) -> tuple[Any, str]:
+    """``filesystem(uri)`` wrapped for pyarrow users (Ray Train's ``storage_filesystem``)."""
+    import pyarrow.fs as pafs
+
+    fs, path = filesystem(uri)
+    return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), path
 
 
 def join(uri: str, *parts: str) -> str:
@@ -50,10 +59,8 @@ def join(uri: str, *parts: str) -> str:
 
 def write_bytes(dir_uri: str, name: str, data: bytes) -> str:
     fs, path = filesystem(join(dir_uri, name))
-    parent = path.rsplit("/", 1)[0]
-    fs.create_dir(parent, recursive=True)
-    with fs.open_output_stream(path) as f:
-        f.write(data)
+    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+    fs.pipe_file(path, data)
     return join(dir_uri, name)
 
 
@@ -73,21 +80,18 @@ def partition_files(fs: Any, directory: str) -> list[str]:
     With a commit marker, exactly the files it lists; without one (a table written by
     another system), every parquet file in the folder.
     """
-    import pyarrow.fs as pafs
-
     marker = f"{directory}/{COMMIT_NAME}"
-    if fs.get_file_info(marker).type == pafs.FileType.File:
-        with fs.open_input_stream(marker) as f:
-            listed = json.loads(f.read()).get("files")
+    if fs.isfile(marker):
+        listed = json.loads(fs.cat_file(marker)).get("files")
         return [f"{directory}/{name}" for name in listed] if listed is not None else []
-    info = fs.get_file_info(directory)
-    if info.type != pafs.FileType.Directory:
+    try:
+        entries = fs.ls(directory, detail=True)
+    except FileNotFoundError:
         return []
-    selector = pafs.FileSelector(directory, recursive=False)
     return sorted(
-        f.path
-        for f in fs.get_file_info(selector)
-        if f.type == pafs.FileType.File and f.path.endswith(".parquet")
+        str(e["name"]).rstrip("/")
+        for e in entries
+        if e.get("type") == "file" and str(e["name"]).endswith(".parquet")
     )
 
 

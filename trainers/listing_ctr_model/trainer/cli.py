@@ -51,6 +51,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--learning-rate", type=float, default=0.3)
     p.add_argument("--seed", type=_non_negative_int, default=0)
     p.add_argument(
+        "--nthread", type=_non_negative_int, default=1, help="xgboost threads (in-process training)"
+    )
+    p.add_argument(
         "--num-workers",
         type=_non_negative_int,
         default=0,

@@ -97,7 +97,9 @@ def train_distributed(
     name = f"train-{data_fingerprint}"
     storage = checkpoint_dir
     attempts_dir = tio.join(storage, name, "workers")
-    storage_path = storage[len("file://") :] if storage.startswith("file://") else storage
+    # Checkpoints go through the platform's storage layer (the same endpoints and
+    # credentials as every other read and write), handed to Ray Train as a pyarrow fs.
+    storage_fs, storage_path = tio.arrow_filesystem(storage)
     trainer = XGBoostTrainer(
         _train_fn,
         train_loop_config={
@@ -115,6 +117,7 @@ def train_distributed(
         run_config=RunConfig(
             name=name,
             storage_path=storage_path,
+            storage_filesystem=storage_fs,
             failure_config=FailureConfig(max_failures=max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=2),
         ),
@@ -123,14 +126,7 @@ def train_distributed(
     result = trainer.fit()
     booster = RayTrainReportCallback.get_model(result.checkpoint)
     fs, path = tio.filesystem(attempts_dir)
-    import pyarrow.fs as pafs
-
-    records = []
-    for f in sorted(
-        fs.get_file_info(pafs.FileSelector(path, allow_not_found=True)), key=lambda f: f.path
-    ):
-        with fs.open_input_stream(f.path) as s:
-            records.append(json.loads(s.read()))
+    records = [json.loads(fs.cat_file(p)) for p in sorted(fs.find(path))]
     records.sort(key=lambda r: r["started_at"])
     resumed = [r["resumed_from_round"] for r in records if r["resumed_from_round"] > 0]
     info = {

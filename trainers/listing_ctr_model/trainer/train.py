@@ -10,7 +10,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -170,7 +169,7 @@ def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "max_depth": args.max_depth,
         "eta": args.learning_rate,
         "seed": args.seed,
-        "nthread": int(os.environ.get("TRAINER_NTHREAD", "1")),
+        "nthread": args.nthread,
         # A one-class training set has no base rate to estimate; 0.5 keeps xgboost defined.
         "base_score": 0.5 if len(set(y_train.tolist())) < 2 else float(y_train.mean()),
     }
