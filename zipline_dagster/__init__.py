@@ -4,6 +4,7 @@ Importing this package never imports Ray or Spark: the code location must load w
 starting either.
 """
 
+from zipline_dagster.declarations.deployment import DeploymentSpec, Metric, RolloutStrategy
 from zipline_dagster.declarations.model import (
     EventSource,
     InferenceSpec,
@@ -17,15 +18,20 @@ from zipline_dagster.declarations.model import (
     Window,
     selects,
 )
+from zipline_dagster.declarations.transforms import ModelTransforms
 
 __all__ = [
+    "DeploymentSpec",
     "EventSource",
     "InferenceSpec",
+    "Metric",
     "Model",
     "ModelBackend",
     "ModelSpecError",
+    "ModelTransforms",
     "Query",
     "ResourceConfig",
+    "RolloutStrategy",
     "TimeUnit",
     "TrainingSpec",
     "Window",

@@ -1,4 +1,5 @@
-"""``zipline-dagster``: build and verify trainer archives, run the embedded Ray head, backfill."""
+"""``zipline-dagster``: build and verify trainer archives, run the embedded Ray head, backfill,
+move a model's champion pointer (promote, rollback)."""
 
 from __future__ import annotations
 
@@ -81,6 +82,75 @@ def load_definitions(module: str) -> object:
             "a code location module sets `defs = dg.Definitions(...)` or build_definitions(...)"
         )
     return defs
+
+
+def find_model(module: str, name: str) -> object:
+    """The ``Model`` named ``name`` declared in the code location ``module`` (at module
+    level, in it or, for a package such as ``defs/``, in any of its modules)."""
+    import importlib
+    import pkgutil
+
+    from zipline_dagster.declarations.model import Model
+
+    load_definitions(module)
+    root = importlib.import_module(module)
+    modules = [root]
+    if hasattr(root, "__path__"):
+        modules += [
+            importlib.import_module(f"{module}.{info.name}")
+            for info in sorted(pkgutil.iter_modules(root.__path__), key=lambda m: m.name)
+        ]
+    models = {v.name: v for m in modules for v in vars(m).values() if isinstance(v, Model)}
+    if name not in models:
+        raise CliError(
+            f"model {name!r} is not declared in --module={module!r}; declared: "
+            + (", ".join(sorted(models)) or "none")
+        )
+    return models[name]
+
+
+def _champion_store(model: object) -> object:
+    from zipline_dagster.storage.resources import default_warehouse
+
+    return default_warehouse().store(model.model_artifact_base_uri)  # type: ignore[attr-defined]
+
+
+def _print_pointer(pointer: dict[str, object]) -> None:
+    import json
+
+    print(json.dumps(pointer, indent=2, sort_keys=True))
+
+
+def _promote(args: argparse.Namespace) -> int:
+    from zipline_dagster.rollout.champion import promote
+
+    model = find_model(args.module or project_code_location(), args.model)
+    pointer = promote(
+        _champion_store(model),  # type: ignore[arg-type]
+        model,  # type: ignore[arg-type]
+        args.ds,
+        version=args.version,
+        force=args.force,
+    )
+    print(
+        f"{args.model} champion -> {pointer['version']}/{pointer['ds']} ({pointer['why']})",
+        file=sys.stderr,
+    )
+    _print_pointer(pointer)
+    return 0
+
+
+def _rollback(args: argparse.Namespace) -> int:
+    from zipline_dagster.rollout.champion import rollback
+
+    model = find_model(args.module or project_code_location(), args.model)
+    pointer = rollback(_champion_store(model), model)  # type: ignore[arg-type]
+    print(
+        f"{args.model} champion -> {pointer['version']}/{pointer['ds']} ({pointer['why']})",
+        file=sys.stderr,
+    )
+    _print_pointer(pointer)
+    return 0
 
 
 def project_code_location(start: Path | None = None) -> str:
@@ -214,6 +284,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--workspace", default="workspace.yaml", help="workspace file the runs load")
     p.set_defaults(func=_backfill)
+
+    module_help = "code location module (default: the project's, from pyproject.toml [tool.dg])"
+    p = sub.add_parser(
+        "promote",
+        help="point a model's champion at a trained partition (refused if a gate failed)",
+    )
+    p.add_argument("model", help="model name")
+    p.add_argument("--ds", required=True, help="the partition (day) to promote")
+    p.add_argument("--version", default=None, help="trainer version (default: the model's)")
+    p.add_argument("--force", action="store_true", help="promote despite failed gates (recorded)")
+    p.add_argument("--module", default=None, help=module_help)
+    p.set_defaults(func=_promote)
+
+    p = sub.add_parser("rollback", help="point a model's champion back at the one it replaced")
+    p.add_argument("model", help="model name")
+    p.add_argument("--module", default=None, help=module_help)
+    p.set_defaults(func=_rollback)
     return parser
 
 
@@ -221,6 +308,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from zipline_dagster.declarations.model import ModelSpecError
     from zipline_dagster.errors import describe
     from zipline_dagster.lineage.backfill import BackfillError
+    from zipline_dagster.rollout.champion import ChampionError
     from zipline_dagster.settings import SettingsError
     from zipline_dagster.storage.blobs import BlobStorageError
     from zipline_dagster.training.archive import ArchiveVerificationError, TrainerArchiveError
@@ -239,6 +327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ModelSpecError,
         SettingsError,
         CliError,
+        ChampionError,
     ) as exc:
         print(f"error: {describe(exc)}", file=sys.stderr)
         return 1

@@ -49,7 +49,7 @@ def test_selected_columns_must_be_what_the_producer_emits() -> None:
         defs_with(with_query(Query(selects=selects("price_log", "lable"))))
     msg = str(exc.value)
     assert "names ['lable']" in msg and "Join 'training_v1'" in msg
-    assert "it emits: listing_id, inventory_count, label, price_log" in msg
+    assert "it emits: view_id, listing_id, inventory_count, label, price_log" in msg
 
 
 def test_selects_become_the_trainers_columns_flag() -> None:

@@ -91,8 +91,21 @@ def test_model_window_mapping_and_code_version() -> None:
     assert isinstance(mapping, dg.TimeWindowPartitionMapping)
     assert (mapping.start_offset, mapping.end_offset) == (-3, 0)
     # one shared partitions definition for the data; the model's days are the same daily
-    # partitions from its first trainable day on (its Query.start_partition + the window)
-    pdefs = {graph.get(k).partitions_def for k in graph.get_all_asset_keys() if k != key}
+    # partitions from its first trainable day on (its Query.start_partition + the window),
+    # its scores and their monitoring from the day after; the champion is not partitioned
+    after_training = {
+        dg.AssetKey(["ctr", "listing_ctr_model_scores"]),
+        dg.AssetKey(["monitoring", "ctr", "listing_ctr_model_scores"]),
+    }
+    champion = dg.AssetKey(["champions", "listing_ctr_model"])
+    assert graph.get(champion).partitions_def is None
+    scored = {graph.get(k).partitions_def for k in after_training}
+    assert [p.get_first_partition_key() for p in scored] == ["2026-07-05"]  # type: ignore[union-attr]
+    pdefs = {
+        graph.get(k).partitions_def
+        for k in graph.get_all_asset_keys()
+        if k not in {key, champion, *after_training}
+    }
     assert len(pdefs) == 1
     (shared,) = pdefs
     model_pdef = node.partitions_def

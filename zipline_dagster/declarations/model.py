@@ -15,6 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from zipline_dagster.declarations.deployment import DeploymentSpec, RolloutStrategy
+from zipline_dagster.declarations.errors import ModelSpecError
+
 VERSION_RE = re.compile(r"^[0-9a-f]{12,64}$")
 MODEL_NAME_RE = re.compile(r"^[a-z0-9_][a-z0-9_-]*$")
 JOB_CONFIG_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
@@ -47,10 +50,6 @@ _SECRET_VALUE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("a JSON web token", re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.")),
     ("credentials inside a URL", re.compile(r"://[^/\s:@]+:[^/\s@]+@")),
 )
-
-
-class ModelSpecError(ValueError):
-    """A model declaration is invalid; the message names the model, field and value."""
 
 
 def _fail(model: str | None, fld: str, value: object, accepted: str) -> ModelSpecError:
@@ -200,6 +199,7 @@ class Model:
             (``file:///...``, ``s3://...``, ``gs://...``, ``abfss://...``).
         inference_spec: backend and ``model_backend_params["model_name"]``.
         training_conf: training data, window, entrypoint, resources and job configs.
+        deployment_conf: rollout thresholds the champion pointer honours (optional).
 
     Raises:
         ModelSpecError: at construction, naming the model, the field and the value.
@@ -209,6 +209,7 @@ class Model:
     model_artifact_base_uri: str
     inference_spec: InferenceSpec
     training_conf: TrainingSpec
+    deployment_conf: DeploymentSpec | None = None
 
     def __post_init__(self) -> None:
         params = dict(self.inference_spec.model_backend_params)
@@ -241,6 +242,22 @@ class Model:
         _check_python_module(name, self.training_conf.python_module)
         check_job_configs(name, self.training_conf.job_configs)
         _check_training_query(name, self.training_conf.training_data_source.query)
+        if self.deployment_conf is not None and not isinstance(
+            self.deployment_conf, DeploymentSpec
+        ):
+            raise _fail(
+                name,
+                "deployment_conf",
+                self.deployment_conf,
+                "expected DeploymentSpec(rollout_strategy=RolloutStrategy(...))",
+            )
+
+    @property
+    def rollout(self) -> RolloutStrategy:
+        """The declared rollout strategy (no thresholds when none is declared)."""
+        if self.deployment_conf is None:
+            return RolloutStrategy()
+        return self.deployment_conf.rollout_strategy
 
     @property
     def name(self) -> str:

@@ -18,19 +18,27 @@ from typing import Any
 
 from zipline_dagster.declarations.features import GroupBy, Join, StagingQuery
 from zipline_dagster.declarations.model import Model
+from zipline_dagster.declarations.transforms import ModelTransforms
 from zipline_dagster.defs.resources import resources
 from zipline_dagster.lineage.registry import ExternalTable, SourceTable, build_definitions
 
 
 def collect(package: str = __name__) -> dict[str, list[Any]]:
     """Every declaration at module level in ``package``'s modules, each once, in order."""
-    found: dict[str, list[Any]] = {"sources": [], "external": [], "producers": [], "models": []}
+    found: dict[str, list[Any]] = {
+        "sources": [],
+        "external": [],
+        "producers": [],
+        "models": [],
+        "transforms": [],
+    }
     seen: set[int] = set()
     kinds = (
         ("sources", SourceTable),
         ("external", ExternalTable),
         ("producers", (GroupBy, Join, StagingQuery)),
         ("models", Model),
+        ("transforms", ModelTransforms),
     )
     pkg = importlib.import_module(package)
     for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
@@ -49,5 +57,6 @@ defs = build_definitions(
     external_tables=_declared["external"],
     producers=_declared["producers"],
     models=_declared["models"],
+    transforms=_declared["transforms"],
     resources=resources(),
 )

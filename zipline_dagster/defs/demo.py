@@ -3,8 +3,10 @@
 Builds and uploads the trainer archive, then materializes, upstream first, every
 missing or stale partition the model range needs (synthetic events, features and labels
 on local Spark, the training table, and one Ray Job per model partition on the embedded
-Ray head), and prints each trained partition's artifact path and holdout AUC. A second
-run finds everything fresh and does nothing.
+Ray head, each with its blocking checks), moves the champion, scores the day after each
+trained partition with it (a Ray Job each) and monitors those scores against the day's
+labels. It prints each trained partition's holdout AUC and checks, the champion, and the
+realized AUC per scored day. A second run finds everything fresh and does nothing.
 """
 
 import json
@@ -22,20 +24,26 @@ def main() -> int:
     import dagster as dg
 
     from zipline_dagster.defs import defs
-    from zipline_dagster.defs.listing_ctr import listing_ctr_model
+    from zipline_dagster.defs.listing_ctr import listing_ctr_model, listing_scores
     from zipline_dagster.lineage.backfill import (
         execute_plan_in_process,
         model_partitions,
         plan_backfill,
     )
+    from zipline_dagster.lineage.partitions import table_asset_key
+    from zipline_dagster.rollout import champion as ch
+    from zipline_dagster.rollout import gates
+    from zipline_dagster.rollout.assets import champion_asset_key
+    from zipline_dagster.scoring.monitoring import monitoring_asset_key
     from zipline_dagster.storage.blobs import blob_store
     from zipline_dagster.storage.paths import MANIFEST_NAME, join_uri, model_partition_uri
+    from zipline_dagster.storage.tables import shift_day
     from zipline_dagster.training.archive import publish_trainer_archive
     from zipline_dagster.training.request import is_committed
 
     t0 = time.monotonic()
     model = listing_ctr_model
-    print(f"[1/3] trainer archive from {TRAINER}", flush=True)
+    print(f"[1/5] trainer archive from {TRAINER}", flush=True)
     published = publish_trainer_archive(
         TRAINER, model_name=model.name, base=model.model_artifact_base_uri
     )
@@ -53,12 +61,29 @@ def main() -> int:
     parts = model_partitions(defs, key, MODEL_START, MODEL_END)
     plan = plan_backfill(defs, instance, key, parts)
     print(
-        f"[2/3] plan for {key.to_user_string()} {MODEL_START}..{MODEL_END}:\n{plan.describe()}",
+        f"[2/5] plan for {key.to_user_string()} {MODEL_START}..{MODEL_END}:\n{plan.describe()}",
         flush=True,
     )
     execute_plan_in_process(defs, instance, plan, log=lambda m: print(f"      {m}", flush=True))
 
-    print(f"[3/3] trained partitions ({time.monotonic() - t0:.0f}s):", flush=True)
+    log = lambda m: print(f"      {m}", flush=True)  # noqa: E731
+    print("[3/5] champion", flush=True)
+    job = defs.resolve_implicit_global_asset_job_def()
+    quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+    moved = job.execute_in_process(
+        run_config=quiet, instance=instance, asset_selection=[champion_asset_key(model)]
+    )
+    if not moved.success:
+        print("error: the champion asset failed; see the Dagster run", file=sys.stderr)
+        return 1
+    # Day ds is scored by the model of ds-1, so the scored days follow the trained ones.
+    scored = [shift_day(ds, 1) for ds in parts]
+    for key in (table_asset_key(listing_scores.table), monitoring_asset_key(listing_scores)):
+        step = plan_backfill(defs, instance, key, scored)
+        print(f"[4/5] plan for {key.to_user_string()}:\n{step.describe()}", flush=True)
+        execute_plan_in_process(defs, instance, step, log=log)
+
+    print(f"[5/5] trained partitions ({time.monotonic() - t0:.0f}s):", flush=True)
     unfinished = []
     for ds in parts:
         model_dir = model_partition_uri(model, ds)
@@ -72,8 +97,37 @@ def main() -> int:
         report = json.loads(store.read_bytes(join_uri(model_dir, "metrics.json")))
         auc = report["holdout"]["metrics"]["auc"]
         auc_text = f"{auc:.3f}" if auc is not None else report["status"].get("holdout.auc", "n/a")
+        store = blob_store(model.model_artifact_base_uri)
+        champion = ch.read_champion(store, model)
+        verdicts = gates.evaluate(model, store, ds, champion=None)
+        failed = [n for n, r in verdicts.items() if not r.passed and n != gates.NO_REGRESSION]
+        checks = "checks passed" if not failed else "checks FAILED: " + ", ".join(failed)
         print(
-            f"      {ds}  holdout AUC {auc_text}  rows {report['train']['rows']}+{report['holdout']['rows']}  {model_dir}"
+            f"      {ds}  holdout AUC {auc_text}  {checks}  rows "
+            f"{report['train']['rows']}+{report['holdout']['rows']}  {model_dir}"
+        )
+    store = blob_store(model.model_artifact_base_uri)
+    champion = ch.read_champion(store, model)
+    if champion is None:
+        print("      champion: none (no partition passes every gate)")
+    else:
+        print(
+            f"      champion: {champion['version']}/{champion['ds']} "
+            f"(holdout AUC {champion['metrics'].get('holdout_auc', float('nan')):.3f}; "
+            f"{champion['why']}) -> {ch.champion_uri(model)}"
+        )
+    print("      scored days (realized on that day's labels):")
+    for ds in scored:
+        realized = _latest_metadata(instance, monitoring_asset_key(listing_scores), ds)
+        if realized is None:
+            print(f"      {ds}  NOT MONITORED")
+            unfinished.append(ds)
+            continue
+        auc = realized.get("realized/auc")
+        auc_text = f"{auc:.3f}" if auc is not None else "n/a"
+        print(
+            f"      {ds}  realized AUC {auc_text}  on {realized.get('rows_joined')} labelled rows, "
+            f"scored by {model.name} {realized.get('model_ds')}"
         )
     if unfinished:
         print(f"error: {len(unfinished)} partitions have no finished model", file=sys.stderr)
@@ -82,6 +136,20 @@ def main() -> int:
         "open the Dagster UI with `make dev` (http://127.0.0.1:3000); stop the embedded Ray head with `make ray-down`"
     )
     return 0
+
+
+def _latest_metadata(instance: object, key: object, ds: str) -> dict[str, object] | None:
+    """The metadata values of the latest materialization of ``key`` partition ``ds``."""
+    import dagster as dg
+
+    assert isinstance(instance, dg.DagsterInstance) and isinstance(key, dg.AssetKey)
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=key, asset_partitions=[ds]), limit=1
+    ).records
+    if not records:
+        return None
+    mat = records[0].asset_materialization
+    return {k: v.value for k, v in mat.metadata.items()} if mat else None
 
 
 if __name__ == "__main__":

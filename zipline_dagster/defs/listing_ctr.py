@@ -5,18 +5,26 @@ listing_views (synthetic events)
   -> labels_v1 (StagingQuery: one labelled row per view)
   -> training_v1 (Join: each view with its listing's features as of the day before)
   -> models/listing_ctr_model (Ray Job, 4-day window, last day held out)
+     + blocking checks (holdout AUC >= 0.65, no regression, report, manifest)
+  -> champions/listing_ctr_model (the partition in use: CHAMPION.json)
+  -> ctr.listing_ctr_model_scores (day ds scored by the model of ds-1, a Ray Job)
+  -> monitoring/ctr/listing_ctr_model_scores (realized AUC once day ds's labels exist)
 
 The code location (``zipline_dagster.defs``) collects every declaration in this package:
 adding a model is adding a file like this one. Importing it starts neither Ray nor Spark.
 """
 
 from zipline_dagster import (
+    DeploymentSpec,
     EventSource,
     InferenceSpec,
+    Metric,
     Model,
     ModelBackend,
+    ModelTransforms,
     Query,
     ResourceConfig,
+    RolloutStrategy,
     TimeUnit,
     TrainingSpec,
     Window,
@@ -37,7 +45,7 @@ from zipline_dagster.settings import artifact_base_uri
 
 #: Content address of trainers/listing_ctr_model (`zipline-dagster build-trainer` prints
 #: it). A test fails when the trainer changes and this is not updated.
-LISTING_CTR_MODEL_VERSION = "d28f30eacee1"
+LISTING_CTR_MODEL_VERSION = "49966025c323"
 
 listing_views = SourceTable(
     table="ctr.listing_views", asset=build_listing_views_asset("ctr.listing_views")
@@ -61,7 +69,7 @@ ctr_labels = StagingQuery(
     name="labels_v1",
     table="ctr.labels_v1",
     query=(
-        "SELECT listing_id, ts, price, inventory_count, clicked AS label, ds "
+        "SELECT view_id, listing_id, ts, price, inventory_count, clicked AS label, ds "
         "FROM ctr.listing_views WHERE ds BETWEEN '{{ start_date }}' AND '{{ end_date }}'"
     ),
     dependencies=["ctr.listing_views"],
@@ -75,6 +83,7 @@ training_table = Join(
         table="ctr.labels_v1",
         query=Query(
             selects=selects(
+                "view_id",
                 "listing_id",
                 "inventory_count",
                 "label",
@@ -119,4 +128,24 @@ listing_ctr_model = Model(
             "num-rounds": "60",
         },
     ),
+    # A partition becomes the champion only if its holdout AUC is at least 0.65 and not
+    # more than 0.02 below the current champion's.
+    deployment_conf=DeploymentSpec(
+        rollout_strategy=RolloutStrategy(
+            rollout_metric_thresholds=[Metric(name="holdout_auc", threshold=0.65)],
+            regression_tolerance=0.02,
+        )
+    ),
+)
+
+# Day ds of the training table scored by the model partition of ds-1 (no leakage), and
+# monitored against the labels of day ds once they exist.
+listing_scores = ModelTransforms(
+    sources=[EventSource(table=training_table.table)],
+    models=[listing_ctr_model],
+    passthrough_fields=["view_id", "listing_id"],
+    output_namespace="ctr",
+    labels=EventSource(table=ctr_labels.table),
+    label_column="label",
+    label_keys=["view_id"],
 )

@@ -47,6 +47,8 @@ def listing_views(ds: str, *, listings: int = LISTINGS, seed: int = SEED) -> Any
     ts = pd.Timestamp(ds) + pd.to_timedelta(seconds, unit="s")
     return pd.DataFrame(
         {
+            # unique within the day: what a label joins to its score on (monitoring)
+            "view_id": np.arange(n, dtype="int64"),
             "listing_id": listing.astype("int64"),
             "ts": ts,
             "price": price.round(2),

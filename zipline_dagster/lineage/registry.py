@@ -17,14 +17,22 @@ import dagster as dg
 
 from zipline_dagster.declarations.features import Producer, output_columns
 from zipline_dagster.declarations.model import Model, ModelSpecError
+from zipline_dagster.declarations.transforms import ModelTransforms
 from zipline_dagster.features.assets import build_producer_asset
 from zipline_dagster.lineage.automation import automation_sensor, retrain_condition
 from zipline_dagster.lineage.partitions import daily_partitions, table_asset_key
+from zipline_dagster.rollout.assets import (
+    build_champion_asset,
+    build_model_checks,
+    champion_condition,
+)
+from zipline_dagster.scoring.assets import build_scores_asset
+from zipline_dagster.scoring.monitoring import build_monitoring_asset
 from zipline_dagster.settings import settings
 from zipline_dagster.storage.paths import model_archive_uri
 from zipline_dagster.storage.resources import WarehouseResource
 from zipline_dagster.storage.tables import committed_partitions
-from zipline_dagster.training.assets import build_model_asset
+from zipline_dagster.training.assets import build_model_asset, trainable_partitions
 from zipline_dagster.training.resources import TrainingLauncher
 
 
@@ -150,14 +158,17 @@ def build_definitions(
     models: Sequence[Model] = (),
     sources: Sequence[SourceTable] = (),
     external_tables: Sequence[ExternalTable] = (),
+    transforms: Sequence[ModelTransforms] = (),
     resources: Mapping[str, Any] | None = None,
     extra_assets: Sequence[Any] = (),
     automation: bool = True,
 ) -> dg.Definitions:
-    """Definitions for producers and models, every table name checked at load time.
+    """Definitions for producers, models (with their blocking checks and champion) and
+    model transforms (scores tables, monitoring), every table name checked at load time.
 
     Raises:
-        ModelSpecError: a table is produced twice, or an input table resolves to no asset.
+        ModelSpecError: a table is produced twice, an input table resolves to no asset, or
+            a ModelTransforms names a model these definitions do not train.
     """
     known: dict[str, dg.AssetKey] = {}
     owners: dict[str, str] = {}
@@ -176,6 +187,8 @@ def build_definitions(
         register(e.table, "ExternalTable")
     for p in producers:
         register(p.table, f"{type(p).__name__} {p.name!r}")
+    for mt in transforms:
+        register(mt.table, f"ModelTransforms of {mt.model.name!r}")
 
     for p in producers:
         for t in p.upstream_tables:
@@ -191,14 +204,39 @@ def build_definitions(
         check_selected_columns(m, by_table.get(m.table))
         check_archive_reachable(m, resources or {})
 
+    trained = {m.name: m for m in models}
+    for mt in transforms:
+        who = f"ModelTransforms of {mt.model.name!r}"
+        if trained.get(mt.model.name) != mt.model:
+            raise ModelSpecError(
+                f"{who}: its model is not among the models of these definitions "
+                f"(declared: {', '.join(sorted(trained)) or 'none'}); declare it too"
+            )
+        resolve_table(mt.source.table, known, who=who, field="sources[0].table")
+        if mt.labels is not None:
+            resolve_table(mt.labels.table, known, who=who, field="labels.table")
+
     condition = retrain_condition() if automation else None
     assets: list[Any] = [s.asset for s in sources]
     assets += [build_external_table_asset(e) for e in external_tables]
     assets += [build_producer_asset(p, automation_condition=condition) for p in producers]
     assets += [build_model_asset(model=m, automation_condition=condition) for m in models]
+    checks: list[Any] = []
+    for m in models:
+        checks += build_model_checks(m, trainable_partitions(m, daily_partitions))
+        assets.append(
+            build_champion_asset(
+                m, automation_condition=champion_condition() if automation else None
+            )
+        )
+    for mt in transforms:
+        assets.append(build_scores_asset(mt, automation_condition=condition))
+        if mt.labels is not None:
+            assets.append(build_monitoring_asset(mt, automation_condition=condition))
     assets += list(extra_assets)
     return dg.Definitions(
         assets=assets,
+        asset_checks=checks,
         sensors=[automation_sensor()] if automation else [],
         resources=dict(resources or {}),
         # One process per run: Spark starts once per run and steps share it.

@@ -47,6 +47,21 @@ def trainable_partitions(
     )
 
 
+def load_archive(model: Model, warehouse: WarehouseResource) -> tuple[bytes, list[str]]:
+    """The model's verified trainer archive and its ``install_requires``.
+
+    Raises:
+        ArchiveVerificationError, TrainerArchiveError, BlobStorageError: naming the path.
+    """
+    archive_uri, archive = load_verified_archive(
+        base=model.model_artifact_base_uri,
+        model_name=model.name,
+        version=model.version,
+        options=warehouse.storage_options(),
+    )
+    return archive, read_install_requires(archive, uri=archive_uri)
+
+
 def build_model_asset(
     *,
     model: Model,
@@ -105,13 +120,7 @@ def build_model_asset(
         artifacts = warehouse.store(request.canonical_dir)
         try:
             counts = check_training_window(warehouse.store(request.warehouse), request)
-            archive_uri, archive = load_verified_archive(
-                base=model.model_artifact_base_uri,
-                model_name=model.name,
-                version=model.version,
-                options=warehouse.storage_options(),
-            )
-            requirements = read_install_requires(archive, uri=archive_uri)
+            archive, requirements = load_archive(model, warehouse)
         except (
             TrainingDataError,
             ArchiveVerificationError,
@@ -163,7 +172,7 @@ def build_model_asset(
                     "window": list(request.days),
                     "job_id": outcome.job_id,
                     "launcher": outcome.launcher,
-                    "archive_uri": archive_uri,
+                    "archive_uri": request.archive_uri,
                     "dagster_run_id": context.run.run_id,
                 },
             )
@@ -185,7 +194,7 @@ def build_model_asset(
 
         metadata = {
             "version": model.version,
-            "archive_uri": archive_uri,
+            "archive_uri": request.archive_uri,
             "artifact_uri": request.canonical_dir,
             "attempt": attempt_id,
             "launcher": outcome.launcher,

@@ -145,13 +145,28 @@ class TrainingRequest:
     #: same until ``for_attempt`` points the trainer at an attempt folder below it
     canonical_dir: str = ""
     attempt_id: str | None = None
+    #: the module run (default: the model's ``python_module``; scoring runs its
+    #: inference module from the same archive)
+    module: str = ""
+    #: which flag names the attempt: ``model-dir`` (training: an attempt folder) or
+    #: ``write-id`` (scoring: the attempt names the file it writes)
+    attempt_flag: str = "model-dir"
+    #: the stable id of the work (default ``{model}-{version}-{ds}``)
+    job_key_override: str = ""
 
     def __post_init__(self) -> None:
         if not self.canonical_dir:
             object.__setattr__(self, "canonical_dir", self.model_dir)
 
     def for_attempt(self, attempt_id: str) -> TrainingRequest:
-        """The same request with the trainer writing into ``_attempts/{attempt_id}``."""
+        """The same request with the trainer writing into ``_attempts/{attempt_id}``
+        (or, for ``attempt_flag="write-id"``, naming its output after the attempt)."""
+        if self.attempt_flag != "model-dir":
+            prefix = f"--{self.attempt_flag}="
+            flags = tuple(
+                f"{prefix}{attempt_id}" if f.startswith(prefix) else f for f in self.flags
+            )
+            return replace(self, flags=flags, attempt_id=attempt_id)
         adir = attempt_dir(self.canonical_dir, attempt_id)
         flags = tuple(
             f"--model-dir={adir}" if f.startswith("--model-dir=") else f for f in self.flags
@@ -169,7 +184,7 @@ class TrainingRequest:
     @property
     def argv(self) -> list[str]:
         """``python -m {module} --k=v ...`` as an argument list (no shell)."""
-        return ["python", "-m", self.model.training_conf.python_module, *self.flags]
+        return ["python", "-m", self.module or self.model.training_conf.python_module, *self.flags]
 
     @property
     def entrypoint(self) -> str:
@@ -179,7 +194,7 @@ class TrainingRequest:
     @property
     def job_key(self) -> str:
         """Stable id of what is trained: (model, version, ds)."""
-        return f"{self.model.name}-{self.model.version}-{self.ds}"
+        return self.job_key_override or f"{self.model.name}-{self.model.version}-{self.ds}"
 
 
 def trainer_flags(
@@ -313,7 +328,12 @@ class PromotionLockError(ArtifactError):
 
 @contextlib.contextmanager
 def promotion_lock(
-    store: BlobStore, model_dir: str, *, wait_s: float = 900.0, stale_s: float = 600.0
+    store: BlobStore,
+    model_dir: str,
+    *,
+    wait_s: float = 900.0,
+    stale_s: float = 600.0,
+    lock_name: str = PROMOTE_LOCK_NAME,
 ) -> Iterator[None]:
     """Hold ``{model_dir}/_PROMOTING.lock`` while the partition folder changes.
 
@@ -321,7 +341,7 @@ def promotion_lock(
     late one) promote one at a time, so neither moves the other's files. A lock older
     than ``stale_s`` belongs to a run that died mid-promotion and is broken.
     """
-    uri = join_uri(model_dir, PROMOTE_LOCK_NAME)
+    uri = join_uri(model_dir, lock_name)
     owner = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "at": time.time()})
     deadline = time.monotonic() + wait_s
     while not store.create_exclusive(uri, owner.encode()):

@@ -235,3 +235,33 @@ def run_main(train: Any, argv: Any = None, *, succeeded: Any = lambda report: Tr
         logging.getLogger("trainer").error("training data error: %s", exc)
         return 2
     return 0 if succeeded(report) else 1
+
+
+def add_inference_flags(p: argparse.ArgumentParser) -> None:
+    """The flags the platform passes an inference module (``ModelTransforms``)."""
+    p.add_argument("--input-table", required=True, help="table to score, ns.name")
+    p.add_argument("--ds", required=True, type=_day, help="the partition to score")
+    p.add_argument("--model-dir", required=True, help="the trained model partition's URI")
+    p.add_argument("--output-table", required=True, help="scores table, ns.name")
+    p.add_argument("--warehouse", required=True, help="warehouse root URI")
+    p.add_argument("--write-id", required=True, help="names the output file (platform-set)")
+    p.add_argument("--passthrough", default="", help="comma list: source columns to copy")
+    p.add_argument("--partition-column", default="ds")
+
+
+def model_partition_of(model_dir: str) -> tuple[str, str]:
+    """(version, ds) of a model partition URI ``.../models/{name}/{version}/{ds}``."""
+    parts = model_dir.rstrip("/").split("/")
+    return parts[-2], parts[-1]
+
+
+def write_table_file(warehouse: str, table: str, ds: str, write_id: str, frame: Any) -> str:
+    """Write ``frame`` as partition ``ds``'s file of this write, for the platform to commit
+    (readers see it only once the partition's marker lists it)."""
+    import io
+
+    ns, name = table.split(".", 1)
+    folder = join(warehouse, ns, name, f"ds={ds}")
+    buf = io.BytesIO()
+    frame.to_parquet(buf, index=False)
+    return write_bytes(folder, f"part-{write_id}-00000.parquet", buf.getvalue())

@@ -240,6 +240,7 @@ def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "train": {"rows": len(train_df), "date_range": _range(ds_train), "metrics": train_metrics},
         "holdout": {"rows": len(hold_df), "date_range": _range(ds_hold), "metrics": hold_metrics},
         "status": status,
+        # name -> column: also what the inference module (trainer.score) reads
         "features": features,
         "feature_importance": importance,
         "pr_curve": curve,

@@ -1,0 +1,197 @@
+"""The champion pointer end to end: model partitions trained as Ray Jobs on a real local
+Ray cluster, their blocking checks, the champion asset, and the CLI's promote/rollback."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import numpy as np
+
+from tests.conftest import ROOT, run_cli
+from tests.helpers import ctr_rows, days_ending, write_partition, write_table
+from tests.training.test_assets import TABLE, make_model, resources
+from zipline_dagster import DeploymentSpec, Metric, RolloutStrategy
+from zipline_dagster.declarations.model import Model
+from zipline_dagster.lineage.partitions import daily_partitions
+from zipline_dagster.rollout import champion as ch
+from zipline_dagster.rollout.assets import (
+    build_champion_asset,
+    build_model_checks,
+    champion_asset_key,
+)
+from zipline_dagster.storage.blobs import blob_store
+from zipline_dagster.training.archive import publish_trainer_archive
+from zipline_dagster.training.assets import build_model_asset, trainable_partitions
+
+DS1, DS2, DS3 = "2026-08-10", "2026-08-11", "2026-08-12"
+THRESHOLD = 0.62
+
+
+def gated(version: str, base: str) -> Model:
+    return dataclasses.replace(
+        make_model(version, base),
+        deployment_conf=DeploymentSpec(
+            rollout_strategy=RolloutStrategy(
+                rollout_metric_thresholds=[Metric("holdout_auc", THRESHOLD)],
+                regression_tolerance=0.1,
+            )
+        ),
+    )
+
+
+def train(model: Model, res: dict[str, Any], ds: str, instance: dg.DagsterInstance) -> Any:
+    checks = build_model_checks(model, trainable_partitions(model, daily_partitions))
+    return dg.materialize(
+        [build_model_asset(model=model), *checks],
+        partition_key=ds,
+        resources=res,
+        instance=instance,
+        raise_on_error=False,
+    )
+
+
+def checks_of(result: Any) -> dict[str, Any]:
+    return {e.check_name: e for e in result.get_asset_check_evaluations()}
+
+
+def advance(model: Model, res: dict[str, Any], instance: dg.DagsterInstance) -> dict[str, Any]:
+    result = dg.materialize([build_champion_asset(model)], resources=res, instance=instance)
+    (event,) = result.get_asset_materialization_events()
+    mat = event.event_specific_data.materialization  # type: ignore[union-attr]
+    assert mat.asset_key == champion_asset_key(model)
+    return {k: v.value for k, v in mat.metadata.items()}
+
+
+def write_code_location(tmp_path: Path, version: str, base: str) -> dict[str, str]:
+    """A code location module declaring the same model, for the CLI's --module."""
+    (tmp_path / "champ_defs.py").write_text(
+        textwrap.dedent(
+            f"""
+            from tests.rollout.test_champion import gated
+            from zipline_dagster.lineage.registry import ExternalTable, build_definitions
+
+            model = gated({version!r}, {base!r})
+            defs = build_definitions(
+                external_tables=[ExternalTable({TABLE!r})], models=[model], automation=False
+            )
+            """
+        )
+    )
+    return {"PYTHONPATH": f"{ROOT}:{tmp_path}"}
+
+
+def test_champion_moves_only_to_partitions_passing_every_gate(
+    ray_head: Any, file_base: str, trainer_copy: Path, tmp_path: Path
+) -> None:
+    write_table(file_base, TABLE, days_ending(DS3, 6), rows=400)
+    # Day DS2's labels are shuffled: the partition trained on DS2's window holds it out
+    # and scores about 0.5, below the threshold. DS3 holds out a clean day again.
+    noisy = ctr_rows(DS2, 400)
+    noisy["label"] = np.random.default_rng(7).permutation(noisy["label"].to_numpy())
+    write_partition(file_base, TABLE, DS2, noisy)
+    version = publish_trainer_archive(
+        trainer_copy, model_name="listing_ctr_model", base=file_base
+    ).version
+    model = gated(version, file_base)
+    res = resources(ray_head.dashboard_url, file_base)
+    instance = dg.DagsterInstance.ephemeral()
+    store = blob_store(file_base)
+
+    first = train(model, res, DS1, instance)
+    assert first.success
+    assert {n: e.passed for n, e in checks_of(first).items()} == {
+        "rollout_thresholds": True,
+        "no_regression_vs_champion": True,
+        "report_complete": True,
+        "manifest_verifies": True,
+    }
+    md = advance(model, res, instance)
+    assert md["moved"] is True and md["ds"] == DS1
+    pointer = ch.read_champion(store, model)
+    assert pointer is not None and pointer["ds"] == DS1 and pointer["version"] == version
+    assert pointer["checks_passed"] == [
+        "rollout_thresholds",
+        "no_regression_vs_champion",
+        "report_complete",
+        "manifest_verifies",
+    ]
+    assert pointer["artifact_uri"] == f"{file_base}/models/listing_ctr_model/{version}/{DS1}"
+
+    # A partition failing its threshold: the check fails with the numbers, blocking.
+    second = train(model, res, DS2, instance)
+    failed = checks_of(second)["rollout_thresholds"]
+    assert not failed.passed
+    auc = failed.metadata["holdout_auc"].value
+    assert auc < THRESHOLD
+    assert failed.metadata["summary"].value == (
+        f"holdout_auc={auc:.4f} fails holdout_auc >= {THRESHOLD:g}"
+    )
+    md = advance(model, res, instance)
+    assert md["moved"] is False and md["ds"] == DS1
+    rejected = md["rejected"][DS2]
+    assert list(md["rejected"]) == [DS2]
+    assert rejected["rollout_thresholds"] == (
+        f"holdout_auc={auc:.4f} fails holdout_auc >= {THRESHOLD:g}"
+    )
+    # more than the declared tolerance (0.1) below the champion too
+    assert rejected["no_regression_vs_champion"].startswith(
+        f"holdout_auc={auc:.4f} is "
+    ) and rejected["no_regression_vs_champion"].endswith("; tolerance 0.1")
+    assert ch.read_champion(store, model)["ds"] == DS1  # type: ignore[index]
+
+    # The CLI refuses it too, saying why; --force moves it and records that.
+    env = write_code_location(tmp_path, version, file_base)
+    refused = run_cli(
+        "promote", "listing_ctr_model", "--ds", DS2, "--module", "champ_defs", env=env
+    )
+    assert refused.returncode == 1
+    assert f"rollout_thresholds: holdout_auc={auc:.4f} fails" in refused.stderr
+    assert "--force" in refused.stderr
+    assert ch.read_champion(store, model)["ds"] == DS1  # type: ignore[index]
+    forced = run_cli(
+        "promote", "listing_ctr_model", "--ds", DS2, "--force", "--module", "champ_defs", env=env
+    )
+    assert forced.returncode == 0, forced.stderr
+    pointer = json.loads(forced.stdout)
+    assert pointer["ds"] == DS2 and pointer["forced"] is True
+    assert sorted(pointer["checks_failed"]) == ["no_regression_vs_champion", "rollout_thresholds"]
+    assert pointer["why"] == (
+        "promoted by hand with --force despite: rollout_thresholds, no_regression_vs_champion"
+    )
+
+    rolled = run_cli("rollback", "listing_ctr_model", "--module", "champ_defs", env=env)
+    assert rolled.returncode == 0, rolled.stderr
+    back = json.loads(rolled.stdout)
+    assert back["ds"] == DS1 and back["why"] == f"rollback from {version}/{DS2}"
+    kept = ch.history(store, model)
+    assert [(p["ds"], p["forced"]) for p in kept] == [(DS1, False), (DS2, True)]
+    # Nothing earlier than the first champion: a second rollback is refused.
+    again = run_cli("rollback", "listing_ctr_model", "--module", "champ_defs", env=env)
+    assert again.returncode == 1 and "no earlier champion" in again.stderr
+
+    # A newer partition passing every gate moves it (passing over the failed one).
+    third = train(model, res, DS3, instance)
+    assert all(e.passed for e in checks_of(third).values())
+    md = advance(model, res, instance)
+    assert md["moved"] is True and md["ds"] == DS3
+    assert md["reason"] == "newest partition passing every gate"
+    assert ch.read_champion(store, model)["replaced"] is not None  # type: ignore[index]
+
+
+def test_promote_refuses_an_untrained_partition_even_forced(file_base: str, tmp_path: Path) -> None:
+    env = write_code_location(tmp_path, "0123456789ab", file_base)
+    res = run_cli(
+        "promote", "listing_ctr_model", "--ds", DS1, "--force", "--module", "champ_defs", env=env
+    )
+    assert res.returncode == 1
+    assert "no _MANIFEST.json" in res.stderr and "even --force" in res.stderr
+    unknown = run_cli("promote", "nope", "--ds", DS1, "--module", "champ_defs", env=env)
+    assert unknown.returncode == 1
+    assert (
+        "model 'nope' is not declared" in unknown.stderr and "listing_ctr_model" in unknown.stderr
+    )

@@ -1,0 +1,146 @@
+"""Rollout declarations and gates, judged from real partitions on storage (file:// here;
+the storage layer itself is tested on every scheme in tests/storage)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import pytest
+
+import zipline_dagster.defs.listing_ctr as demo
+from zipline_dagster import DeploymentSpec, Metric, ModelSpecError, RolloutStrategy
+from zipline_dagster.declarations.model import Model
+from zipline_dagster.rollout import champion as ch
+from zipline_dagster.rollout import gates as g
+from zipline_dagster.storage.blobs import BlobStore, blob_store
+from zipline_dagster.storage.paths import model_dir_uri
+from zipline_dagster.training.request import attempt_dir, promote_attempt
+
+
+def model_with(base: str, *thresholds: Metric, tolerance: float = 0.0) -> Model:
+    return dataclasses.replace(
+        demo.listing_ctr_model,
+        model_artifact_base_uri=base,
+        deployment_conf=DeploymentSpec(
+            rollout_strategy=RolloutStrategy(
+                rollout_metric_thresholds=list(thresholds), regression_tolerance=tolerance
+            )
+        ),
+    )
+
+
+def report(auc: float | None, logloss: float = 0.5, rows: int = 400) -> dict[str, Any]:
+    status = {"holdout.auc": "the holdout set has one class (all 0)"} if auc is None else {}
+    return {
+        "train": {"rows": 1200, "metrics": {"auc": 0.8, "logloss": 0.4, "accuracy": 0.8}},
+        "holdout": {"rows": rows, "metrics": {"auc": auc, "logloss": logloss, "accuracy": 0.7}},
+        "status": status,
+    }
+
+
+def trained(store: BlobStore, model: Model, ds: str, rep: dict[str, Any]) -> str:
+    """A finished partition, promoted by the platform's own promotion."""
+    d = model_dir_uri(model.model_artifact_base_uri, model.name, model.version, ds)
+    store.write_bytes(f"{attempt_dir(d, 'a1')}/metrics.json", json.dumps(rep).encode())
+    store.write_bytes(f"{attempt_dir(d, 'a1')}/model.json", b"{}")
+    promote_attempt(store, d, "a1", extra={})
+    return d
+
+
+def test_unknown_metric_name_is_refused_listing_the_known_ones() -> None:
+    with pytest.raises(ModelSpecError) as exc:
+        Metric("holdout_f1", 0.5)
+    assert "'holdout_f1'" in str(exc.value)
+    assert "holdout_auc, holdout_logloss, holdout_rows" in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    ("build", "fragment"),
+    [
+        (lambda: Metric("holdout_auc", "0.6"), "threshold='0.6'"),
+        (lambda: Metric("holdout_auc", float("nan")), "threshold=nan"),
+        (
+            lambda: RolloutStrategy([Metric("holdout_auc", 0.6), Metric("holdout_auc", 0.7)]),
+            "names holdout_auc twice",
+        ),
+        (lambda: RolloutStrategy(regression_tolerance=-0.1), "regression_tolerance=-0.1"),
+        (lambda: RolloutStrategy(["holdout_auc"]), "holds str"),
+    ],
+)
+def test_invalid_rollout_declarations_are_named(build: Any, fragment: str) -> None:
+    with pytest.raises(ModelSpecError, match=fragment):
+        build()
+
+
+def test_deployment_conf_must_be_a_deployment_spec() -> None:
+    with pytest.raises(ModelSpecError, match="deployment_conf"):
+        dataclasses.replace(demo.listing_ctr_model, deployment_conf={"holdout_auc": 0.6})
+
+
+def test_thresholds_pass_and_fail_with_the_numbers(file_base: str) -> None:
+    model = model_with(file_base, Metric("holdout_auc", 0.65), Metric("holdout_logloss", 0.6))
+    store = blob_store(file_base)
+    trained(store, model, "2026-07-10", report(0.7, logloss=0.5))
+    trained(store, model, "2026-07-11", report(0.61, logloss=0.64))
+    ok = g.evaluate(model, store, "2026-07-10", champion=None)
+    assert all(r.passed for r in ok.values()), ok
+    bad = g.evaluate(model, store, "2026-07-11", champion=None)[g.THRESHOLDS]
+    assert not bad.passed
+    assert bad.summary == (
+        "holdout_auc=0.6100 fails holdout_auc >= 0.65; "
+        "holdout_logloss=0.6400 fails holdout_logloss <= 0.6"
+    )
+    assert bad.values["holdout_auc"] == 0.61 and bad.values["holdout_auc.threshold"] == 0.65
+
+
+def test_missing_metric_fails_its_threshold_with_the_reports_reason(file_base: str) -> None:
+    model = model_with(file_base, Metric("holdout_auc", 0.65))
+    store = blob_store(file_base)
+    trained(store, model, "2026-07-10", report(None))
+    results = g.evaluate(model, store, "2026-07-10", champion=None)
+    assert results[g.REPORT_COMPLETE].passed  # the missing metric has a status
+    assert results[g.THRESHOLDS].summary == (
+        "holdout_auc is missing (the holdout set has one class (all 0))"
+    )
+
+
+def test_report_without_a_reason_for_a_missing_metric_is_incomplete(file_base: str) -> None:
+    model = model_with(file_base)
+    store = blob_store(file_base)
+    rep = report(0.7)
+    rep["holdout"]["metrics"]["accuracy"] = None
+    trained(store, model, "2026-07-10", rep)
+    result = g.evaluate(model, store, "2026-07-10", champion=None)[g.REPORT_COMPLETE]
+    assert not result.passed
+    assert result.summary == "holdout.accuracy is missing and no status says why"
+
+
+def test_tampered_file_fails_the_manifest_gate(file_base: str) -> None:
+    model = model_with(file_base)
+    store = blob_store(file_base)
+    d = trained(store, model, "2026-07-10", report(0.7))
+    store.write_bytes(f"{d}/model.json", b"{'changed': 1}")
+    result = g.evaluate(model, store, "2026-07-10", champion=None)[g.MANIFEST_VERIFIES]
+    assert not result.passed and "sha256 differs" in result.summary
+
+
+def test_regression_against_the_champion_beyond_the_tolerance(file_base: str) -> None:
+    model = model_with(file_base, Metric("holdout_auc", 0.6), tolerance=0.02)
+    store = blob_store(file_base)
+    trained(store, model, "2026-07-10", report(0.75))
+    trained(store, model, "2026-07-11", report(0.74))  # within the tolerance
+    trained(store, model, "2026-07-12", report(0.70))  # passes 0.6, but 0.05 worse
+    first = ch.advance(store, model, by="test")
+    assert first.moved and first.pointer and first.pointer["ds"] == "2026-07-12"
+    # Start again from 07-10 as champion to judge 07-11 and 07-12 against it.
+    ch.promote(store, model, "2026-07-10", by="test")
+    champion = ch.read_champion(store, model)
+    assert g.evaluate(model, store, "2026-07-11", champion=champion)[g.NO_REGRESSION].passed
+    worse = g.evaluate(model, store, "2026-07-12", champion=champion)[g.NO_REGRESSION]
+    assert not worse.passed
+    assert worse.summary == (
+        f"holdout_auc=0.7000 is 0.0500 worse than the champion {model.version}/2026-07-10 "
+        "(0.7500); tolerance 0.02"
+    )

@@ -1,0 +1,134 @@
+"""Zipline's ``ModelTransforms``: enrich a source table with a model's outputs, as a new
+daily table.
+
+``ModelTransforms(sources=[EventSource(table="ctr.training_v1")],
+models=[listing_ctr_model], passthrough_fields=["listing_id", "ts"],
+output_namespace="ctr")`` declares ``ctr.listing_ctr_model_scores``: partition ``ds``
+holds one row per source row of day ``ds`` with the passthrough fields, ``score``,
+``model_version`` and ``model_ds``. It is scored by the model partition ``ds-1``
+(trained only on data up to the day before, so nothing leaks) or, with
+``use_champion=True``, by the model's champion.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from zipline_dagster.declarations.errors import ModelSpecError
+from zipline_dagster.declarations.model import EventSource, Model
+
+_NAME_RE = re.compile(r"^[a-z0-9_]+$")
+_COLUMN_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: Columns the scores table always has; a passthrough field may not take their names.
+OUTPUT_COLUMNS = ("score", "model_version", "model_ds")
+#: The inference entrypoint in the model's trainer archive.
+DEFAULT_INFERENCE_MODULE = "trainer.score"
+
+
+@dataclass(frozen=True)
+class ModelTransforms:
+    sources: Sequence[EventSource]
+    models: Sequence[Model]
+    passthrough_fields: Sequence[str] = field(default_factory=tuple)
+    output_namespace: str = ""
+    #: The table's name inside the namespace; default ``{model name}_scores``.
+    name: str | None = None
+    #: Score with the champion instead of the partition of the day before.
+    use_champion: bool = False
+    inference_module: str = DEFAULT_INFERENCE_MODULE
+    #: Monitoring: the table whose partition ``ds`` holds the labels of day ``ds``
+    #: (none: no monitoring asset), its label column, and the columns that join a
+    #: label to a score (default: the passthrough fields).
+    labels: EventSource | None = None
+    label_column: str = "label"
+    label_keys: Sequence[str] = field(default_factory=tuple)
+    #: The monitoring check warns when the realized AUC is this much below the
+    #: training-time holdout AUC (or below the model's holdout_auc threshold).
+    realized_auc_tolerance: float = 0.05
+
+    def __post_init__(self) -> None:
+        sources, models = list(self.sources), list(self.models)
+        if len(sources) != 1 or not isinstance(sources[0], EventSource):
+            raise ModelSpecError(
+                f"ModelTransforms: sources={sources!r} is invalid; expected exactly one "
+                "EventSource (one source table per scores table)"
+            )
+        if len(models) != 1 or not isinstance(models[0], Model):
+            raise ModelSpecError(
+                f"ModelTransforms: models holds {len(models)} item(s); expected exactly one Model"
+            )
+        who = f"ModelTransforms of {models[0].name!r}"
+        if not isinstance(self.output_namespace, str) or not _NAME_RE.match(self.output_namespace):
+            raise ModelSpecError(
+                f"{who}: output_namespace={self.output_namespace!r} is invalid; expected "
+                "lower-case letters, digits and underscores"
+            )
+        if self.name is not None and (
+            not isinstance(self.name, str) or not _NAME_RE.match(self.name)
+        ):
+            raise ModelSpecError(
+                f"{who}: name={self.name!r} is invalid; expected lower-case letters, digits "
+                "and underscores"
+            )
+        fields = list(self.passthrough_fields)
+        for f in fields:
+            if not isinstance(f, str) or not _COLUMN_RE.match(f):
+                raise ModelSpecError(
+                    f"{who}: passthrough_fields holds {f!r}; expected plain column names"
+                )
+            if f in OUTPUT_COLUMNS or f == "ds":
+                raise ModelSpecError(
+                    f"{who}: passthrough field {f!r} collides with a column the scores table "
+                    f"always has ({', '.join((*OUTPUT_COLUMNS, 'ds'))})"
+                )
+        if len(set(fields)) != len(fields):
+            raise ModelSpecError(f"{who}: passthrough_fields repeats a column: {fields}")
+        if not isinstance(self.inference_module, str) or not re.match(
+            r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$", self.inference_module
+        ):
+            raise ModelSpecError(
+                f"{who}: inference_module={self.inference_module!r} is invalid; expected a "
+                "dotted module path in the trainer archive, e.g. trainer.score"
+            )
+        keys = list(self.label_keys) or fields
+        if self.labels is not None:
+            if not isinstance(self.labels, EventSource):
+                raise ModelSpecError(
+                    f"{who}: labels={self.labels!r} is invalid; expected an EventSource"
+                )
+            if not keys:
+                raise ModelSpecError(
+                    f"{who}: monitoring joins labels to scores on label_keys (default the "
+                    "passthrough_fields), and both are empty"
+                )
+            absent = [k for k in keys if k not in fields]
+            if absent:
+                raise ModelSpecError(
+                    f"{who}: label_keys {absent} are not passthrough_fields {fields}: the "
+                    "scores table must carry the columns it is joined on"
+                )
+            if not isinstance(self.label_column, str) or not _COLUMN_RE.match(self.label_column):
+                raise ModelSpecError(f"{who}: label_column={self.label_column!r} is invalid")
+        tol = self.realized_auc_tolerance
+        if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not tol >= 0:
+            raise ModelSpecError(
+                f"{who}: realized_auc_tolerance={tol!r} is invalid; expected a number >= 0"
+            )
+        object.__setattr__(self, "label_keys", tuple(keys))
+        object.__setattr__(self, "sources", tuple(sources))
+        object.__setattr__(self, "models", tuple(models))
+        object.__setattr__(self, "passthrough_fields", tuple(fields))
+
+    @property
+    def model(self) -> Model:
+        return self.models[0]
+
+    @property
+    def source(self) -> EventSource:
+        return self.sources[0]
+
+    @property
+    def table(self) -> str:
+        return f"{self.output_namespace}.{self.name or self.model.name + '_scores'}"

@@ -1,0 +1,1 @@
+"""After training: rollout gates, the champion pointer per model."""

@@ -1,0 +1,155 @@
+"""Dagster wiring of the rollout gates and the champion pointer.
+
+* Each model partition gets blocking, partitioned asset checks, one per gate
+  (:mod:`zipline_dagster.rollout.gates`); a failed check carries the numbers that failed
+  it, and, being blocking, stops anything downstream in the same run.
+* Each model gets a champion asset (``champions/{model}``, not partitioned) that
+  advances the pointer to the newest trained partition passing every gate whenever a
+  model partition is materialized (automation), and reports why it moved or stayed.
+"""
+
+import warnings
+from typing import Any
+
+import dagster as dg
+
+from zipline_dagster.declarations.model import Model
+from zipline_dagster.rollout import champion as ch
+from zipline_dagster.rollout import gates as g
+from zipline_dagster.storage.paths import model_dir_uri
+from zipline_dagster.storage.resources import WarehouseResource
+
+# Partitioned asset checks are marked preview in Dagster 1.13; per-partition gates are
+# what we need, so we rely on them deliberately and say so once here.
+warnings.filterwarnings(
+    "ignore", category=dg.PreviewWarning, message=".*partitions_def on an AssetCheckSpec.*"
+)
+
+
+def model_asset_key(model: Model) -> dg.AssetKey:
+    return dg.AssetKey(["models", model.name])
+
+
+def champion_asset_key(model: Model) -> dg.AssetKey:
+    return dg.AssetKey(["champions", model.name])
+
+
+def _value(v: Any) -> Any:
+    if isinstance(v, bool) or v is None:
+        return dg.MetadataValue.text(str(v))
+    if isinstance(v, (int, float)):
+        return dg.MetadataValue.float(float(v))
+    if isinstance(v, (dict, list)):
+        return dg.MetadataValue.json(v)
+    return dg.MetadataValue.text(str(v))
+
+
+def check_result(result: g.GateResult, **extra: Any) -> dg.AssetCheckResult:
+    metadata = {"summary": dg.MetadataValue.text(result.summary)}
+    metadata.update({k: _value(v) for k, v in {**result.values, **extra}.items()})
+    return dg.AssetCheckResult(
+        passed=result.passed,
+        severity=dg.AssetCheckSeverity.ERROR,
+        description=result.summary,
+        metadata=metadata,
+    )
+
+
+def build_model_checks(
+    model: Model, partitions_def: dg.PartitionsDefinition
+) -> list[dg.AssetChecksDefinition]:
+    """One blocking, partitioned check per gate on the model asset."""
+    key = model_asset_key(model)
+    checks = []
+    for gate in g.GATES:
+
+        def make(gate: str = gate) -> dg.AssetChecksDefinition:
+            @dg.asset_check(
+                asset=key,
+                name=gate,
+                description=g.GATE_DESCRIPTIONS[gate],
+                blocking=True,
+                partitions_def=partitions_def,
+            )
+            def _check(
+                context: dg.AssetCheckExecutionContext, warehouse: WarehouseResource
+            ) -> dg.AssetCheckResult:
+                ds = context.partition_key
+                base = model.model_artifact_base_uri
+                store = warehouse.store(base)
+                champion = ch.read_champion(store, model) if gate == g.NO_REGRESSION else None
+                result = g.evaluate(model, store, ds, champion=champion)[gate]
+                return check_result(
+                    result, artifact_uri=model_dir_uri(base, model.name, model.version, ds)
+                )
+
+            return _check
+
+        checks.append(make())
+    return checks
+
+
+def build_champion_asset(
+    model: Model, *, automation_condition: dg.AutomationCondition | None = None
+) -> dg.AssetsDefinition:
+    @dg.asset(
+        key=champion_asset_key(model),
+        group_name="champions",
+        deps=[model_asset_key(model)],
+        kinds={"python"},
+        description=(
+            f"The {model.name} partition in use: {ch.champion_uri(model)}. Advances to the "
+            "newest trained partition whose blocking gates all pass; moved by hand with "
+            f"`zipline-dagster promote {model.name} --ds D` / `rollback {model.name}`."
+        ),
+        automation_condition=automation_condition,
+        metadata={"zipline/champion_uri": ch.champion_uri(model)},
+    )
+    def _champion(
+        context: dg.AssetExecutionContext, warehouse: WarehouseResource
+    ) -> dg.MaterializeResult:
+        store = warehouse.store(model.model_artifact_base_uri)
+        decision = ch.advance(store, model, by=f"dagster run {context.run.run_id}")
+        md: dict[str, Any] = {
+            "moved": dg.MetadataValue.bool(decision.moved),
+            "reason": dg.MetadataValue.text(decision.reason),
+        }
+        p = decision.pointer
+        if p is not None:
+            md.update(
+                version=dg.MetadataValue.text(str(p["version"])),
+                ds=dg.MetadataValue.text(str(p["ds"])),
+                artifact_uri=dg.MetadataValue.path(str(p["artifact_uri"])),
+                pointer=dg.MetadataValue.json(p),
+            )
+            for name, value in (p.get("metrics") or {}).items():
+                md[f"champion/{name}"] = dg.MetadataValue.float(float(value))
+        if decision.rejected:
+            md["rejected"] = dg.MetadataValue.json(
+                {
+                    ds: {r.gate: r.summary for r in failed}
+                    for ds, failed in sorted(decision.rejected.items())
+                }
+            )
+        if decision.moved:
+            context.log.info(f"{model.name} champion -> {p and p['ds']}: {decision.reason}")
+        else:
+            context.log.info(f"{model.name} champion {decision.reason}")
+        for ds, failed in sorted(decision.rejected.items()):
+            context.log.warning(
+                f"{model.name} {ds} not promoted: "
+                + "; ".join(f"{r.gate}: {r.summary}" for r in failed)
+            )
+        return dg.MaterializeResult(metadata=md)
+
+    return _champion
+
+
+def champion_condition() -> dg.AutomationCondition:
+    """Re-evaluate the champion whenever a model partition was materialized (the asset
+    itself decides, from storage, whether a newer partition passes every gate)."""
+    return (
+        dg.AutomationCondition.any_deps_updated()
+        & ~dg.AutomationCondition.any_deps_in_progress()
+        & ~dg.AutomationCondition.in_progress()
+    ).with_label("a model partition was trained")

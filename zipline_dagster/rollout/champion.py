@@ -1,0 +1,275 @@
+"""The champion pointer: which trained partition of a model is the one in use.
+
+``{base}/models/{model_name}/CHAMPION.json`` holds the version, ds, artifact URI, metrics,
+the gates that passed, and when, by whom and why it moved. It is written whole (one
+object write) under a storage lock; before it changes, the pointer it replaces is kept
+under ``{base}/models/{model_name}/_champions/``, and the new pointer names it
+(``replaced``), so a rollback walks back one step at a time.
+
+It only ever points at a partition whose manifest verifies and whose blocking gates all
+passed, unless a person forces it (``forced`` and the failed gates are recorded).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import getpass
+import json
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+from zipline_dagster.declarations.model import Model
+from zipline_dagster.rollout import gates as g
+from zipline_dagster.storage.blobs import BlobNotFoundError, BlobStore
+from zipline_dagster.storage.paths import MANIFEST_NAME, join_uri, model_dir_uri
+from zipline_dagster.training.request import promotion_lock
+
+CHAMPION_NAME = "CHAMPION.json"
+HISTORY_DIR = "_champions"
+LOCK_NAME = "_CHAMPION.lock"
+
+
+class ChampionError(RuntimeError):
+    """The champion cannot move as asked; the message says why (with the numbers)."""
+
+
+def model_root(model: Model) -> str:
+    return join_uri(model.model_artifact_base_uri, "models", model.name)
+
+
+def champion_uri(model: Model) -> str:
+    return join_uri(model_root(model), CHAMPION_NAME)
+
+
+def history_uri(model: Model) -> str:
+    return join_uri(model_root(model), HISTORY_DIR)
+
+
+def read_champion(store: BlobStore, model: Model) -> dict[str, Any] | None:
+    try:
+        pointer = json.loads(store.read_bytes(champion_uri(model)))
+    except BlobNotFoundError:
+        return None
+    return pointer if isinstance(pointer, dict) else None
+
+
+def history(store: BlobStore, model: Model) -> list[dict[str, Any]]:
+    """Every earlier pointer, oldest first."""
+    out = []
+    for uri in store.list(history_uri(model)):
+        if uri.endswith(".json"):
+            out.append(json.loads(store.read_bytes(uri)))
+    return sorted(out, key=lambda p: (str(p.get("moved_at")), str(p.get("history_name"))))
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def default_actor() -> str:
+    try:
+        user = getpass.getuser()
+    except Exception:  # no user name in some containers
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def trained_partitions(store: BlobStore, model: Model, version: str | None = None) -> list[str]:
+    """Days of ``version`` (default the model's) that have a manifest, oldest first."""
+    root = join_uri(model_root(model), version or model.version)
+    days = set()
+    for uri in store.list(root):
+        rel = uri[len(root) :].lstrip("/")
+        ds, _, rest = rel.partition("/")
+        if rest == MANIFEST_NAME:
+            days.add(ds)
+    return sorted(days)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the automatic advance chose: the pointer written (None if it stayed) and,
+    for each newer partition passed over, the gates that failed it."""
+
+    pointer: dict[str, Any] | None
+    moved: bool
+    rejected: dict[str, list[g.GateResult]]
+    reason: str
+
+
+def _write(
+    store: BlobStore, model: Model, pointer: dict[str, Any], current: dict[str, Any] | None
+) -> dict[str, Any]:
+    """Keep ``current`` in the history, then write ``pointer`` (naming it) in one put."""
+    now = _now()
+    pointer = {**pointer, "moved_at": now.isoformat(timespec="milliseconds")}
+    if current is not None:
+        name = (
+            f"{now.strftime('%Y%m%dT%H%M%S.%fZ')}-{current.get('version')}-{current.get('ds')}.json"
+        )
+        kept = {**current, "history_name": name}
+        store.write_bytes(join_uri(history_uri(model), name), json.dumps(kept, indent=2).encode())
+        pointer.setdefault("replaced", name)
+    else:
+        pointer.setdefault("replaced", None)
+    store.write_bytes(champion_uri(model), json.dumps(pointer, indent=2, sort_keys=True).encode())
+    return pointer
+
+
+def _pointer(
+    model: Model,
+    version: str,
+    ds: str,
+    results: dict[str, g.GateResult],
+    *,
+    by: str,
+    why: str,
+    forced: bool = False,
+    report: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    metrics = {k: v for k, v in g.report_metrics(report or {}).items() if v is not None}
+    return {
+        "model": model.name,
+        "version": version,
+        "ds": ds,
+        "artifact_uri": model_dir_uri(model.model_artifact_base_uri, model.name, version, ds),
+        "metrics": metrics,
+        "checks_passed": [n for n, r in results.items() if r.passed],
+        "checks_failed": {n: r.summary for n, r in results.items() if not r.passed},
+        "forced": forced,
+        "moved_by": by,
+        "why": why,
+    }
+
+
+def advance(store: BlobStore, model: Model, *, by: str) -> Decision:
+    """Move the champion to the newest trained partition of the model's version that is
+    newer than it and passes every gate; stay when there is none."""
+    with promotion_lock(store, model_root(model), lock_name=LOCK_NAME):
+        current = read_champion(store, model)
+        newer = [
+            ds
+            for ds in trained_partitions(store, model)
+            if current is None
+            or ds > str(current.get("ds"))
+            or (ds == current.get("ds") and model.version != current.get("version"))
+        ]
+        rejected: dict[str, list[g.GateResult]] = {}
+        for ds in reversed(newer):
+            results = g.evaluate(model, store, ds, champion=current)
+            failed = [r for r in results.values() if not r.passed]
+            if failed:
+                rejected[ds] = failed
+                continue
+            model_dir = model_dir_uri(model.model_artifact_base_uri, model.name, model.version, ds)
+            report = g.read_partition_report(store, model_dir)
+            why = (
+                f"newest partition passing every gate (after {len(rejected)} newer rejected)"
+                if rejected
+                else "newest partition passing every gate"
+            )
+            pointer = _write(
+                store,
+                model,
+                _pointer(model, model.version, ds, results, by=by, why=why, report=report),
+                current,
+            )
+            return Decision(pointer, True, rejected, why)
+        if current is None:
+            reason = "no trained partition passes every gate yet" if newer else "nothing trained"
+        else:
+            reason = f"stays at {current.get('version')}/{current.get('ds')}: " + (
+                "no newer partition passes every gate" if newer else "no newer trained partition"
+            )
+        return Decision(current, False, rejected, reason)
+
+
+def promote(
+    store: BlobStore,
+    model: Model,
+    ds: str,
+    *,
+    version: str | None = None,
+    force: bool = False,
+    by: str | None = None,
+) -> dict[str, Any]:
+    """Point the champion at ``ds`` (of ``version``) by hand.
+
+    Raises:
+        ChampionError: the partition is not trained (no manifest), or a gate failed and
+            ``force`` is not set; the message lists each failed gate with its numbers.
+    """
+    version = version or model.version
+    model_dir = model_dir_uri(model.model_artifact_base_uri, model.name, version, ds)
+    with promotion_lock(store, model_root(model), lock_name=LOCK_NAME):
+        current = read_champion(store, model)
+        results = g.evaluate(model, store, ds, champion=current, version=version)
+        if not results[g.MANIFEST_VERIFIES].passed:
+            raise ChampionError(
+                f"cannot promote {model.name} {version}/{ds}: "
+                f"{results[g.MANIFEST_VERIFIES].summary} (not a finished model; even --force "
+                "never points at one)"
+            )
+        failed = {n: r for n, r in results.items() if not r.passed}
+        if failed and not force:
+            raise ChampionError(
+                f"refusing to promote {model.name} {version}/{ds}: "
+                + "; ".join(f"{n}: {r.summary}" for n, r in failed.items())
+                + ". Pass --force to promote it anyway (recorded in the pointer)."
+            )
+        why = (
+            f"promoted by hand with --force despite: {', '.join(failed)}"
+            if failed
+            else "promoted by hand"
+        )
+        report = g.read_partition_report(store, model_dir)
+        return _write(
+            store,
+            model,
+            _pointer(
+                model,
+                version,
+                ds,
+                results,
+                by=by or default_actor(),
+                why=why,
+                forced=bool(failed),
+                report=report,
+            ),
+            current,
+        )
+
+
+def rollback(store: BlobStore, model: Model, *, by: str | None = None) -> dict[str, Any]:
+    """Point the champion back at the pointer the current one replaced.
+
+    Raises:
+        ChampionError: there is no champion, no earlier one, or the earlier partition is
+            no longer a finished model on storage.
+    """
+    with promotion_lock(store, model_root(model), lock_name=LOCK_NAME):
+        current = read_champion(store, model)
+        if current is None:
+            raise ChampionError(f"{model.name} has no champion ({champion_uri(model)} is absent)")
+        earlier_name = current.get("replaced")
+        if not earlier_name:
+            raise ChampionError(
+                f"{model.name}'s champion {current.get('version')}/{current.get('ds')} "
+                "replaced nothing: there is no earlier champion to roll back to"
+            )
+        earlier = json.loads(store.read_bytes(join_uri(history_uri(model), str(earlier_name))))
+        model_dir = str(earlier.get("artifact_uri"))
+        verdict = g.check_manifest(store, model_dir)
+        if not verdict.passed:
+            raise ChampionError(
+                f"cannot roll {model.name} back to {earlier.get('version')}/{earlier.get('ds')}: "
+                f"{verdict.summary}"
+            )
+        pointer = {k: v for k, v in earlier.items() if k not in ("history_name", "moved_at")}
+        pointer.update(
+            moved_by=by or default_actor(),
+            why=f"rollback from {current.get('version')}/{current.get('ds')}",
+            replaced=earlier.get("replaced"),
+        )
+        return _write(store, model, pointer, current)

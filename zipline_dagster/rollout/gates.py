@@ -1,0 +1,191 @@
+"""The blocking gates of a trained model partition, computed from what storage holds.
+
+One function per gate, each returning the numbers it judged; the Dagster asset checks,
+the champion asset and ``zipline-dagster promote`` all call these, so the UI, the pointer
+and the CLI never disagree about a partition.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from zipline_dagster.declarations.deployment import HIGHER_IS_BETTER, SPLITS, Metric
+from zipline_dagster.declarations.model import Model
+from zipline_dagster.storage.blobs import BlobNotFoundError, BlobStore
+from zipline_dagster.storage.paths import MANIFEST_NAME, join_uri, model_dir_uri
+from zipline_dagster.training.request import REPORT_NAME, is_committed
+
+#: The gates, in the order they are shown.
+THRESHOLDS = "rollout_thresholds"
+NO_REGRESSION = "no_regression_vs_champion"
+REPORT_COMPLETE = "report_complete"
+MANIFEST_VERIFIES = "manifest_verifies"
+GATES = (THRESHOLDS, NO_REGRESSION, REPORT_COMPLETE, MANIFEST_VERIFIES)
+
+GATE_DESCRIPTIONS = {
+    THRESHOLDS: "Every rollout_metric_threshold of the model's DeploymentSpec holds.",
+    NO_REGRESSION: "No threshold metric is worse than the current champion's beyond "
+    "RolloutStrategy.regression_tolerance.",
+    REPORT_COMPLETE: "The metrics report has every split and, for each missing metric, "
+    "a status saying why.",
+    MANIFEST_VERIFIES: "The partition's _MANIFEST.json exists and every file's sha256 "
+    "matches (re-read from storage).",
+}
+
+
+@dataclass(frozen=True)
+class GateResult:
+    gate: str
+    passed: bool
+    #: One line naming the numbers that decided it.
+    summary: str
+    values: dict[str, Any] = field(default_factory=dict)
+
+
+def report_metrics(report: dict[str, Any]) -> dict[str, float | None]:
+    """``{split}_{metric}`` -> value (None when the report has no number for it)."""
+    out: dict[str, float | None] = {}
+    for split in SPLITS:
+        part = report.get(split) or {}
+        metrics = part.get("metrics") or {}
+        for metric in HIGHER_IS_BETTER:
+            raw = part.get("rows") if metric == "rows" else metrics.get(metric)
+            ok = isinstance(raw, (int, float)) and not isinstance(raw, bool)
+            out[f"{split}_{metric}"] = float(raw) if ok else None  # type: ignore[arg-type]
+    return out
+
+
+def _why_missing(report: dict[str, Any], name: str) -> str:
+    split, _, metric = name.partition("_")
+    why = (report.get("status") or {}).get(f"{split}.{metric}")
+    return f"{name} is missing ({why})" if why else f"{name} is missing (no status given)"
+
+
+def check_thresholds(model: Model, report: dict[str, Any]) -> GateResult:
+    thresholds = model.rollout.rollout_metric_thresholds
+    if not thresholds:
+        return GateResult(THRESHOLDS, True, "no rollout thresholds declared")
+    values = report_metrics(report)
+    failed: list[str] = []
+    shown: dict[str, Any] = {}
+    for m in thresholds:
+        value = values.get(m.name)
+        shown[m.name] = value
+        shown[f"{m.name}.threshold"] = m.threshold
+        if value is None:
+            failed.append(_why_missing(report, m.name))
+        elif not m.passes(value):
+            failed.append(f"{m.name}={value:.4f} fails {m.describe()}")
+    if failed:
+        return GateResult(THRESHOLDS, False, "; ".join(failed), shown)
+    held = ", ".join(f"{m.name}={values[m.name]:.4f} ({m.describe()})" for m in thresholds)
+    return GateResult(THRESHOLDS, True, held, shown)
+
+
+def check_no_regression(
+    model: Model, report: dict[str, Any], champion: dict[str, Any] | None
+) -> GateResult:
+    thresholds: tuple[Metric, ...] = tuple(model.rollout.rollout_metric_thresholds)
+    if champion is None:
+        return GateResult(NO_REGRESSION, True, "no champion yet")
+    if not thresholds:
+        return GateResult(NO_REGRESSION, True, "no threshold metrics declared to compare")
+    tol = model.rollout.regression_tolerance
+    values = report_metrics(report)
+    theirs = champion.get("metrics") or {}
+    who = f"champion {champion.get('version')}/{champion.get('ds')}"
+    failed: list[str] = []
+    shown: dict[str, Any] = {"tolerance": tol}
+    for m in thresholds:
+        mine, best = values.get(m.name), theirs.get(m.name)
+        shown[m.name] = mine
+        shown[f"{m.name}.champion"] = best
+        if mine is None:
+            failed.append(_why_missing(report, m.name))
+            continue
+        if not isinstance(best, (int, float)):
+            continue  # the champion has no number to compare against
+        worse = (best - mine) if m.is_minimum else (mine - best)
+        if worse > tol:
+            failed.append(
+                f"{m.name}={mine:.4f} is {worse:.4f} worse than the {who} ({best:.4f}); "
+                f"tolerance {tol:g}"
+            )
+    if failed:
+        return GateResult(NO_REGRESSION, False, "; ".join(failed), shown)
+    return GateResult(NO_REGRESSION, True, f"not worse than the {who} beyond {tol:g}", shown)
+
+
+def check_report_complete(report: dict[str, Any] | None) -> GateResult:
+    if report is None:
+        return GateResult(REPORT_COMPLETE, False, "no metrics report (metrics.json) on storage")
+    problems: list[str] = []
+    status = report.get("status") or {}
+    for split in SPLITS:
+        part = report.get(split)
+        if not isinstance(part, dict):
+            problems.append(f"no {split!r} section")
+            continue
+        if "rows" not in part:
+            problems.append(f"{split} has no row count")
+        for metric, value in (part.get("metrics") or {}).items():
+            if value is None and f"{split}.{metric}" not in status:
+                problems.append(f"{split}.{metric} is missing and no status says why")
+    if problems:
+        return GateResult(REPORT_COMPLETE, False, "; ".join(problems), {"problems": problems})
+    missing = {k: v for k, v in status.items() if k.split(".")[0] in SPLITS}
+    summary = (
+        f"complete; {len(missing)} missing metric(s), each with a status"
+        if missing
+        else "complete; every metric computed"
+    )
+    return GateResult(REPORT_COMPLETE, True, summary, {"status": status})
+
+
+def check_manifest(store: BlobStore, model_dir: str) -> GateResult:
+    if not store.exists(join_uri(model_dir, MANIFEST_NAME)):
+        return GateResult(MANIFEST_VERIFIES, False, f"no {MANIFEST_NAME} at {model_dir}")
+    if not is_committed(store, model_dir, checksums=True):
+        return GateResult(
+            MANIFEST_VERIFIES,
+            False,
+            f"a file listed in {model_dir}/{MANIFEST_NAME} is missing or its sha256 differs",
+        )
+    return GateResult(MANIFEST_VERIFIES, True, "every listed file re-read and matches")
+
+
+def read_partition_report(store: BlobStore, model_dir: str) -> dict[str, Any] | None:
+    try:
+        report = json.loads(store.read_bytes(join_uri(model_dir, REPORT_NAME)))
+    except (BlobNotFoundError, ValueError):
+        return None
+    return report if isinstance(report, dict) else None
+
+
+def evaluate(
+    model: Model,
+    store: BlobStore,
+    ds: str,
+    *,
+    champion: dict[str, Any] | None,
+    version: str | None = None,
+) -> dict[str, GateResult]:
+    """Every gate of partition ``ds`` (of ``version``, default the model's)."""
+    model_dir = model_dir_uri(
+        model.model_artifact_base_uri, model.name, version or model.version, ds
+    )
+    report = read_partition_report(store, model_dir)
+    results = {
+        REPORT_COMPLETE: check_report_complete(report),
+        MANIFEST_VERIFIES: check_manifest(store, model_dir),
+    }
+    if report is None:
+        gone = "no metrics report (metrics.json) on storage"
+        results[THRESHOLDS] = GateResult(THRESHOLDS, False, gone)
+        results[NO_REGRESSION] = GateResult(NO_REGRESSION, False, gone)
+    else:
+        results[THRESHOLDS] = check_thresholds(model, report)
+        results[NO_REGRESSION] = check_no_regression(model, report, champion)
+    return {g: results[g] for g in GATES}

@@ -1,0 +1,1 @@
+"""Using trained models: batch scoring tables (``ModelTransforms``) and monitoring."""

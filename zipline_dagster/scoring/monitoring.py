@@ -1,0 +1,214 @@
+"""Monitoring a deployed model: realized metrics once the labels of a scored day exist.
+
+A daily asset per ``ModelTransforms`` with ``labels``: partition ``ds`` joins the scores
+of day ``ds`` to the labels of day ``ds`` and records AUC, logloss, positive rate, mean
+score and row counts as numeric metadata (plotted across partitions in the UI), plus a
+check that warns when the realized AUC is below the model's ``holdout_auc`` threshold or
+more than ``realized_auc_tolerance`` below the holdout AUC of the model partition that
+produced the scores.
+"""
+
+import io
+import json
+import math
+from typing import Any
+
+import dagster as dg
+
+from zipline_dagster.declarations.transforms import ModelTransforms
+from zipline_dagster.lineage.partitions import table_asset_key
+from zipline_dagster.rollout import gates as g
+from zipline_dagster.scoring.assets import scoring_partitions
+from zipline_dagster.storage.blobs import BlobStore
+from zipline_dagster.storage.paths import model_dir_uri
+from zipline_dagster.storage.resources import WarehouseResource
+from zipline_dagster.storage.tables import committed_partitions
+
+REALIZED_CHECK = "realized_auc"
+
+
+class MonitoringError(RuntimeError):
+    """The scores or labels of the day are not there; the message names them."""
+
+
+def monitoring_asset_key(transforms: ModelTransforms) -> dg.AssetKey:
+    ns, name = transforms.table.split(".", 1)
+    return dg.AssetKey(["monitoring", ns, name])
+
+
+def _read(store: BlobStore, warehouse: str, table: str, ds: str, columns: list[str]) -> Any:
+    import pandas as pd
+    import pyarrow.parquet as pq
+
+    files = committed_partitions(store, warehouse, table).get(ds)
+    if files is None:
+        raise MonitoringError(f"{table} partition {ds} is missing (not committed)")
+    frames = [
+        pq.read_table(io.BytesIO(store.read_bytes(f)), columns=columns).to_pandas() for f in files
+    ]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
+
+
+def realized_metrics(
+    scores: Any, labels: Any, keys: list[str], label_column: str
+) -> dict[str, Any]:
+    """The joined rows' AUC, logloss, positive rate and mean score, and the row counts
+    (an AUC needs both classes: ``None`` and a reason otherwise)."""
+    from sklearn.metrics import log_loss, roc_auc_score
+
+    joined = scores.merge(labels[[*keys, label_column]], on=keys, how="inner")
+    y = joined[label_column].astype(int).to_numpy()
+    p = joined["score"].astype(float).to_numpy()
+    out: dict[str, Any] = {
+        "rows_scored": len(scores),
+        "rows_labelled": len(labels),
+        "rows_joined": len(joined),
+        "auc": None,
+        "logloss": None,
+        "positive_rate": None,
+        "mean_score": None,
+        "status": {},
+    }
+    if len(joined) == 0:
+        out["status"]["all"] = "no scored row has a label"
+        return out
+    out["positive_rate"] = float(y.mean())
+    out["mean_score"] = float(p.mean())
+    out["logloss"] = float(log_loss(y, p, labels=[0, 1]))
+    if len(set(y.tolist())) < 2:
+        out["status"]["auc"] = f"the labelled rows have one class (all {int(y[0])})"
+    else:
+        out["auc"] = float(roc_auc_score(y, p))
+    return out
+
+
+def build_monitoring_asset(
+    transforms: ModelTransforms, *, automation_condition: dg.AutomationCondition | None = None
+) -> dg.AssetsDefinition:
+    assert transforms.labels is not None
+    labels_table = transforms.labels.table
+    key = monitoring_asset_key(transforms)
+    model = transforms.model
+    same_day = dg.TimeWindowPartitionMapping(start_offset=0, end_offset=0)
+
+    @dg.asset(
+        key=key,
+        group_name="monitoring",
+        partitions_def=scoring_partitions(transforms),
+        deps=[
+            dg.AssetDep(table_asset_key(transforms.table), partition_mapping=same_day),
+            dg.AssetDep(table_asset_key(labels_table), partition_mapping=same_day),
+        ],
+        kinds={"python"},
+        automation_condition=automation_condition,
+        check_specs=[
+            dg.AssetCheckSpec(
+                REALIZED_CHECK,
+                asset=key,
+                description="Warns when the realized AUC is below the model's holdout_auc "
+                "threshold or drops more than realized_auc_tolerance below the holdout AUC "
+                "of the model partition that scored the day.",
+            )
+        ],
+        description=(
+            f"Realized metrics of {transforms.table} against the labels in {labels_table} "
+            f"(joined on {', '.join(transforms.label_keys)}), per scored day."
+        ),
+    )
+    def _monitor(
+        context: dg.AssetExecutionContext, warehouse: WarehouseResource
+    ) -> dg.MaterializeResult:
+        ds = context.partition_key
+        store = warehouse.store(warehouse.uri)
+        keys = list(transforms.label_keys)
+        try:
+            scores = _read(
+                store,
+                warehouse.uri,
+                transforms.table,
+                ds,
+                [*keys, "score", "model_version", "model_ds"],
+            )
+            labels = _read(store, warehouse.uri, labels_table, ds, [*keys, transforms.label_column])
+        except MonitoringError as exc:
+            raise dg.Failure(f"cannot monitor {transforms.table} {ds}: {exc}") from exc
+        m = realized_metrics(scores, labels, keys, transforms.label_column)
+        md: dict[str, Any] = {
+            f"realized/{k}": dg.MetadataValue.float(float(v))
+            for k, v in m.items()
+            if k not in ("status", "rows_scored", "rows_labelled", "rows_joined") and v is not None
+        }
+        for k in ("rows_scored", "rows_labelled", "rows_joined"):
+            md[k] = dg.MetadataValue.int(int(m[k]))
+        md["status"] = dg.MetadataValue.json(m["status"] or {"all": "every metric computed"})
+        # The model partition(s) that produced the day's scores, and their holdout AUC.
+        used = sorted(
+            {
+                (str(v), str(d))
+                for v, d in zip(scores["model_version"], scores["model_ds"], strict=True)
+            }
+        )
+        holdout: float | None = None
+        if len(used) == 1:
+            version, model_ds = used[0]
+            md["model_version"] = dg.MetadataValue.text(version)
+            md["model_ds"] = dg.MetadataValue.text(model_ds)
+            model_store = warehouse.store(model.model_artifact_base_uri)
+            report = g.read_partition_report(
+                model_store,
+                model_dir_uri(model.model_artifact_base_uri, model.name, version, model_ds),
+            )
+            holdout = g.report_metrics(report or {}).get("holdout_auc")
+            if holdout is not None:
+                md["training/holdout_auc"] = dg.MetadataValue.float(holdout)
+        check = realized_check(transforms, m["auc"], holdout, m["status"].get("auc"))
+        context.log.info(json.dumps({"ds": ds, **{k: v for k, v in m.items() if k != "status"}}))
+        return dg.MaterializeResult(metadata=md, check_results=[check])
+
+    return _monitor
+
+
+def realized_check(
+    transforms: ModelTransforms, auc: float | None, holdout: float | None, why: str | None
+) -> dg.AssetCheckResult:
+    model = transforms.model
+    threshold = next(
+        (m.threshold for m in model.rollout.rollout_metric_thresholds if m.name == "holdout_auc"),
+        None,
+    )
+    tol = transforms.realized_auc_tolerance
+    problems: list[str] = []
+    if auc is None:
+        problems.append(f"no realized AUC ({why or 'no labelled rows'})")
+    else:
+        if threshold is not None and auc < threshold:
+            problems.append(
+                f"realized AUC {auc:.4f} is below the holdout_auc threshold {threshold:g}"
+            )
+        if holdout is not None and holdout - auc > tol:
+            problems.append(
+                f"realized AUC {auc:.4f} is {holdout - auc:.4f} below the training holdout AUC "
+                f"{holdout:.4f} (tolerance {tol:g})"
+            )
+    md: dict[str, Any] = {"tolerance": tol}
+    if auc is not None and math.isfinite(auc):
+        md["realized_auc"] = auc
+    if holdout is not None:
+        md["holdout_auc"] = holdout
+    if threshold is not None:
+        md["threshold"] = threshold
+    summary = (
+        "; ".join(problems)
+        if problems
+        else (f"realized AUC {auc:.4f} holds" if auc is not None else "no AUC")
+    )
+    return dg.AssetCheckResult(
+        check_name=REALIZED_CHECK,
+        passed=not problems,
+        severity=dg.AssetCheckSeverity.WARN,
+        description=summary,
+        metadata={
+            **{k: dg.MetadataValue.float(float(v)) for k, v in md.items()},
+            "summary": dg.MetadataValue.text(summary),
+        },
+    )
