@@ -1,6 +1,7 @@
 """The Dagster UI in a real browser (Debian's chromium driven by Playwright), against
 `dagster dev` on loopback with the demo code location: launch one model partition from
-the UI, wait for it, and check the metadata a user looks at is shown."""
+the UI, wait for it, and check the metadata a user looks at is shown, the partition's
+blocking checks with their numbers, and the champion asset moving to it."""
 
 from __future__ import annotations
 
@@ -144,5 +145,41 @@ def test_launch_partition_from_ui_and_see_metadata(dagster_dev: dict[str, str]) 
             image.wait_for(timeout=10_000)
             assert image.evaluate("img => img.naturalWidth") > 100  # a real picture decoded
             page.screenshot(path=str(SCREENSHOTS / "model_pr_curve.png"))
+
+            # The run ran the partition's blocking checks; the Checks tab shows each one
+            # with the numbers that decided it.
+            page.goto(f"{asset_url}?view=checks")
+            page.get_by_text("rollout_thresholds").first.wait_for(timeout=60_000)
+            body = page.locator("body").inner_text()
+            for check in (
+                "rollout_thresholds",
+                "no_regression_vs_champion",
+                "report_complete",
+                "manifest_verifies",
+            ):
+                assert check in body
+            page.get_by_text("rollout_thresholds").first.click()
+            verdict = f"holdout_auc={auc:.4f} (holdout_auc >= 0.65)"
+            page.get_by_text(verdict).first.wait_for(timeout=30_000)
+            page.screenshot(path=str(SCREENSHOTS / "model_checks.png"), full_page=True)
+            body = page.locator("body").inner_text()
+            assert "This is a blocking asset check" in body and "Passed" in body
+            assert DS in body
+
+            # The champion asset, materialized from the UI, moves to that partition.
+            champion_url = f"{dagster_dev['url']}/assets/champions/listing_ctr_model"
+            page.goto(champion_url)
+            launch = page.get_by_role("button", name="Materialize").first
+            launch.wait_for(timeout=60_000)
+            launch.click()
+            deadline = time.monotonic() + 180
+            while not page.get_by_text("newest partition passing every gate").count():
+                assert time.monotonic() < deadline, "the champion asset did not materialize"
+                page.wait_for_timeout(3000)
+                page.goto(champion_url)
+                page.wait_for_timeout(2000)
+            page.screenshot(path=str(SCREENSHOTS / "champion.png"), full_page=True)
+            ds_row = page.locator("tr", has_text="artifact_uri").first.inner_text()
+            assert "/models/listing_ctr_model/" in ds_row and ds_row.rstrip().endswith(DS)
         finally:
             browser.close()

@@ -94,6 +94,17 @@ class LocalRayHead:
     def _state_file(self) -> Path:
         return self.state_dir / "head.json"
 
+    @property
+    def temp_dir(self) -> Path:
+        """Ray's session folder root for this head (logs, sockets, runtime envs: a pip
+        runtime env clones the environment, about 2 GB). Its own, so ``stop`` removes
+        exactly it; short, because Ray's socket paths must fit in 107 characters."""
+        import hashlib
+        import tempfile
+
+        digest = hashlib.sha256(str(self.state_dir.resolve()).encode()).hexdigest()[:10]
+        return Path(tempfile.gettempdir()) / f"zd-ray-{digest}"
+
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
         try:
@@ -156,6 +167,7 @@ class LocalRayHead:
             f"--dashboard-port={dash_port}",
             f"--ray-client-server-port={_free_port()}",
             f"--dashboard-agent-listen-port={_free_port()}",
+            f"--temp-dir={self.temp_dir}",
             "--disable-usage-stats",
         ]
         if self.num_cpus is not None:
@@ -221,4 +233,9 @@ class LocalRayHead:
             info = self._read()
             self._state_file.unlink(missing_ok=True)
             # A PID reused since (another program, after a reboot) is never signalled.
-            return info is not None and terminate(info.process, group=True, timeout=timeout)
+            stopped = info is not None and terminate(info.process, group=True, timeout=timeout)
+            if stopped or info is None:
+                import shutil
+
+                shutil.rmtree(self.temp_dir, ignore_errors=True)
+            return stopped
