@@ -108,3 +108,22 @@ def test_version_change_requests_the_latest_partition() -> None:
 def test_automation_sensor_is_on_by_default() -> None:
     sensor = code_location.resolve_sensor_def("zipline_automation")
     assert sensor.default_status == dg.DefaultSensorStatus.RUNNING
+
+
+def test_a_trained_model_partition_requests_the_champion() -> None:
+    """The champion asset is re-evaluated by automation after a model partition is
+    materialized (it then decides from storage whether the gates let it move)."""
+    instance = seeded_instance()
+    defs = demo_defs()
+    champion = dg.AssetKey(["champions", "listing_ctr_model"])
+    c = dg.evaluate_automation_conditions(defs=defs, instance=instance, evaluation_time=NOW).cursor
+    quiet = dg.evaluate_automation_conditions(
+        defs=defs, instance=instance, evaluation_time=NOW, cursor=c
+    )
+    assert quiet.total_requested == 0
+    materialize_report(instance, MODEL, ["2026-07-14"], demo.LISTING_CTR_MODEL_VERSION)
+    result = dg.evaluate_automation_conditions(
+        defs=defs, instance=instance, evaluation_time=NOW, cursor=quiet.cursor
+    )
+    assert result.get_num_requested(champion) == 1
+    assert result.total_requested == 1
