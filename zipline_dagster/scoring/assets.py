@@ -16,7 +16,7 @@ import dagster as dg
 
 from zipline_dagster.declarations.transforms import ModelTransforms
 from zipline_dagster.errors import failure
-from zipline_dagster.lineage.partitions import daily_partitions, table_asset_key
+from zipline_dagster.lineage.partitions import daily_partitions, starting_at, table_asset_key
 from zipline_dagster.rollout import champion as ch
 from zipline_dagster.rollout.assets import champion_asset_key, model_asset_key
 from zipline_dagster.storage.blobs import BlobStorageError
@@ -42,14 +42,7 @@ def scoring_partitions(transforms: ModelTransforms) -> dg.TimeWindowPartitionsDe
     """From the day after the model's first trainable partition (day ds needs model ds-1)."""
     model_parts = trainable_partitions(transforms.model, daily_partitions)
     assert isinstance(model_parts, dg.TimeWindowPartitionsDefinition)
-    start = (model_parts.start.date() + dt.timedelta(days=1)).isoformat()
-    return dg.TimeWindowPartitionsDefinition(
-        start=start,
-        fmt=model_parts.fmt,
-        cron_schedule=model_parts.cron_schedule,
-        timezone=model_parts.timezone,
-        end_offset=model_parts.end_offset,
-    )
+    return starting_at(model_parts, (model_parts.start.date() + dt.timedelta(days=1)).isoformat())
 
 
 class ScoringError(RuntimeError):

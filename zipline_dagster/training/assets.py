@@ -4,7 +4,7 @@ import dagster as dg
 
 from zipline_dagster.declarations.model import Model
 from zipline_dagster.errors import failure
-from zipline_dagster.lineage.partitions import daily_partitions, table_asset_key
+from zipline_dagster.lineage.partitions import daily_partitions, starting_at, table_asset_key
 from zipline_dagster.storage.blobs import BlobNotFoundError, BlobStorageError
 from zipline_dagster.storage.paths import join_uri
 from zipline_dagster.storage.resources import WarehouseResource
@@ -38,13 +38,7 @@ def trainable_partitions(
     start = partitions_def.start.date().isoformat()
     if first <= start:
         return partitions_def
-    return dg.TimeWindowPartitionsDefinition(
-        start=first,
-        fmt=partitions_def.fmt,
-        cron_schedule=partitions_def.cron_schedule,
-        timezone=partitions_def.timezone,
-        end_offset=partitions_def.end_offset,
-    )
+    return starting_at(partitions_def, first)
 
 
 def load_archive(model: Model, warehouse: WarehouseResource) -> tuple[bytes, list[str]]:
