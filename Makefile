@@ -53,6 +53,7 @@ dev: $(SYNCED) $(DAGSTER_HOME)/dagster.yaml
 
 bench: $(SYNCED)
 	$(VENV)/bin/pytest tests/bench -m bench -s -p no:cacheprovider $(PYTEST_ARGS)
+	$(VENV)/bin/python -m tests.bench.report
 
 ray-up: $(SYNCED)
 	$(VENV)/bin/zipline-dagster ray up

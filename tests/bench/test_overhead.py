@@ -1,51 +1,57 @@
-"""Orchestration overhead: one model partition through Dagster + a Ray Job on a warm
-cluster, versus the same trainer run directly on the same data, in the same run.
-
-Prints seconds and the ratio for each table size; asserts nothing about time.
-"""
+"""One model partition through Dagster + a Ray Job on a warm cluster, against the same
+trainer run by hand on the same data; and the platform's own share of that partition:
+the step's time before Ray's job starts plus after it ends, from Dagster's step events
+and Ray's own job timestamps."""
 
 from __future__ import annotations
 
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import dagster as dg
 import pytest
 
+from tests.bench.record import Case, Series, record, repeat
 from tests.conftest import TRAINERS
 from tests.helpers import days_ending, write_table
-from tests.training.test_assets import DS, TABLE, make_model, materialize, resources
+from tests.training.test_assets import DS, TABLE, make_model, resources
 from zipline_dagster.training.archive import publish_trainer_archive
+from zipline_dagster.training.assets import build_model_asset
 from zipline_dagster.training.request import build_training_request
 
 pytestmark = [pytest.mark.bench, pytest.mark.ray]
-REPEATS = 3
 
 
-def _direct(argv: list[str]) -> float:
-    t0 = time.perf_counter()
+def direct_run(argv: list[str]) -> None:
     subprocess.run(
         [sys.executable, *argv[1:]],
         cwd=TRAINERS / "listing_ctr_model",
         check=True,
         capture_output=True,
     )
-    return time.perf_counter() - t0
 
 
-@pytest.mark.parametrize(
-    ("rows", "rounds", "repeats"),
-    [(2_000, 20, REPEATS), (100_000, 300, 2), (1_000_000, 450, 1)],
-    ids=["small", "large", "long"],  # long: training itself takes over 60 s
-)
-def test_overhead_vs_direct(
-    ray_head: Any, tmp_path: Path, rows: int, rounds: int, repeats: int
-) -> None:
+def platform_share(instance: dg.DagsterInstance, run_id: str, info: Any) -> tuple[float, float]:
+    """(before the job started, after it ended) in seconds: the step's start and end from
+    Dagster's event log, the job's from Ray (``start_time``/``end_time``, ms)."""
+    stamps = {}
+    for entry in instance.all_logs(run_id):
+        ev = entry.dagster_event
+        if ev is not None and ev.event_type_value in ("STEP_START", "STEP_SUCCESS"):
+            stamps[ev.event_type_value] = entry.timestamp
+    before = info.start_time / 1000.0 - stamps["STEP_START"]
+    after = stamps["STEP_SUCCESS"] - info.end_time / 1000.0
+    return before, after
+
+
+def test_model_partition_overhead(ray_head: Any, tmp_path: Path) -> None:
+    from ray.job_submission import JobSubmissionClient
+
     base = (tmp_path / "wh").as_uri()
-    write_table(base, TABLE, days_ending(DS, 4), rows=rows)
+    write_table(base, TABLE, days_ending(DS, 4), rows=2_000)
     version = publish_trainer_archive(
         TRAINERS / "listing_ctr_model", model_name="listing_ctr_model", base=base
     ).version
@@ -53,30 +59,76 @@ def test_overhead_vs_direct(
         "label-column": "label",
         "eval-days": "1",
         "features": "price_log,inventory_count",
-        "num-rounds": str(rounds),
+        "num-rounds": "20",
     }
     model = make_model(version, base, job_configs=job_configs)
     res = resources(ray_head.dashboard_url, base)
-    if repeats > 1:
-        # warm-up: the cluster caches the archive and the pip env (the long case runs
-        # after the others on the same cluster, already warm)
-        materialize(model, res)
+    res["launcher"] = res["launcher"].model_copy(update={"poll_max_s": 2.0})  # the default
+    asset = build_model_asset(model=model)
+    client = JobSubmissionClient(ray_head.dashboard_url)
+    shares: list[tuple[float, float]] = []
+    jobs: list[float] = []
 
-    platform = []
-    for _ in range(repeats):
+    def one() -> float:
+        instance = dg.DagsterInstance.ephemeral()
         t0 = time.perf_counter()
-        assert materialize(model, res).success
-        platform.append(time.perf_counter() - t0)
+        result = dg.materialize([asset], partition_key=DS, resources=res, instance=instance)
+        wall = time.perf_counter() - t0
+        assert result.success
+        mat = result.get_asset_materialization_events()[0].event_specific_data.materialization  # type: ignore[union-attr]
+        info = client.get_job_info(str(mat.metadata["ray_job_id"].value))
+        shares.append(platform_share(instance, result.run_id, info))
+        jobs.append((info.end_time - info.start_time) / 1000.0)
+        return wall
 
+    one()  # warm-up: the cluster caches the archive and the pip env
+    shares.clear()
+    jobs.clear()
+    platform = repeat(one)
     argv = build_training_request(model, DS, warehouse=base).argv
     argv = [
         a if not a.startswith("--model-dir=") else f"--model-dir={tmp_path / 'direct'}"
         for a in argv
     ]
-    direct = [_direct(argv) for _ in range(repeats)]
+    direct = repeat(lambda: direct_run(argv))
 
-    p, d = statistics.median(platform), statistics.median(direct)
-    print(
-        f"\n[bench overhead/{rows} rows/day x4, {rounds} rounds] direct {d:.2f}s, "
-        f"dagster+ray job {p:.2f}s, overhead {p - d:.2f}s, ratio {p / d:.2f}x (medians of {repeats})"
+    measured = Series("Dagster + Ray Job", platform)
+    baseline = Series("trainer by hand", direct)
+    record(
+        Case(
+            name="one model partition (2k rows/day x 4 days, 20 rounds), warm cluster",
+            baseline=baseline,
+            measured=measured,
+            goal="informational",
+            value=measured.median - baseline.median,
+            value_text=f"+{measured.median - baseline.median:.2f} s over the trainer by hand",
+            met=None,
+            notes=[
+                "Ray's own job (submit to end): "
+                + Series("job", jobs).spread()
+                + "; the difference to the trainer by hand is mostly Ray's job start "
+                "(driver process, runtime env) which the platform does not control."
+            ],
+        )
+    )
+    own = Series("before submit + after end", [b + a for b, a in shares])
+    record(
+        Case(
+            name="platform's own share of a model partition (default settings)",
+            baseline=Series("Ray's job, submit to end", jobs),
+            measured=own,
+            goal="<= 0.5 s",
+            value=own.median,
+            value_text=f"median {own.median:.2f} s",
+            met=own.median <= 0.5,
+            notes=[
+                "before the job started: "
+                + Series("before", [b for b, _ in shares]).spread()
+                + "; after it ended: "
+                + Series("after", [a for _, a in shares]).spread(),
+                "The step learns the job is ending from the driver's last log line (the "
+                "archive's platform driver prints it), then polls status every 50 ms until "
+                "Ray reports it; without that line polls back off to one every 2 s.",
+            ],
+        )
     )

@@ -140,3 +140,29 @@ def test_spark_range_write_killed_mid_write_leaves_every_partition_old(
     assert write_days(new, store, file_base, TABLE, days) == dict.fromkeys(days, 5)
     for ds in days:
         assert set(read_partition(file_base, ds)["version"]) == {3}
+
+
+def test_a_table_is_listed_once_per_run(file_base: str) -> None:
+    """Inside one step (``one_listing_per_table``) every read of a table reuses the first
+    listing; outside it each call lists again and sees new partitions."""
+    from zipline_dagster.storage.blobs import LocalStore
+    from zipline_dagster.storage.tables import one_listing_per_table
+
+    class CountingStore(LocalStore):  # the real local store, counting its listings
+        listings = 0
+
+        def list(self, prefix_uri: str) -> list[str]:
+            CountingStore.listings += 1
+            return super().list(prefix_uri)
+
+    store = CountingStore()
+    frame = pd.DataFrame({"x": [1, 2]})
+    write_partition(file_base, "ns.t", "2026-07-01", frame)
+    with one_listing_per_table():
+        first = committed_partitions(store, file_base, "ns.t")
+        again = committed_partitions(store, file_base, "ns.t")
+        assert again == first and sorted(first) == ["2026-07-01"]
+        assert CountingStore.listings == 1
+    write_partition(file_base, "ns.t", "2026-07-02", frame)
+    assert sorted(committed_partitions(store, file_base, "ns.t")) == ["2026-07-01", "2026-07-02"]
+    assert CountingStore.listings == 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from zipline_dagster.storage.resources import WarehouseResource
 from zipline_dagster.training.archive import publish_trainer_archive
 from zipline_dagster.training.assets import build_model_asset
 from zipline_dagster.training.resources import LocalLauncherResource, RayJobsResource
+from zipline_dagster.training.trainer_io import attempt_flags
 
 DS = "2026-07-10"
 TABLE = "ctr.training_v1"
@@ -165,12 +167,28 @@ def test_materialize_partition_file_warehouse(
         assert md["ray_dashboard"] == f"{launcher}/#/jobs/{job_id}"
         info = ray_client(launcher).get_job_info(job_id)
         assert str(info.status) == "SUCCEEDED"
-        # Exactly the contract's flags reached the trainer.
-        assert info.entrypoint.startswith("python -m trainer.train --input-table=ctr.training_v1 ")
-        assert "--start-ds=2026-07-07 --end-ds=2026-07-10" in info.entrypoint
-        # the trainer writes into its attempt's folder; the platform promotes it
-        assert f"--model-dir={model_dir}/_attempts/{job_id} " in info.entrypoint
-        assert f"--warehouse={file_base}" in info.entrypoint
+        # The archive's platform driver runs `python -m trainer.train` in the job's own
+        # process with exactly the contract's flags, each attempt in its own folder.
+        argv = shlex.split(info.entrypoint)
+        assert argv[:6] == [
+            "python",
+            "-m",
+            "zipline_trainer_io",
+            f"--attempt-id={job_id}",
+            "--module=trainer.train",
+            "--in-process",
+        ]
+        flags = json.loads(argv[6].removeprefix("--partitions="))[DS]
+        assert flags[:4] == [
+            "--input-table=ctr.training_v1",
+            "--start-ds=2026-07-07",
+            "--end-ds=2026-07-10",
+            f"--model-dir={model_dir}",
+        ]
+        assert attempt_flags(flags, job_id)[3] == f"--model-dir={model_dir}/_attempts/{job_id}"
+        assert f"--warehouse={file_base}" in flags
+        logs = ray_client(launcher).get_job_logs(job_id)
+        assert f"attempts/{job_id}" in logs  # the trainer's own log line, streamed live
     else:
         job_id = md["job_id"]
         assert job_id.startswith(job_prefix(launcher, "listing_ctr_model", version))
@@ -339,6 +357,7 @@ CANCEL_SCRIPT = textwrap.dedent(
     import dagster as dg
     from tests.training.test_assets import make_model, resources
     from zipline_dagster.training.assets import build_model_asset
+from zipline_dagster.training.trainer_io import attempt_flags
 
     version, base, address, ds = sys.argv[1:5]
     model = make_model(version, base, name="slow_model", job_configs={"steps": "600"})

@@ -23,6 +23,7 @@ from zipline_dagster.features.spark import (
 from zipline_dagster.lineage.partitions import PARTITIONS_START, daily_partitions, table_asset_key
 from zipline_dagster.storage.paths import table_uri
 from zipline_dagster.storage.resources import WarehouseResource
+from zipline_dagster.storage.tables import one_listing_per_table
 
 # backfill_policy and allow_nonexistent_upstream_partitions are marked beta; we rely on
 # both deliberately and say so once here instead of at every load.
@@ -95,14 +96,15 @@ def build_producer_asset(
             f"{kind} {producer.name}: computing {producer.table} for {days[0]}..{days[-1]} on Spark"
         )
         try:
-            df = compute(
-                spark.spark_session,
-                store,
-                warehouse.uri,
-                producer,
-                days,
-                first_day=PARTITIONS_START,
-            )
+            with one_listing_per_table():  # each upstream table listed once per run
+                df = compute(
+                    spark.spark_session,
+                    store,
+                    warehouse.uri,
+                    producer,
+                    days,
+                    first_day=PARTITIONS_START,
+                )
         except ProducerError as exc:
             raise failure(exc) from None
         counts = write_days(df, store, warehouse.uri, producer.table, days)

@@ -272,10 +272,18 @@ def launch_backfill(
 
 
 def execute_plan_in_process(
-    defs: dg.Definitions, instance: dg.DagsterInstance, plan: Plan, *, log=print
-) -> list[dg.ExecuteInProcessResult]:  # type: ignore[no-untyped-def]
-    """Run the plan here, upstream first: one run per range for single-run assets (Spark
-    starts once), one run per partition for the others (each model partition is a Ray Job).
+    defs: dg.Definitions,
+    instance: dg.DagsterInstance,
+    plan: Plan,
+    *,
+    log=print,  # type: ignore[no-untyped-def]
+    one_at_a_time: bool = False,
+) -> list[dg.ExecuteInProcessResult]:
+    """Run the plan here, upstream first, in the runs a Dagster backfill would launch:
+    each asset's backfill policy sets how many partitions one run covers (a Spark
+    producer's whole range in one run; up to 30 model partitions per run, which train
+    together in one Ray job). ``one_at_a_time`` runs every partition alone instead (the
+    benchmarks' baseline).
     """
     from dagster._core.storage.tags import (
         ASSET_PARTITION_RANGE_END_TAG,
@@ -288,14 +296,19 @@ def execute_plan_in_process(
     results = []
     for key, parts in plan.steps:
         policy = graph.get(key).backfill_policy
-        single = policy is not None and policy.max_partitions_per_run is None
-        batches = [parts] if single else [[p] for p in parts]
-        for batch in _contiguous(batches):
+        size = 1
+        if policy is not None and not one_at_a_time:
+            size = policy.max_partitions_per_run or len(parts)
+        for batch in _contiguous([parts], size):
             log(f"materializing {key.to_user_string()} {_span(batch)}")
-            tags = {
-                ASSET_PARTITION_RANGE_START_TAG: batch[0],
-                ASSET_PARTITION_RANGE_END_TAG: batch[-1],
-            }
+            tags = (
+                {"dagster/partition": batch[0]}
+                if len(batch) == 1
+                else {
+                    ASSET_PARTITION_RANGE_START_TAG: batch[0],
+                    ASSET_PARTITION_RANGE_END_TAG: batch[-1],
+                }
+            )
             result = job.execute_in_process(
                 run_config=quiet,
                 instance=instance,
@@ -315,15 +328,17 @@ def execute_plan_in_process(
     return results
 
 
-def _contiguous(batches: list[list[str]]) -> list[list[str]]:
-    """Split each batch where days are not consecutive (a range run covers a span)."""
+def _contiguous(batches: list[list[str]], size: int) -> list[list[str]]:
+    """Split each batch where days are not consecutive (a range run covers a span) and
+    into runs of at most ``size`` partitions."""
     out: list[list[str]] = []
     for batch in batches:
         cur: list[str] = []
         for p in batch:
-            if cur and dt.date.fromisoformat(p) - dt.date.fromisoformat(cur[-1]) != dt.timedelta(
+            gap = cur and dt.date.fromisoformat(p) - dt.date.fromisoformat(cur[-1]) != dt.timedelta(
                 days=1
-            ):
+            )
+            if cur and (gap or len(cur) >= size):
                 out.append(cur)
                 cur = []
             cur.append(p)

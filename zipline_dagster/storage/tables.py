@@ -12,10 +12,13 @@ writes) is read as all its parquet files.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import datetime as dt
 import json
 import time
 import uuid
+from collections.abc import Iterator
 
 from zipline_dagster.storage.blobs import BlobStore
 from zipline_dagster.storage.paths import join_uri, table_partition_uri, table_uri
@@ -36,9 +39,36 @@ def shift_day(ds: str, days: int) -> str:
     return (dt.date.fromisoformat(ds) + dt.timedelta(days=days)).isoformat()
 
 
+_LISTINGS: contextvars.ContextVar[dict[tuple[str, str], dict[str, list[str]]] | None] = (
+    contextvars.ContextVar("zipline_table_listings", default=None)
+)
+
+
+@contextlib.contextmanager
+def one_listing_per_table() -> Iterator[None]:
+    """Within this block (one step of a run), each table is listed once: later reads of
+    the same table reuse the first listing. For steps that read tables they do not write."""
+    token = _LISTINGS.set({})
+    try:
+        yield
+    finally:
+        _LISTINGS.reset(token)
+
+
 def committed_partitions(store: BlobStore, warehouse: str, table: str) -> dict[str, list[str]]:
     """{ds: URIs of its committed parquet files} for every complete partition, from one
-    listing of the table (plus one read of each partition's marker)."""
+    listing of the table (plus one read of each partition's marker); inside
+    ``one_listing_per_table`` the first listing is reused."""
+    cache = _LISTINGS.get()
+    if cache is not None:
+        key = (warehouse, table)
+        if key not in cache:
+            cache[key] = _list_committed(store, warehouse, table)
+        return cache[key]
+    return _list_committed(store, warehouse, table)
+
+
+def _list_committed(store: BlobStore, warehouse: str, table: str) -> dict[str, list[str]]:
     root = table_uri(warehouse, table)
     parquet: dict[str, list[str]] = {}
     markers: set[str] = set()

@@ -1,5 +1,7 @@
 """Model assets: one daily-partitioned asset per declared ``Model``, trained as a Ray Job."""
 
+from typing import Any
+
 import dagster as dg
 
 from zipline_dagster.declarations.model import Model
@@ -8,6 +10,7 @@ from zipline_dagster.lineage.partitions import daily_partitions, starting_at, ta
 from zipline_dagster.storage.blobs import BlobNotFoundError, BlobStorageError
 from zipline_dagster.storage.paths import join_uri
 from zipline_dagster.storage.resources import WarehouseResource
+from zipline_dagster.storage.tables import existing_partitions
 from zipline_dagster.training.archive import (
     ArchiveVerificationError,
     TrainerArchiveError,
@@ -18,13 +21,19 @@ from zipline_dagster.training.request import (
     ArtifactError,
     TrainingDataError,
     TrainingJobError,
+    TrainingRequest,
+    build_range_request,
     build_training_request,
     check_training_window,
     promote_attempt,
     read_install_requires,
     read_report,
+    traceback_tail,
 )
 from zipline_dagster.training.resources import TrainingLauncher
+
+#: Most model partitions one backfill run trains (on Ray: one job, one task each).
+PARTITIONS_PER_RUN = 30
 
 
 def trainable_partitions(
@@ -63,6 +72,7 @@ def build_model_asset(
     partitions_def: dg.PartitionsDefinition = daily_partitions,
     group_name: str = "models",
     automation_condition: dg.AutomationCondition | None = None,
+    partitions_per_run: int = PARTITIONS_PER_RUN,
 ) -> dg.AssetsDefinition:
     """A daily-partitioned asset whose partition ``ds`` trains ``model`` on Ray.
 
@@ -78,6 +88,9 @@ def build_model_asset(
         key_prefix=["models"],
         group_name=group_name,
         partitions_def=partitions_def,
+        # A backfill hands a run up to this many partitions; on Ray they train together
+        # in one job (``train_range``), each still its own materialization.
+        backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=partitions_per_run),
         code_version=model.version,
         kinds={"ray", "python"},
         deps=[
@@ -109,104 +122,296 @@ def build_model_asset(
     def _model_asset(
         context: dg.AssetExecutionContext, launcher: TrainingLauncher, warehouse: WarehouseResource
     ) -> dg.MaterializeResult:
-        ds = context.partition_key
-        request = build_training_request(model, ds, warehouse=warehouse.uri)
-        artifacts = warehouse.store(request.canonical_dir)
-        try:
-            counts = check_training_window(warehouse.store(request.warehouse), request)
-            archive, requirements = load_archive(model, warehouse)
-        except (
-            TrainingDataError,
-            ArchiveVerificationError,
-            TrainerArchiveError,
-            BlobStorageError,
-        ) as exc:
-            raise failure(exc) from None
-        context.log.info(
-            f"window {request.start_ds}..{request.end_ds}: parquet files per day {counts}"
-        )
-
-        from zipline_dagster.training.launchers.ray_head import RayHeadError
-        from zipline_dagster.training.launchers.ray_job import RayUnreachableError, job_metadata
-
-        try:
-            runner = launcher.runner(context.log)
-            outcome = runner.run(
-                request,
-                archive=archive,
-                requirements=requirements,
-                metadata=job_metadata(
-                    model=model.name,
-                    version=model.version,
-                    ds=ds,
-                    dagster_run_id=context.run.run_id,
-                ),
+        days = list(context.partition_keys)
+        if len(days) == 1:
+            return dg.MaterializeResult(
+                metadata=train_partition(context, model, days[0], launcher, warehouse)
             )
-        except TrainingJobError as exc:
-            raise failure(
-                exc,
-                job_id=exc.job_id or "",
-                trainer_log_tail=dg.MetadataValue.md(f"```\n{exc.logs_tail}\n```"),
-            ) from None
-        except (RayUnreachableError, RayHeadError) as exc:
-            raise failure(exc) from None
-
-        # The attempt succeeded: promote it into {version}/{ds}/ (the earlier finished
-        # model is superseded only now, and the manifest is written last).
-        attempt_id = outcome.model_dir.rstrip("/").rsplit("/", 1)[1]
-        try:
-            promotion = promote_attempt(
-                artifacts,
-                request.canonical_dir,
-                attempt_id,
-                extra={
-                    "model": model.name,
-                    "version": model.version,
-                    "ds": ds,
-                    "window": list(request.days),
-                    "job_id": outcome.job_id,
-                    "launcher": outcome.launcher,
-                    "archive_uri": request.archive_uri,
-                    "dagster_run_id": context.run.run_id,
-                },
-            )
-            report = read_report(artifacts, request.canonical_dir)
-            try:
-                png: bytes | None = artifacts.read_bytes(
-                    join_uri(request.canonical_dir, "pr_curve.png")
-                )
-            except BlobNotFoundError:
-                png = None
-        except (ArtifactError, BlobStorageError) as exc:
-            raise failure(exc) from None
-        if promotion.superseded:
-            context.log.info(
-                f"earlier artifacts of {model.version}/{ds} moved to {promotion.superseded}"
-            )
-        if promotion.already:
-            context.log.info(f"attempt {attempt_id} had already been promoted by another run")
-
-        metadata = {
-            "version": model.version,
-            "archive_uri": request.archive_uri,
-            "artifact_uri": request.canonical_dir,
-            "attempt": attempt_id,
-            "launcher": outcome.launcher,
-            "job_seconds": dg.MetadataValue.float(round(outcome.seconds, 3)),
-            "reattached": outcome.attached,
-            "window": f"{request.start_ds}..{request.end_ds}",
-            "artifact_files": dg.MetadataValue.json(
-                [f["path"] for f in promotion.manifest["files"]]
-            ),
-            **report_metadata(report, pr_curve_png=png),
-        }
-        if outcome.launcher == "ray":
-            metadata["ray_job_id"] = outcome.job_id
-            metadata["ray_dashboard"] = dg.MetadataValue.url(outcome.job_url or "")
-        else:
-            metadata["job_id"] = outcome.job_id
-        if promotion.superseded:
-            metadata["superseded_artifacts"] = promotion.superseded
-        return dg.MaterializeResult(metadata=metadata)
+        return train_range(context, model, days, launcher, warehouse)
 
     return _model_asset
+
+
+def _job_failure(exc: TrainingJobError) -> dg.Failure:
+    return failure(  # type: ignore[return-value]
+        exc,
+        job_id=exc.job_id or "",
+        trainer_log_tail=dg.MetadataValue.md(f"```\n{exc.logs_tail}\n```"),
+    )
+
+
+def prepare(
+    model: Model, ds: str, warehouse: WarehouseResource, *, have: dict[str, int] | None = None
+) -> tuple[TrainingRequest, dict[str, int]]:
+    """The partition's request, after checking its window exists (``have``: the training
+    table's listing, when the caller already holds it)."""
+    request = build_training_request(model, ds, warehouse=warehouse.uri)
+    counts = check_training_window(warehouse.store(request.warehouse), request, have=have)
+    return request, counts
+
+
+def train_partition(
+    context: dg.AssetExecutionContext,
+    model: Model,
+    ds: str,
+    launcher: TrainingLauncher,
+    warehouse: WarehouseResource,
+) -> dict[str, Any]:
+    """Train one partition as its own job and promote it; its materialization metadata."""
+    try:
+        request, counts = prepare(model, ds, warehouse)
+        archive, requirements = load_archive(model, warehouse)
+    except (
+        TrainingDataError,
+        ArchiveVerificationError,
+        TrainerArchiveError,
+        BlobStorageError,
+    ) as exc:
+        raise failure(exc) from None
+    context.log.info(f"window {request.start_ds}..{request.end_ds}: parquet files per day {counts}")
+
+    from zipline_dagster.training.launchers.ray_head import RayHeadError
+    from zipline_dagster.training.launchers.ray_job import RayUnreachableError, job_metadata
+
+    try:
+        runner = launcher.runner(context.log)
+        outcome = runner.run(
+            request,
+            archive=archive,
+            requirements=requirements,
+            metadata=job_metadata(
+                model=model.name,
+                version=model.version,
+                ds=ds,
+                dagster_run_id=context.run.run_id,
+            ),
+        )
+    except TrainingJobError as exc:
+        raise _job_failure(exc) from None
+    except (RayUnreachableError, RayHeadError) as exc:
+        raise failure(exc) from None
+    attempt_id = outcome.model_dir.rstrip("/").rsplit("/", 1)[1]
+    metadata = finish_partition(
+        context,
+        request,
+        attempt_id=attempt_id,
+        job_id=outcome.job_id,
+        launcher=outcome.launcher,
+        seconds=outcome.seconds,
+        attached=outcome.attached,
+    )
+    if outcome.launcher == "ray":
+        metadata["ray_dashboard"] = dg.MetadataValue.url(outcome.job_url or "")
+    return metadata
+
+
+def finish_partition(
+    context: dg.AssetExecutionContext,
+    request: TrainingRequest,
+    *,
+    attempt_id: str,
+    job_id: str,
+    launcher: str,
+    seconds: float,
+    attached: bool,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Promote a successful attempt into ``{version}/{ds}/`` (the earlier finished model
+    is superseded only now, the manifest written last); the partition's metadata.
+
+    Raises:
+        dg.Failure: the attempt's artifacts do not satisfy the contract (named).
+    """
+    model, ds = request.model, request.ds
+    artifacts = context.resources.warehouse.store(request.canonical_dir)
+    try:
+        promotion = promote_attempt(
+            artifacts,
+            request.canonical_dir,
+            attempt_id,
+            extra={
+                "model": model.name,
+                "version": model.version,
+                "ds": ds,
+                "window": list(request.days),
+                "job_id": job_id,
+                "launcher": launcher,
+                "archive_uri": request.archive_uri,
+                "dagster_run_id": context.run.run_id,
+            },
+        )
+        report = read_report(artifacts, request.canonical_dir)
+        try:
+            png: bytes | None = artifacts.read_bytes(
+                join_uri(request.canonical_dir, "pr_curve.png")
+            )
+        except BlobNotFoundError:
+            png = None
+    except (ArtifactError, BlobStorageError) as exc:
+        raise failure(exc) from None
+    if promotion.superseded:
+        context.log.info(
+            f"earlier artifacts of {model.version}/{ds} moved to {promotion.superseded}"
+        )
+    if promotion.already:
+        context.log.info(f"attempt {attempt_id} had already been promoted by another run")
+    metadata: dict[str, Any] = {
+        "version": model.version,
+        "archive_uri": request.archive_uri,
+        "artifact_uri": request.canonical_dir,
+        "attempt": attempt_id,
+        "launcher": launcher,
+        "job_seconds": dg.MetadataValue.float(round(seconds, 3)),
+        "reattached": attached,
+        "window": f"{request.start_ds}..{request.end_ds}",
+        "artifact_files": dg.MetadataValue.json([f["path"] for f in promotion.manifest["files"]]),
+        **(extra or {}),
+        **report_metadata(report, pr_curve_png=png),
+    }
+    metadata["ray_job_id" if launcher == "ray" else "job_id"] = job_id
+    if promotion.superseded:
+        metadata["superseded_artifacts"] = promotion.superseded
+    return metadata
+
+
+def train_range(
+    context: dg.AssetExecutionContext,
+    model: Model,
+    days: list[str],
+    launcher: TrainingLauncher,
+    warehouse: WarehouseResource,
+) -> dg.MaterializeResult:
+    """Train a run's range of partitions, each its own materialization.
+
+    On Ray (a model without Ray Train workers) the partitions train together in one job,
+    one task each, as many at once as the cluster has CPUs for; otherwise one after
+    another. A partition that fails (its window, its trainer, its artifacts) fails only
+    itself: the others are promoted and materialized, then the step fails naming it.
+    """
+    from zipline_dagster.training.resources import RayJobsResource
+
+    done: dict[str, dict[str, Any]] = {}
+    errors: dict[str, str] = {}
+    table_store = warehouse.store(warehouse.uri)
+    try:
+        have = existing_partitions(table_store, warehouse.uri, model.table)
+    except BlobStorageError as exc:
+        raise failure(exc) from None
+    ready: list[TrainingRequest] = []
+    for ds in days:
+        try:
+            ready.append(prepare(model, ds, warehouse, have=have)[0])
+        except TrainingDataError as exc:
+            errors[ds] = str(exc)
+    together = (
+        isinstance(launcher, RayJobsResource)
+        and model.training_conf.resource_config.workers == 0
+        and len(ready) > 1
+    )
+    if together:
+        done.update(_train_in_one_job(context, model, ready, launcher, warehouse, errors))
+    else:
+        for request in ready:
+            try:
+                done[request.ds] = train_partition(context, model, request.ds, launcher, warehouse)
+            except dg.Failure as exc:
+                errors[request.ds] = exc.description or "failed"
+    if not errors:
+        for ds, md in done.items():
+            context.add_asset_metadata(md, partition_key=ds)
+        return dg.MaterializeResult()
+    # Record exactly the partitions that finished, then fail the rest.
+    for ds, md in done.items():
+        context.log_event(
+            dg.AssetMaterialization(
+                asset_key=context.asset_key,
+                partition=ds,
+                metadata=md,
+                tags={"dagster/code_version": model.version},
+            )
+        )
+    lines = "\n".join(f"- {ds}: {why}" for ds, why in sorted(errors.items()))
+    raise dg.Failure(
+        description=(
+            f"{len(errors)} of {len(days)} partitions of {model.name} failed "
+            f"({len(done)} trained and materialized):\n{lines}"
+        ),
+        metadata={
+            "failed_partitions": dg.MetadataValue.json(sorted(errors)),
+            "materialized_partitions": dg.MetadataValue.json(sorted(done)),
+        },
+    )
+
+
+def _train_in_one_job(
+    context: dg.AssetExecutionContext,
+    model: Model,
+    ready: list[TrainingRequest],
+    launcher: TrainingLauncher,
+    warehouse: WarehouseResource,
+    errors: dict[str, str],
+) -> dict[str, dict[str, Any]]:
+    from zipline_dagster.training.launchers.ray_head import RayHeadError
+    from zipline_dagster.training.launchers.ray_job import RayUnreachableError, job_metadata
+    from zipline_dagster.training.trainer_io import partition_results
+
+    try:
+        archive, requirements = load_archive(model, warehouse)
+    except (ArchiveVerificationError, TrainerArchiveError, BlobStorageError) as exc:
+        raise failure(exc) from None
+    job = build_range_request(ready)
+    span = f"{ready[0].ds}_{ready[-1].ds}"
+    context.log.info(
+        f"training {len(ready)} partitions {ready[0].ds}..{ready[-1].ds} in one Ray job, "
+        "one task each"
+    )
+    job_error: TrainingJobError | None = None
+    try:
+        outcome = launcher.runner(context.log).run(
+            job,
+            archive=archive,
+            requirements=requirements,
+            metadata=job_metadata(
+                model=model.name,
+                version=model.version,
+                ds=span,
+                dagster_run_id=context.run.run_id,
+            ),
+        )
+        sid, logs, attached, url = outcome.job_id, outcome.logs, outcome.attached, outcome.job_url
+    except TrainingJobError as exc:
+        job_error = exc
+        sid, logs, attached, url = exc.job_id or "", exc.logs, False, None
+    except (RayUnreachableError, RayHeadError) as exc:
+        raise failure(exc) from None
+    results = partition_results(logs)
+    done: dict[str, dict[str, Any]] = {}
+    for request in ready:
+        result = results.get(request.ds)
+        if result is None:
+            errors[request.ds] = f"Ray job {sid} ended without training it: {job_error}"
+            continue
+        if result["exit_code"] != 0:
+            errors[request.ds] = (
+                f"its trainer exited with {result['exit_code']} in Ray job {sid}:\n"
+                + traceback_tail(result.get("tail", ""))
+            )
+            continue
+        try:
+            md = finish_partition(
+                context,
+                request,
+                attempt_id=sid,
+                job_id=sid,
+                launcher="ray",
+                seconds=float(result["seconds"]),
+                attached=attached,
+                extra={"range": f"{ready[0].ds}..{ready[-1].ds}"},
+            )
+        except dg.Failure as exc:
+            errors[request.ds] = exc.description or "failed"
+            continue
+        if url:
+            md["ray_dashboard"] = dg.MetadataValue.url(url)
+        done[request.ds] = md
+    return done

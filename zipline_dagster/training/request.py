@@ -68,10 +68,14 @@ class TrainingDataError(RuntimeError):
 class TrainingJobError(RuntimeError):
     """The trainer failed, was stopped or timed out; carries the job id and the log tail."""
 
-    def __init__(self, message: str, *, job_id: str | None = None, logs_tail: str = "") -> None:
+    def __init__(
+        self, message: str, *, job_id: str | None = None, logs_tail: str = "", logs: str = ""
+    ) -> None:
         super().__init__(message)
         self.job_id = job_id
         self.logs_tail = logs_tail
+        #: the whole log when it was read (a range job's per-partition results are in it)
+        self.logs = logs
 
 
 @dataclass(frozen=True)
@@ -153,6 +157,9 @@ class TrainingRequest:
     attempt_flag: str = "model-dir"
     #: the stable id of the work (default ``{model}-{version}-{ds}``)
     job_key_override: str = ""
+    #: CPUs the job's driver holds (default: the model's per-replica CPUs, none when it
+    #: has Ray Train workers); a range job's driver only waits on its tasks and holds none
+    driver_cpus: float | None = None
 
     def __post_init__(self) -> None:
         if not self.canonical_dir:
@@ -257,8 +264,46 @@ def build_training_request(model: Model, ds: str, *, warehouse: str) -> Training
     )
 
 
-def check_training_window(store: BlobStore, request: TrainingRequest) -> dict[str, int]:
+def build_range_request(requests: list[TrainingRequest]) -> TrainingRequest:
+    """One Ray job that trains several partitions of one model as parallel tasks.
+
+    Its entrypoint is the archive's ``zipline_trainer_io`` range driver; each partition
+    keeps exactly its single-partition flags (``--model-dir`` pointed at its own attempt
+    folder, named after this job's submission id), so the trainer cannot tell the two
+    apart. The job key covers the range, so a retried step re-attaches to it.
+    """
+    first, last = requests[0], requests[-1]
+    model = first.model
+    spec = json.dumps({r.ds: list(r.flags) for r in requests}, separators=(",", ":"))
+    cpus = model.training_conf.resource_config.cpus_per_replica
+    return TrainingRequest(
+        model=model,
+        ds=first.ds,
+        warehouse=first.warehouse,
+        days=tuple(sorted({d for r in requests for d in r.days})),
+        model_dir=first.model_dir,
+        archive_uri=first.archive_uri,
+        flags=(
+            "--attempt-id=",
+            f"--module={model.training_conf.python_module}",
+            f"--num-cpus={cpus:g}",
+            f"--partitions={spec}",
+        ),
+        env=dict(first.env),
+        module="zipline_trainer_io",
+        attempt_flag="attempt-id",
+        job_key_override=f"{model.name}-{model.version}-{first.ds}_{last.ds}",
+        driver_cpus=0,
+    )
+
+
+def check_training_window(
+    store: BlobStore, request: TrainingRequest, *, have: dict[str, int] | None = None
+) -> dict[str, int]:
     """Fail before anything is submitted when a window partition is missing.
+
+    ``have`` is the table's listing when the caller already has it (a range lists the
+    table once for all its partitions).
 
     Returns:
         {ds: parquet file count} of the window.
@@ -267,7 +312,8 @@ def check_training_window(store: BlobStore, request: TrainingRequest) -> dict[st
         TrainingDataError: names the missing partitions and what the table has.
     """
     table = request.model.table
-    have = existing_partitions(store, request.warehouse, table)
+    if have is None:
+        have = existing_partitions(store, request.warehouse, table)
     missing = [d for d in request.days if d not in have]
     if missing:
         raise TrainingDataError(

@@ -265,3 +265,166 @@ def write_table_file(warehouse: str, table: str, ds: str, write_id: str, frame: 
     buf = io.BytesIO()
     frame.to_parquet(buf, index=False)
     return write_bytes(folder, f"part-{write_id}-00000.parquet", buf.getvalue())
+
+
+# ---------------------------------------------------------------------------------------
+# Many partitions in one Ray job: ``python -m zipline_trainer_io --attempt-id=ID
+# --module=trainer.train --num-cpus=1 --partitions=JSON``. A model backfill submits one
+# such job per range; each partition's trainer runs as one Ray task, in the job's runtime
+# env, on workers that stay warm between partitions. Every partition writes into its own
+# attempt folder and reports one result line, so a failing partition fails only itself.
+
+#: Prefix of the one line per partition the range driver prints (the platform reads them).
+RESULT_PREFIX = "zipline-partition-result "
+#: The driver's last line: the platform stops waiting for Ray's status to catch up.
+DONE_PREFIX = "zipline-partitions-done "
+
+
+class _Tee:
+    """A worker's stdout/stderr, also copied into the current partition's buffer.
+
+    Installed once per worker process and re-pointed per task: a trainer's logging
+    handler (bound to ``sys.stdout`` when first configured) keeps writing here, so the
+    next partition's lines land in the next partition's buffer.
+    """
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.captured: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.captured.append(text)
+        self.real.write(text)  # a worker's stream may return None
+        return len(text)
+
+    def flush(self) -> None:
+        self.real.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+def attempt_flags(flags: list[str], attempt_id: str) -> list[str]:
+    """``--model-dir=X`` becomes ``X/_attempts/{attempt_id}`` (what the platform's
+    single-partition launch does), so the range job's partitions write into attempts."""
+    prefix = "--model-dir="
+    return [
+        f"{prefix}{join(f[len(prefix) :], '_attempts', attempt_id)}" if f.startswith(prefix) else f
+        for f in flags
+    ]
+
+
+def run_partition(module: str, flags: list[str]) -> dict[str, Any]:
+    """Run one partition's trainer (``python -m {module} {flags}``) in this process and
+    return its exit code, seconds and output."""
+    import runpy
+    import sys
+    import time
+    import traceback
+
+    out: list[str] = []
+    tees = []
+    for name in ("stdout", "stderr"):
+        tee = getattr(sys, name)
+        if not isinstance(tee, _Tee):
+            tee = _Tee(tee)
+            setattr(sys, name, tee)
+        tee.captured = out
+        tees.append(tee)
+    saved = sys.argv
+    sys.argv = [module, *flags]
+    started = time.time()
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # the trainer raised: its traceback is its log's tail
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.argv = saved
+        for tee in tees:
+            tee.flush()
+            tee.captured = []
+    return {"exit_code": code, "seconds": round(time.time() - started, 3), "log": "".join(out)}
+
+
+def run_partitions(argv: Any = None) -> int:
+    """The range driver: one Ray task per partition, results as they finish."""
+    import sys
+    import time
+
+    p = argparse.ArgumentParser(prog="python -m zipline_trainer_io", description=__doc__)
+    p.add_argument("--attempt-id", required=True, help="this job's submission id")
+    p.add_argument("--module", required=True, help="the trainer module each partition runs")
+    p.add_argument("--num-cpus", type=float, default=1.0, help="CPUs per partition's task")
+    p.add_argument("--partitions", required=True, help='JSON {"ds": [flags...], ...}')
+    p.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run the one partition in this driver (a single-partition job: the trainer "
+        "is the job's driver, as with `python -m {module}`)",
+    )
+    args = p.parse_args(argv)
+    partitions: dict[str, list[str]] = json.loads(args.partitions)
+    started = time.time()
+    failed = 0
+
+    def report(ds: str, result: dict[str, Any], *, echo: bool) -> None:
+        nonlocal failed
+        log = result.pop("log")
+        if echo:
+            for line in log.splitlines():
+                print(f"[{ds}] {line}")
+        result["ds"] = ds
+        if result["exit_code"] != 0:
+            failed += 1
+            result["tail"] = "\n".join(log.splitlines()[-60:])
+        print(RESULT_PREFIX + json.dumps(result, sort_keys=True), flush=True)
+
+    if args.in_process:
+        for ds, flags in partitions.items():
+            report(
+                ds, run_partition(args.module, attempt_flags(flags, args.attempt_id)), echo=False
+            )
+    else:
+        import ray
+
+        ray.init(log_to_driver=False)  # each partition's output comes back with its result
+        task = ray.remote(num_cpus=args.num_cpus, max_retries=1)(run_partition)
+        pending = {
+            task.remote(args.module, attempt_flags(flags, args.attempt_id)): ds
+            for ds, flags in partitions.items()
+        }
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            ds = pending.pop(done[0])
+            try:
+                result = ray.get(done[0])
+            except Exception as exc:  # the worker died (twice): the partition failed
+                result = {"exit_code": -1, "seconds": 0.0, "log": f"{type(exc).__name__}: {exc}\n"}
+            report(ds, result, echo=True)
+    print(
+        f"{DONE_PREFIX}{len(partitions) - failed} of {len(partitions)} partitions trained in "
+        f"{time.time() - started:.1f}s",
+        flush=True,
+    )
+    sys.stdout.flush()
+    return 1 if failed else 0
+
+
+def partition_results(logs: str) -> dict[str, dict[str, Any]]:
+    """The per-partition result lines of a range job's log, by ds."""
+    out: dict[str, dict[str, Any]] = {}
+    for line in logs.splitlines():
+        if line.startswith(RESULT_PREFIX):
+            result = json.loads(line[len(RESULT_PREFIX) :])
+            out[str(result["ds"])] = result
+    return out
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(run_partitions())

@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import threading
 import time
 import urllib.request
@@ -34,6 +35,7 @@ from zipline_dagster.training.request import (
     TrainingRequest,
     traceback_tail,
 )
+from zipline_dagster.training.trainer_io import DONE_PREFIX
 
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 LIVE = frozenset({"PENDING", "RUNNING"})
@@ -116,6 +118,8 @@ class _LogFollower:
         self._partial = ""  # a line not yet ended
         self._lock = threading.Lock()
         self._done = threading.Event()
+        #: set when the platform's driver printed its last line (the job is ending)
+        self.ended = threading.Event()
         self._loop: Any = None
         self._task: Any = None
         self._thread = threading.Thread(target=self._run, name=f"logs-{submission_id}", daemon=True)
@@ -137,6 +141,8 @@ class _LogFollower:
             lines = (self._partial + new).split("\n")
             self._partial = lines.pop()
             for line in lines:
+                if line.startswith(DONE_PREFIX):
+                    self.ended.set()
                 if line.strip():
                     self.runner.log.info(f"[{self.sid}] {line}")
 
@@ -328,12 +334,38 @@ class RayJobRunner:
             env["pip"] = {"packages": requirements, "pip_check": False}
         return env
 
+    def entrypoint(self, request: TrainingRequest, sid: str, archive: bytes | None) -> str:
+        """The job's command. A training partition runs under the archive's platform
+        driver (``python -m zipline_trainer_io --in-process``: the same trainer command in
+        the same process, plus one last line that tells the step the job is ending), when
+        the archive has it; anything else runs as built."""
+        job = request.for_attempt(sid)
+        if (
+            request.attempt_flag != "model-dir"
+            or request.module == DRIVER_MODULE
+            or not has_platform_driver(archive)
+        ):
+            return job.entrypoint
+        spec = json.dumps({request.ds: list(request.flags)}, separators=(",", ":"))
+        return shlex.join(
+            [
+                "python",
+                "-m",
+                DRIVER_MODULE,
+                f"--attempt-id={sid}",
+                f"--module={request.module or request.model.training_conf.python_module}",
+                "--in-process",
+                f"--partitions={spec}",
+            ]
+        )
+
     def submit_or_attach(
         self,
         request: TrainingRequest,
         *,
         requirements: list[str],
         metadata: dict[str, str],
+        archive: bytes | None = None,
     ) -> tuple[TrainingRequest, bool]:
         """Re-attach to a live job for the same (model, version, ds), else submit one.
 
@@ -350,15 +382,22 @@ class RayJobRunner:
         sid = f"zd-{request.job_key}-{attempt + 1}"
         job = request.for_attempt(sid)
         resources = request.model.training_conf.resource_config
+        entrypoint = self.entrypoint(request, sid, archive)
 
         def submit() -> None:
             self.client().submit_job(
-                entrypoint=job.entrypoint,
+                entrypoint=entrypoint,
                 submission_id=sid,
                 runtime_env=self.runtime_env(job, requirements),
                 metadata=metadata,
                 # A distributed driver holds no CPU its own workers need.
-                entrypoint_num_cpus=resources.cpus_per_replica if resources.workers == 0 else 0,
+                entrypoint_num_cpus=(
+                    job.driver_cpus
+                    if job.driver_cpus is not None
+                    else resources.cpus_per_replica
+                    if resources.workers == 0
+                    else 0
+                ),
             )
 
         try:
@@ -371,7 +410,7 @@ class RayJobRunner:
                 )
                 return job, True
             raise
-        self.log.info(f"submitted Ray job {sid}: {job.entrypoint}")
+        self.log.info(f"submitted Ray job {sid}: {entrypoint}")
         return job, False
 
     # -- follow ------------------------------------------------------------------------
@@ -429,8 +468,13 @@ class RayJobRunner:
                         job_id=sid,
                         logs_tail=traceback_tail(logs),
                     )
-                time.sleep(delay)
-                delay = min(delay * 1.5, self.poll_max_s)
+                if follower.ended.is_set():
+                    # The driver printed its last line: Ray's status follows within
+                    # moments, so look often, briefly, instead of backing off.
+                    time.sleep(0.05)
+                else:
+                    follower.ended.wait(delay)
+                    delay = min(delay * 1.5, self.poll_max_s)
                 status = str(
                     self._call(
                         f"follow job {sid}", lambda: self.client().get_job_status(sid), job=sid
@@ -448,8 +492,13 @@ class RayJobRunner:
             if status not in TERMINAL:
                 self.stop(sid)
             raise
-        full = self._call(
-            f"read the logs of job {sid}", lambda: self.client().get_job_logs(sid), job=sid
+        # Once the driver's last line arrived the stream holds the whole log.
+        full = (
+            None
+            if follower.ended.is_set()
+            else self._call(
+                f"read the logs of job {sid}", lambda: self.client().get_job_logs(sid), job=sid
+            )
         )
         logs = follower.finish(full)
         outcome = JobOutcome(
@@ -480,6 +529,7 @@ class RayJobRunner:
                 + f": {first}\n--- trainer output (tail) ---\n{tail}",
                 job_id=sid,
                 logs_tail=tail,
+                logs=logs,
             )
         return outcome
 
@@ -491,8 +541,29 @@ class RayJobRunner:
         requirements: list[str],
         metadata: dict[str, str],
     ) -> JobOutcome:
-        job, attached = self.submit_or_attach(request, requirements=requirements, metadata=metadata)
+        job, attached = self.submit_or_attach(
+            request, requirements=requirements, metadata=metadata, archive=archive
+        )
         return self.wait(job, attached=attached)
+
+
+DRIVER_MODULE = "zipline_trainer_io"
+
+
+def has_platform_driver(archive: bytes | None) -> bool:
+    """Whether the archive's ``zipline_trainer_io`` has the partitions driver (archives
+    built by an older platform do not; their jobs run the trainer command as it is)."""
+    if archive is None:
+        return False
+    import io
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(io.BytesIO(archive)) as zf:
+            names = [n for n in zf.namelist() if n.endswith("/zipline_trainer_io.py")]
+            return bool(names) and DONE_PREFIX.encode() in zf.read(names[0])
+    except zipfile.BadZipFile:
+        return False
 
 
 def _short(exc: BaseException, limit: int = 200) -> str:
