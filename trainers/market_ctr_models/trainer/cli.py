@@ -34,4 +34,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--task-retries", type=int, default=2, help="retries of a task whose worker died"
     )
+    p.add_argument(
+        "--checkpoint-dir",
+        default="",
+        help="passed by the platform to trainers with Ray workers; unused here (a segment "
+        "that fails is retrained whole, its models are seconds long)",
+    )
     return tio.check_window(p, p.parse_args(argv))

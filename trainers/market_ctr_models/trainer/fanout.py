@@ -7,6 +7,7 @@ is reported with its error, never silently dropped.
 
 from __future__ import annotations
 
+import collections
 import math
 import time
 from collections.abc import Callable, Iterable
@@ -125,30 +126,49 @@ def run_ray(
     max_in_flight: int = 0,
     num_workers: int = 0,
     task_retries: int = 2,
+    warming: list[Any] | None = None,
     log: Callable[[str], None] = print,
 ) -> Iterable[dict[str, Any]]:
+    """Train every segment on Ray tasks, results as they finish.
+
+    ``warming``: the refs of ``start_workers``' warm-up tasks. Until every worker is
+    warm, the driver trains batches itself, and tasks go only to workers that are up,
+    so a cold start is never slower than the serial loop; once all are up the driver
+    only collects.
+    """
     import ray
 
     if not ray.is_initialized():
         ray.init(address="auto", log_to_driver=False)
     cpus = num_workers or max(1, int(ray.available_resources().get("CPU", 1)))
     segments = sorted(data)
-    # a few batches per CPU: big enough to amortise task overhead, small enough to balance
-    size = batch_size or max(1, math.ceil(len(segments) / (cpus * 4)))
-    in_flight_cap = max_in_flight or 2 * cpus
+    # Small batches (about 16 per CPU, at most 100 segments): the driver takes one at a
+    # time while workers start, and the last ones balance across workers.
+    size = batch_size or max(1, min(100, math.ceil(len(segments) / (cpus * 16))))
     remote = ray.remote(num_cpus=1, max_retries=task_retries)(train_batch)
-    pending = batches(segments, size)
+    pending = collections.deque(batches(segments, size))
     running: dict[Any, list[str]] = {}
-    done = 0
+    warm = list(warming or [])
+    workers_up = 0 if warm else cpus
+    done = by_driver = next_log = 0
     t0 = time.monotonic()
     while pending or running:
-        while pending and len(running) < in_flight_cap:
-            batch = pending.pop(0)
+        if warm:
+            up, warm = ray.wait(warm, num_returns=len(warm), timeout=0)
+            workers_up += len(up)
+        cap = max_in_flight or 2 * workers_up  # feed only the workers that are up
+        while pending and len(running) < cap:
+            batch = pending.popleft()
             # each task gets only its batch's arrays (one object each, not the whole table)
             part = ray.put({seg: data[seg] for seg in batch})
             running[remote.remote(batch, part, conf)] = batch
-        ready, _ = ray.wait(list(running), num_returns=1)
-        for ref in ready:
+        driver_helps = bool(pending) and workers_up < cpus
+        finished: list[Any] = []
+        if running:
+            finished, _ = ray.wait(
+                list(running), num_returns=1, timeout=0 if driver_helps else None
+            )
+        for ref in finished:
             batch = running.pop(ref)
             try:
                 results = ray.get(ref)
@@ -159,4 +179,14 @@ def run_ray(
                 ]
             done += len(results)
             yield from results
-        log(f"fan-out: {done}/{len(segments)} segments done in {time.monotonic() - t0:.1f}s")
+        if driver_helps:  # workers still starting: train a batch here meanwhile
+            results = train_batch(pending.popleft(), data, conf)
+            done += len(results)
+            by_driver += len(results)
+            yield from results
+        if (finished or driver_helps) and (done == len(segments) or done >= next_log):
+            next_log = done + max(1, len(segments) // 10)
+            log(
+                f"fan-out: {done}/{len(segments)} segments done in "
+                f"{time.monotonic() - t0:.1f}s ({by_driver} by the driver, {workers_up} workers up)"
+            )

@@ -68,13 +68,13 @@ def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 max_in_flight=args.max_in_flight,
                 num_workers=args.num_workers,
                 task_retries=args.task_retries,
+                warming=warming,
                 log=log.info,
             )
         )
     else:
         results = list(run_serial(segments, conf))
     fanout_seconds = time.monotonic() - t0
-    del warming  # the warm-up tasks' results (pids) are not needed
 
     trained = sorted((r for r in results if "error" not in r), key=lambda r: r["segment"])
     failed = {r["segment"]: r["error"] for r in results if "error" in r}
