@@ -171,21 +171,10 @@ def train_partition(
     context.log.info(f"window {request.start_ds}..{request.end_ds}: parquet files per day {counts}")
 
     from zipline_dagster.training.launchers.ray_head import RayHeadError
-    from zipline_dagster.training.launchers.ray_job import RayUnreachableError, job_metadata
+    from zipline_dagster.training.launchers.ray_job import RayUnreachableError
 
     try:
-        runner = launcher.runner(context.log)
-        outcome = runner.run(
-            request,
-            archive=archive,
-            requirements=requirements,
-            metadata=job_metadata(
-                model=model.name,
-                version=model.version,
-                ds=ds,
-                dagster_run_id=context.run.run_id,
-            ),
-        )
+        outcome = _launch(context, launcher, request, archive, requirements, label=ds)
     except TrainingJobError as exc:
         raise _job_failure(exc) from None
     except (RayUnreachableError, RayHeadError) as exc:
@@ -203,6 +192,29 @@ def train_partition(
     if outcome.launcher == "ray":
         metadata["ray_dashboard"] = dg.MetadataValue.url(outcome.job_url or "")
     return metadata
+
+
+def _launch(
+    context: dg.AssetExecutionContext,
+    launcher: TrainingLauncher,
+    request: TrainingRequest,
+    archive: bytes,
+    requirements: list[str],
+    *,
+    label: str,
+) -> Any:
+    """Run the request's job to its end (``label``: the partition or range it trains)."""
+    from zipline_dagster.training.launchers.ray_job import job_metadata
+
+    model = request.model
+    return launcher.runner(context.log).run(
+        request,
+        archive=archive,
+        requirements=requirements,
+        metadata=job_metadata(
+            model=model.name, version=model.version, ds=label, dagster_run_id=context.run.run_id
+        ),
+    )
 
 
 def finish_partition(
@@ -240,7 +252,7 @@ def finish_partition(
                 "dagster_run_id": context.run.run_id,
             },
         )
-        report = read_report(artifacts, request.canonical_dir)
+        report = promotion.report or read_report(artifacts, request.canonical_dir)
         try:
             png: bytes | None = artifacts.read_bytes(
                 join_uri(request.canonical_dir, "pr_curve.png")
@@ -352,7 +364,7 @@ def _train_in_one_job(
     errors: dict[str, str],
 ) -> dict[str, dict[str, Any]]:
     from zipline_dagster.training.launchers.ray_head import RayHeadError
-    from zipline_dagster.training.launchers.ray_job import RayUnreachableError, job_metadata
+    from zipline_dagster.training.launchers.ray_job import RayUnreachableError
     from zipline_dagster.training.trainer_io import partition_results
 
     try:
@@ -367,17 +379,7 @@ def _train_in_one_job(
     )
     job_error: TrainingJobError | None = None
     try:
-        outcome = launcher.runner(context.log).run(
-            job,
-            archive=archive,
-            requirements=requirements,
-            metadata=job_metadata(
-                model=model.name,
-                version=model.version,
-                ds=span,
-                dagster_run_id=context.run.run_id,
-            ),
-        )
+        outcome = _launch(context, launcher, job, archive, requirements, label=span)
         sid, logs, attached, url = outcome.job_id, outcome.logs, outcome.attached, outcome.job_url
     except TrainingJobError as exc:
         job_error = exc

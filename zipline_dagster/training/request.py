@@ -418,6 +418,8 @@ class Promotion:
     superseded: str | None
     #: True when another run had already promoted this very attempt
     already: bool
+    #: the promoted attempt's report (None when ``already``: read it from the partition)
+    report: dict[str, Any] | None = None
 
 
 def _read_json(store: BlobStore, uri: str) -> dict[str, Any] | None:
@@ -461,7 +463,7 @@ def promote_attempt(
                 f"(found: {[u[len(adir) + 1 :] for u in files] or 'nothing'}); the partition "
                 f"{model_dir} is left as it was"
             )
-        read_report(store, adir)
+        report = read_report(store, adir)
         superseded = supersede_previous(store, model_dir)
         entries = []
         for uri in files:
@@ -483,7 +485,7 @@ def promote_attempt(
         store.write_bytes(join_uri(adir, PROMOTED_NAME), body)
         for uri in files:
             store.delete(uri)
-    return Promotion(manifest=manifest, superseded=superseded, already=False)
+    return Promotion(manifest=manifest, superseded=superseded, already=False, report=report)
 
 
 def read_report(store: BlobStore, model_dir: str) -> dict[str, Any]:
