@@ -25,7 +25,9 @@ pytestmark = [pytest.mark.bench, pytest.mark.ray]
 REPEATS = 3
 
 
-def run_fanout(ray_head: Any, tmp_path: Path, models: int, goal: float, goal_text: str) -> None:
+def run_fanout(
+    ray_head: Any, tmp_path: Path, models: int, goal: float, goal_text: str, *, warm_up: bool
+) -> None:
     from ray.job_submission import JobSubmissionClient
 
     base = (tmp_path / f"wh{models}").as_uri()
@@ -41,7 +43,7 @@ def run_fanout(ray_head: Any, tmp_path: Path, models: int, goal: float, goal_tex
         jc = {
             "segment-column": "market",
             "features": "price,noise",
-            "num-rounds": "20",
+            "num-rounds": "10",
             "executor": executor,
         }
         model = make_model(version, base, name="market_ctr_models", job_configs=jc, replicas=2)
@@ -55,7 +57,8 @@ def run_fanout(ray_head: Any, tmp_path: Path, models: int, goal: float, goal_tex
             "job": (info.end_time - info.start_time) / 1000.0,
         }
 
-    one("ray")  # warm-up: the cluster caches the archive and the pip env (workers stay cold)
+    if warm_up:  # the cluster caches the pip env (per requirement set); workers stay cold
+        one("ray")  # (the backfill cases before this one built it already)
     for _ in range(REPEATS):  # interleaved, so drift hits both alike
         runs["serial"].append(one("serial"))
         runs["ray"].append(one("ray"))
@@ -69,7 +72,7 @@ def run_fanout(ray_head: Any, tmp_path: Path, models: int, goal: float, goal_tex
     fan_r = Series("ray", [r["fanout"] for r in runs["ray"]])
     record(
         Case(
-            name=f"fan-out, {models:,} models x 500 rows, fresh Ray job each (cold workers)",
+            name=f"fan-out, {models:,} models x 500 rows x 10 rounds, fresh Ray job each (cold workers)",
             baseline=serial,
             measured=fanned,
             goal=goal_text,
@@ -88,9 +91,9 @@ def run_fanout(ray_head: Any, tmp_path: Path, models: int, goal: float, goal_tex
     )
 
 
-def test_fanout_10000_models_cold(ray_head: Any, tmp_path: Path) -> None:
-    run_fanout(ray_head, tmp_path, 10_000, 1.8, ">= 1.8x")
-
-
 def test_fanout_1000_models_cold(ray_head: Any, tmp_path: Path) -> None:
-    run_fanout(ray_head, tmp_path, 1_000, 1.0, ">= 1.0x (not slower than the loop)")
+    run_fanout(ray_head, tmp_path, 1_000, 1.0, ">= 1.0x (not slower than the loop)", warm_up=False)
+
+
+def test_fanout_10000_models_cold(ray_head: Any, tmp_path: Path) -> None:
+    run_fanout(ray_head, tmp_path, 10_000, 1.8, ">= 1.8x", warm_up=False)
