@@ -165,3 +165,26 @@ def test_supersede_moves_everything_and_manifest_first(file_base: str) -> None:
     dest2 = supersede_previous(store, d)
     assert dest2 != dest and json.loads(store.read_bytes(f"{dest2}/metrics.json")) == {}
     assert store.exists(f"{dest}/sub/model.bin")
+
+
+def test_only_archives_with_the_range_driver_train_ranges_in_one_job() -> None:
+    """An archive built by an older platform has a ``zipline_trainer_io`` without the
+    driver: its jobs run the plain trainer command and its ranges train one by one."""
+    import io
+    import zipfile
+
+    from tests.conftest import TRAINERS
+    from zipline_dagster.training.archive import build_trainer_archive
+    from zipline_dagster.training.launchers.ray_job import has_platform_driver
+
+    current = build_trainer_archive(TRAINERS / "listing_ctr_model").data
+    assert has_platform_driver(current)
+    old = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(current)) as src, zipfile.ZipFile(old, "w") as dst:
+        for name in src.namelist():
+            data = src.read(name)
+            if name.endswith("/zipline_trainer_io.py"):
+                data = data.split(b"# Many partitions in one Ray job")[0]
+            dst.writestr(name, data)
+    assert not has_platform_driver(old.getvalue())
+    assert not has_platform_driver(b"not a zip") and not has_platform_driver(None)
