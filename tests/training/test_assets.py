@@ -357,7 +357,6 @@ CANCEL_SCRIPT = textwrap.dedent(
     import dagster as dg
     from tests.training.test_assets import make_model, resources
     from zipline_dagster.training.assets import build_model_asset
-from zipline_dagster.training.trainer_io import attempt_flags
 
     version, base, address, ds = sys.argv[1:5]
     model = make_model(version, base, name="slow_model", job_configs={"steps": "600"})
