@@ -30,12 +30,13 @@ from zipline_dagster.storage.paths import (
     table_uri,
 )
 from zipline_dagster.storage.tables import days_between, existing_partitions, format_days, shift_day
+from zipline_dagster.training.trainer_io import ATTEMPTS_DIR, attempt_flags
 
 REPORT_NAME = "metrics.json"
 SUPERSEDED_DIR = "_superseded"
-#: Each training attempt writes into its own folder; only a successful one is promoted
-#: into ``{version}/{ds}/``, so a failed retrain leaves the finished model in place.
-ATTEMPTS_DIR = "_attempts"
+#: Each training attempt writes into its own folder (``trainer_io.ATTEMPTS_DIR``); only a
+#: successful one is promoted into ``{version}/{ds}/``, so a failed retrain leaves the
+#: finished model in place.
 #: Left in an attempt folder once it was promoted (holds the manifest it became).
 PROMOTED_NAME = "_PROMOTED.json"
 #: Held while one run promotes an attempt into the partition folder.
@@ -175,9 +176,7 @@ class TrainingRequest:
             )
             return replace(self, flags=flags, attempt_id=attempt_id)
         adir = attempt_dir(self.canonical_dir, attempt_id)
-        flags = tuple(
-            f"--model-dir={adir}" if f.startswith("--model-dir=") else f for f in self.flags
-        )
+        flags = tuple(attempt_flags(list(self.flags), attempt_id))
         return replace(self, model_dir=adir, flags=flags, attempt_id=attempt_id)
 
     @property

@@ -304,12 +304,18 @@ class _Tee:
         return getattr(self.real, name)
 
 
+#: Each training attempt writes into ``{model-dir}/_attempts/{attempt id}``; the platform
+#: promotes a successful one into ``{model-dir}``.
+ATTEMPTS_DIR = "_attempts"
+
+
 def attempt_flags(flags: list[str], attempt_id: str) -> list[str]:
-    """``--model-dir=X`` becomes ``X/_attempts/{attempt_id}`` (what the platform's
-    single-partition launch does), so the range job's partitions write into attempts."""
+    """``--model-dir=X`` becomes ``X/_attempts/{attempt_id}``: the one place a
+    partition's flags are pointed at an attempt folder (the platform's launches and the
+    range driver both use it)."""
     prefix = "--model-dir="
     return [
-        f"{prefix}{join(f[len(prefix) :], '_attempts', attempt_id)}" if f.startswith(prefix) else f
+        f"{prefix}{join(f[len(prefix) :], ATTEMPTS_DIR, attempt_id)}" if f.startswith(prefix) else f
         for f in flags
     ]
 
