@@ -21,6 +21,7 @@ from tests.training.test_assets import DS, TABLE, make_model, resources
 from zipline_dagster.training.archive import publish_trainer_archive
 from zipline_dagster.training.assets import build_model_asset
 from zipline_dagster.training.request import build_training_request
+from zipline_dagster.training.resources import RayJobsResource
 
 pytestmark = [pytest.mark.bench, pytest.mark.ray]
 
@@ -62,8 +63,8 @@ def test_model_partition_overhead(ray_head: Any, tmp_path: Path) -> None:
         "num-rounds": "20",
     }
     model = make_model(version, base, job_configs=job_configs)
-    res = resources(ray_head.dashboard_url, base)
-    res["launcher"] = res["launcher"].model_copy(update={"poll_max_s": 2.0})  # the default
+    default_poll = RayJobsResource.model_fields["poll_max_s"].default
+    res = resources(ray_head.dashboard_url, base, poll_max_s=default_poll)
     asset = build_model_asset(model=model)
     client = JobSubmissionClient(ray_head.dashboard_url)
     shares: list[tuple[float, float]] = []

@@ -66,14 +66,19 @@ def make_model(
 
 
 def resources(
-    ray_address: str | None, warehouse: str, env: dict[str, str] | None = None
+    ray_address: str | None,
+    warehouse: str,
+    env: dict[str, str] | None = None,
+    **ray_options: Any,
 ) -> dict[str, Any]:
     """Resources for one test; ``ray_address=None`` selects the local launcher. ``env``:
-    the storage servers' environment (their endpoints)."""
+    the storage servers' environment (their endpoints). ``ray_options``: RayJobsResource
+    fields over the tests' defaults (a resource's fields must be set when it is built:
+    Dagster builds the resource again from its config, so ``model_copy`` is lost)."""
     env = env or {}
     s3 = S3Resource(endpoint_url=env.get("AWS_ENDPOINT_URL"), region_name="us-east-1")
     launcher = (
-        RayJobsResource(address=ray_address, poll_max_s=0.5, timeout_s=300)
+        RayJobsResource(address=ray_address, **{"poll_max_s": 0.5, "timeout_s": 300, **ray_options})
         if ray_address
         else LocalLauncherResource(timeout_s=300)
     )

@@ -36,10 +36,9 @@ def run(ray: Any, base: str, version: str, model_dir: str, extra: dict[str, str]
         **extra,
     }
     model = make_model(version, base, job_configs=jc, replicas=2)
-    res = resources(ray.dashboard_url, base)
     # This cluster's nodes run this environment, which has the trainer's requirements:
     # skip building Ray's pip env on both nodes (its caching is tested on one node).
-    res["launcher"] = res["launcher"].model_copy(update={"install_requirements": False})
+    res = resources(ray.dashboard_url, base, install_requirements=False)
     result = materialize(model, res)
     md = {k: v.value for k, v in only_materialization(result).metadata.items()}
     return {
