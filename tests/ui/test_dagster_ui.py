@@ -126,9 +126,9 @@ def test_launch_partition_from_ui_and_see_metadata(dagster_dev: dict[str, str]) 
             deadline = time.monotonic() + 300
             while not page.get_by_text("holdout/auc").count():
                 assert time.monotonic() < deadline, "the launched run did not materialize the model"
-                page.wait_for_timeout(5000)
+                page.wait_for_timeout(2000)
                 page.goto(asset_url)
-                page.wait_for_timeout(3000)
+                page.wait_for_timeout(1500)
             page.screenshot(path=str(SCREENSHOTS / "model_metadata.png"), full_page=True)
 
             body = page.locator("body").inner_text()
@@ -175,9 +175,9 @@ def test_launch_partition_from_ui_and_see_metadata(dagster_dev: dict[str, str]) 
             deadline = time.monotonic() + 180
             while not page.get_by_text("newest partition passing every gate").count():
                 assert time.monotonic() < deadline, "the champion asset did not materialize"
-                page.wait_for_timeout(3000)
+                page.wait_for_timeout(1500)
                 page.goto(champion_url)
-                page.wait_for_timeout(2000)
+                page.wait_for_timeout(1000)
             page.screenshot(path=str(SCREENSHOTS / "champion.png"), full_page=True)
             ds_row = page.locator("tr", has_text="artifact_uri").first.inner_text()
             assert "/models/listing_ctr_model/" in ds_row and ds_row.rstrip().endswith(DS)
