@@ -28,11 +28,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--batch-size", type=int, default=0, help="segments per task (0: auto)")
     p.add_argument(
-        "--num-workers", type=int, default=0, help="parallel task slots (0: the cluster's CPUs)"
+        "--num-workers",
+        type=int,
+        default=0,
+        help="parallel training slots, the driver being one (0: the cluster's free CPUs)",
     )
-    p.add_argument("--max-in-flight", type=int, default=0, help="tasks in flight (0: 2 x workers)")
+    p.add_argument("--max-in-flight", type=int, default=2, help="batches in flight per worker")
     p.add_argument(
-        "--task-retries", type=int, default=2, help="retries of a task whose worker died"
+        "--task-retries", type=int, default=2, help="retries of a batch whose worker died"
     )
     p.add_argument(
         "--checkpoint-dir",

@@ -28,13 +28,22 @@ log = logging.getLogger("trainer")
 
 
 def split_by_segment(data: Any, args: Any, features: list[str]) -> dict[str, dict[str, Any]]:
-    out = {}
-    for seg, frame in data.groupby(args.segment_column, sort=True):
-        out[str(seg)] = {
-            "x": frame[features].to_numpy(dtype="float64"),
-            "y": frame[args.label_column].astype("int64").to_numpy(),
-            "ds": frame[args.partition_column].to_numpy(),
-        }
+    """One dict of arrays per segment, sorted by segment name. Vectorised: the table is
+    converted to arrays once and reordered by segment, and each segment gets slices of
+    those arrays (a per-group pandas loop costs about 0.5 ms per segment: 5 s at 10k)."""
+    import numpy as np
+    import pandas as pd
+
+    codes, names = pd.factorize(data[args.segment_column].astype(str), sort=True)
+    order = np.argsort(codes, kind="stable")
+    x = data[features].to_numpy(dtype="float64")[order]
+    y = data[args.label_column].astype("int64").to_numpy()[order]
+    ds = data[args.partition_column].to_numpy()[order]
+    ends = np.cumsum(np.bincount(codes, minlength=len(names)))
+    out, start = {}, 0
+    for name, end in zip(names, ends.tolist(), strict=True):
+        out[str(name)] = {"x": x[start:end], "y": y[start:end], "ds": ds[start:end]}
+        start = end
     return out
 
 
@@ -45,7 +54,8 @@ def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
     started = time.monotonic()
     use_ray = args.executor == "ray" or (args.executor == "auto" and os.environ.get("RAY_ADDRESS"))
     # Ray's workers start cold in a fresh job: start them now, while the data loads.
-    warming = start_workers(args.num_workers) if use_ray else []
+    # The driver trains too, so it is one of the slots.
+    workers = start_workers(args.num_workers, args.task_retries) if use_ray else []
     window = tio.window_days(args.start_ds, args.end_ds)
     holdout = window[len(window) - args.eval_days :] if args.eval_days else []
     data = tio.read_flags_window(args)
@@ -64,11 +74,10 @@ def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
             run_ray(
                 segments,
                 conf,
+                workers=workers,
                 batch_size=args.batch_size,
                 max_in_flight=args.max_in_flight,
-                num_workers=args.num_workers,
                 task_retries=args.task_retries,
-                warming=warming,
                 log=log.info,
             )
         )
@@ -123,6 +132,8 @@ def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "segments_total": len(segments),
         "segments_trained": len(trained),
         "segments_failed": failed,
+        # how the work was shared: the driver trains between collecting the workers' results
+        "segments_by_driver": sum(1 for r in results if r.get("pid") == os.getpid()),
         "segments": [
             {"segment": r["segment"], **r["metrics"], "status": r["status"]} for r in trained
         ],
