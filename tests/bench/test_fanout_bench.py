@@ -1,5 +1,6 @@
-"""Many small models from a cold start: the fan-out trainer (Ray tasks) against its own
-serial loop, each run as a fresh Ray job (cold workers) on the same data in the same run.
+"""Many small models from a cold start: the fan-out trainer (driver + Ray actor pool)
+against its own serial loop, each run as a fresh Ray job (cold workers) on the same data
+in the same run.
 
 Three measures per run: the trainer's own time from its start (reading and splitting the
 data, during which the Ray workers start and warm up, then training every model), the

@@ -73,6 +73,9 @@ def test_fan_out_trains_every_segment_or_reports_it(launcher: str | None, file_b
     store = blob_store(model_dir)
     report = json.loads(store.read_bytes(f"{model_dir}/metrics.json"))
     assert report["executor"] == ("ray" if launcher else "serial")
+    # the driver trains too (on Ray: between collecting its pool's results)
+    by_driver = report["segments_by_driver"]
+    assert (0 < by_driver <= SEGMENTS + 1) if launcher else by_driver == SEGMENTS + 1
     with zipfile.ZipFile(io.BytesIO(store.read_bytes(f"{model_dir}/segment_models.zip"))) as zf:
         models = {n.removesuffix(".ubj") for n in zf.namelist()}
     assert models | set(report["segments_failed"]) == set(table)
