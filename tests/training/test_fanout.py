@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -80,3 +83,24 @@ def test_fan_out_trains_every_segment_or_reports_it(launcher: str | None, file_b
         models = {n.removesuffix(".ubj") for n in zf.namelist()}
     assert models | set(report["segments_failed"]) == set(table)
     assert not models & set(report["segments_failed"])
+
+
+def test_bad_max_in_flight_is_refused_by_name(tmp_path: Path) -> None:
+    flags = [
+        "--input-table=ctr.training_v1",
+        "--start-ds=2026-07-07",
+        "--end-ds=2026-07-10",
+        f"--model-dir={tmp_path.as_uri()}/model",
+        f"--warehouse={tmp_path.as_uri()}",
+        "--max-in-flight=0",
+    ]
+    res = subprocess.run(
+        [sys.executable, "-m", "trainer.train", *flags],
+        cwd=TRAINERS / "market_ctr_models",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 2
+    assert "--max-in-flight=0 is invalid; expected a whole number >= 1" in res.stderr
+    assert not (tmp_path / "model").exists()  # nothing written

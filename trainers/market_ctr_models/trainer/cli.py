@@ -43,4 +43,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="passed by the platform to trainers with Ray workers; unused here (a segment "
         "that fails is retrained whole, its models are seconds long)",
     )
-    return tio.check_window(p, p.parse_args(argv))
+    args = p.parse_args(argv)
+    if args.max_in_flight < 1:
+        p.error(f"--max-in-flight={args.max_in_flight} is invalid; expected a whole number >= 1")
+    return tio.check_window(p, args)

@@ -1,10 +1,10 @@
-"""Train many small models: the workers start and warm up while the driver loads the
-data, segments are batched into tasks (a few per CPU, not one task per model) and each
-task's batch goes into Ray's object store once, in-flight tasks are bounded, a task whose
-worker dies is retried, and results are collected as they finish. The driver is one of
-the training slots: it trains a batch whenever no result is waiting, so a worker still
-starting costs nothing but its start-up. A segment that fails is reported with its
-error, never silently dropped.
+"""Train many small models: a pool of Ray actors starts and warms up while the driver
+loads the data, segments are batched (a few batches per slot, not one call per model),
+each batch goes into Ray's object store once, batches in flight per worker are bounded,
+a batch whose worker dies is retried, and results are collected as they finish. The
+driver is one of the training slots: it trains a batch whenever no result is waiting, so
+a worker still starting costs nothing but its start-up. A segment that fails is reported
+with its error, never silently dropped.
 """
 
 from __future__ import annotations
