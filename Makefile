@@ -6,6 +6,10 @@ UV := .tools/bin/uv
 VENV := .venv
 SYNCED := $(VENV)/.synced
 export UV_PYTHON_DOWNLOADS := never
+# Compile every module to bytecode at install: this machine's environment sets
+# PYTHONDONTWRITEBYTECODE=1, so without it each Python process (Ray workers, Dagster runs,
+# trainers, the CLI) compiles everything it imports from source (sklearn: 8.7 s vs 3.0 s).
+export UV_COMPILE_BYTECODE := 1
 export UV_PROJECT_ENVIRONMENT := $(VENV)
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 

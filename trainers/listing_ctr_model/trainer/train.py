@@ -126,10 +126,11 @@ def _range(ds_values: list[str]) -> dict[str, str | None]:
 
 
 def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)  # a bad flag is refused before the heavy imports
+
     import numpy as np
     import xgboost as xgb
 
-    args = parse_args(argv)
     t0 = time.monotonic()
     window = tio.window_days(args.start_ds, args.end_ds)
     eval_days = min(args.eval_days, len(window))
