@@ -41,7 +41,16 @@ def test_backfill_materializes_upstream_first_and_skips_fresh(
 ) -> None:
     home = tmp_path / "dagster_home"
     home.mkdir()
-    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    # The runs execute in the CLI's own process, one after another (Dagster's in-memory
+    # launcher): the backfill logic under test is the same, without a process and a Spark
+    # JVM per run. Runs in their own processes (the default launcher) are what the UI test
+    # drives through `dagster dev`.
+    (home / "dagster.yaml").write_text(
+        "telemetry:\n  enabled: false\n"
+        "run_launcher:\n"
+        "  module: dagster._core.launcher.sync_in_memory_run_launcher\n"
+        "  class: SyncInMemoryRunLauncher\n"
+    )
     warehouse = (tmp_path / "warehouse").as_uri()
     env = {
         **os.environ,
