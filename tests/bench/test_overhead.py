@@ -126,9 +126,10 @@ def test_model_partition_overhead(ray_head: Any, tmp_path: Path) -> None:
                 + Series("before", [b for b, _ in shares]).spread()
                 + "; after it ended: "
                 + Series("after", [a for _, a in shares]).spread(),
-                "The step learns the job is ending from the driver's last log line (the "
-                "archive's platform driver prints it), then polls status every 50 ms until "
-                "Ray reports it; without that line polls back off to one every 2 s.",
+                "The step learns the job is ending from the marker file the archive's "
+                "driver writes just before it exits (watched on storage; file:// here) or "
+                "from its last log line, then polls status every 50 ms until Ray reports "
+                "the end; otherwise polls back off to one every 2 s.",
             ],
         )
     )

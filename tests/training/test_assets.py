@@ -192,6 +192,10 @@ def test_materialize_partition_file_warehouse(
         ]
         assert attempt_flags(flags, job_id)[3] == f"--model-dir={model_dir}/_attempts/{job_id}"
         assert f"--warehouse={file_base}" in flags
+        # The driver's end marker (the step watched storage for it), beside the attempt.
+        marker = f"{model_dir}/_attempts/{job_id}.done"
+        assert argv[7:] == [f"--done-uri={marker}"]
+        assert blob_store(marker).read_bytes(marker).startswith(b"zipline-partitions-done 1 of 1")
         logs = ray_client(launcher).get_job_logs(job_id)
         assert f"attempts/{job_id}" in logs  # the trainer's own log line, streamed live
     else:

@@ -188,3 +188,70 @@ def test_only_archives_with_the_range_driver_train_ranges_in_one_job() -> None:
             dst.writestr(name, data)
     assert not has_platform_driver(old.getvalue())
     assert not has_platform_driver(b"not a zip") and not has_platform_driver(None)
+
+
+def test_the_driver_is_told_where_to_write_its_end_marker_when_it_can() -> None:
+    """Current archives' driver gets ``--done-uri`` (single partitions and ranges); one
+    built before it existed is launched without it, as it was."""
+    import io
+    import shlex
+    import zipfile
+
+    from tests.conftest import TRAINERS
+    from zipline_dagster.training.archive import build_trainer_archive
+    from zipline_dagster.training.launchers.ray_job import RayJobRunner, has_done_marker
+    from zipline_dagster.training.request import build_range_request
+
+    current = build_trainer_archive(TRAINERS / "listing_ctr_model").data
+    older = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(current)) as src, zipfile.ZipFile(older, "w") as dst:
+        for name in src.namelist():
+            data = src.read(name)
+            if name.endswith("/zipline_trainer_io.py"):
+                data = data.replace(b'"--done-uri"', b'"--other-flag"')
+            dst.writestr(name, data)
+    assert has_done_marker(current) and not has_done_marker(older.getvalue())
+
+    runner = RayJobRunner(address="http://127.0.0.1:1")  # never contacted
+    model = make_model("a" * 12, "s3://b/wh")
+    one = build_training_request(model, "2026-07-10", warehouse="s3://b/tables")
+    both = build_range_request(
+        [one, build_training_request(model, "2026-07-11", warehouse="s3://b/tables")]
+    )
+    root = f"s3://b/wh/models/listing_ctr_model/{'a' * 12}/2026-07-10/_attempts"
+    for request, sid in ((one, "zd-x-1"), (both, "zd-range-1")):
+        argv = shlex.split(runner.entrypoint(request, sid, current))
+        assert argv[:3] == ["python", "-m", "zipline_trainer_io"]
+        assert f"--done-uri={root}/{sid}.done" in argv
+        assert not any(
+            a.startswith("--done-uri")
+            for a in shlex.split(runner.entrypoint(request, sid, older.getvalue()))
+        )
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("where", ["file", "s3"])
+def test_end_marker_watcher_sees_the_file_appear_and_rides_out_errors(
+    where: str, file_base: str, request: pytest.FixtureRequest
+) -> None:
+    import threading
+
+    from zipline_dagster.training.launchers.ray_job import _DoneWatcher
+
+    base = file_base if where == "file" else request.getfixturevalue("s3_bucket")
+    uri = f"{base}/m/_attempts/zd-x-1.done"
+    seen = threading.Event()
+    watcher = _DoneWatcher(uri, seen)
+    watcher.start()
+    try:
+        assert not seen.wait(1.2)  # nothing there yet: no signal
+        blob_store(base).write_bytes(uri, b"zipline-partitions-done 1 of 1")
+        assert seen.wait(10)
+    finally:
+        watcher.stop()
+    # A bucket that does not exist (or a store that errs) never sets it, nor raises.
+    broken = threading.Event()
+    watcher = _DoneWatcher("s3://no-such-bucket-zd/x.done", broken)
+    watcher.start()
+    assert not broken.wait(1.2)
+    watcher.stop()

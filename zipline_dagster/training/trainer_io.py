@@ -367,6 +367,12 @@ def run_partitions(argv: Any = None) -> int:
     p.add_argument("--num-cpus", type=float, default=1.0, help="CPUs per partition's task")
     p.add_argument("--partitions", required=True, help='JSON {"ds": [flags...], ...}')
     p.add_argument(
+        "--done-uri",
+        default="",
+        help="a file this driver writes just before its last line: the platform watches "
+        "storage for it to learn the job is ending sooner than the log stream says so",
+    )
+    p.add_argument(
         "--in-process",
         action="store_true",
         help="run the one partition in this driver (a single-partition job: the trainer "
@@ -411,11 +417,17 @@ def run_partitions(argv: Any = None) -> int:
             except Exception as exc:  # the worker died (twice): the partition failed
                 result = {"exit_code": -1, "seconds": 0.0, "log": f"{type(exc).__name__}: {exc}\n"}
             report(ds, result, echo=True)
-    print(
+    last_line = (
         f"{DONE_PREFIX}{len(partitions) - failed} of {len(partitions)} partitions trained in "
-        f"{time.time() - started:.1f}s",
-        flush=True,
+        f"{time.time() - started:.1f}s"
     )
+    if args.done_uri:
+        directory, _, name = args.done_uri.rpartition("/")
+        try:
+            write_bytes(directory, name, last_line.encode())
+        except Exception as exc:  # only a signal: the last line below says the same
+            print(f"could not write {args.done_uri}: {type(exc).__name__}: {exc}", flush=True)
+    print(last_line, flush=True)
     sys.stdout.flush()
     return 1 if failed else 0
 

@@ -6,6 +6,11 @@ Plain library code (no Dagster): the Dagster resource in ``resources.py`` wraps 
   restarted step re-attaches to a live job for the same (model, version, ds) instead of
   starting a second one.
 * The job's logs are forwarded line by line while it runs.
+* The step learns a job is ending from the first of: a marker file the archive's driver
+  writes just before it exits (``_attempts/{submission id}.done``, watched on storage),
+  the driver's last log line, or a status poll (backing off to ``poll_max_s``). Only
+  after one of those does it poll Ray's status every 50 ms, for the moment until Ray
+  records the end, so the dashboard sees few requests.
 * An interrupt (run cancelled, even twice) or the timeout (from the job's own start)
   stops the Ray job before the step ends; nothing else does: transient dashboard errors
   are retried for a tolerance while the job keeps running.
@@ -35,7 +40,7 @@ from zipline_dagster.training.request import (
     TrainingRequest,
     traceback_tail,
 )
-from zipline_dagster.training.trainer_io import DONE_PREFIX
+from zipline_dagster.training.trainer_io import ATTEMPTS_DIR, DONE_PREFIX, join
 
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 LIVE = frozenset({"PENDING", "RUNNING"})
@@ -120,6 +125,8 @@ class _LogFollower:
         self._done = threading.Event()
         #: set when the platform's driver printed its last line (the job is ending)
         self.ended = threading.Event()
+        #: set by that line or by the driver's marker file appearing on storage
+        self.ending = threading.Event()
         self._loop: Any = None
         self._task: Any = None
         self._thread = threading.Thread(target=self._run, name=f"logs-{submission_id}", daemon=True)
@@ -143,6 +150,7 @@ class _LogFollower:
             for line in lines:
                 if line.startswith(DONE_PREFIX):
                     self.ended.set()
+                    self.ending.set()
                 if line.strip():
                     self.runner.log.info(f"[{self.sid}] {line}")
 
@@ -186,6 +194,48 @@ class _LogFollower:
             with contextlib.suppress(RuntimeError):  # the loop already closed
                 loop.call_soon_threadsafe(task.cancel)
         return "".join(self.text)
+
+
+def done_marker(request: TrainingRequest, submission_id: str) -> str:
+    """Where the archive's driver writes its marker just before it exits."""
+    return join(request.canonical_dir, ATTEMPTS_DIR, f"{submission_id}.done")
+
+
+class _DoneWatcher:
+    """Sets ``event`` once the driver's marker file exists.
+
+    Cheap where it is: a local ``stat`` every 50 ms on ``file://``; one HEAD request every
+    0.5 s on an object store. Storage errors are ignored (the log line and the status
+    polls still end the wait): the watcher only ever makes the step learn sooner.
+    """
+
+    def __init__(self, uri: str, event: threading.Event) -> None:
+        self.uri = uri
+        self.event = event
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="done-watcher", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        from zipline_dagster.storage.blobs import blob_store
+
+        interval = 0.05 if self.uri.startswith("file://") else 0.5
+        store = None
+        while not self._stop.is_set() and not self.event.is_set():
+            try:
+                store = store or blob_store(self.uri)
+                seen = store.exists(self.uri)
+            except Exception:
+                seen = False
+            if seen:
+                self.event.set()
+                return
+            self._stop.wait(interval)
 
 
 class RayJobRunner:
@@ -340,11 +390,10 @@ class RayJobRunner:
         the same process, plus one last line that tells the step the job is ending), when
         the archive has it; anything else runs as built."""
         job = request.for_attempt(sid)
-        if (
-            request.attempt_flag != "model-dir"
-            or request.module == DRIVER_MODULE
-            or not has_platform_driver(archive)
-        ):
+        marker = [f"--done-uri={done_marker(request, sid)}"] if has_done_marker(archive) else []
+        if request.module == DRIVER_MODULE:  # a range job: the driver is the entrypoint
+            return shlex.join([*job.argv, *marker])
+        if request.attempt_flag != "model-dir" or not has_platform_driver(archive):
             return job.entrypoint
         spec = json.dumps({request.ds: list(request.flags)}, separators=(",", ":"))
         return shlex.join(
@@ -356,6 +405,7 @@ class RayJobRunner:
                 f"--module={request.module or request.model.training_conf.python_module}",
                 "--in-process",
                 f"--partitions={spec}",
+                *marker,
             ]
         )
 
@@ -451,6 +501,8 @@ class RayJobRunner:
         assert sid is not None
         follower = _LogFollower(self, sid)
         follower.start()
+        watcher = _DoneWatcher(done_marker(job, sid), follower.ending)
+        watcher.start()
         started = time.monotonic()
         info = self._call(f"follow job {sid}", lambda: self.client().get_job_info(sid), job=sid)
         # The job's own clock: a re-attached step does not restart the timeout.
@@ -468,12 +520,12 @@ class RayJobRunner:
                         job_id=sid,
                         logs_tail=traceback_tail(logs),
                     )
-                if follower.ended.is_set():
-                    # The driver printed its last line: Ray's status follows within
-                    # moments, so look often, briefly, instead of backing off.
+                if follower.ending.is_set():
+                    # The driver wrote its marker or printed its last line: Ray's status
+                    # follows within moments, so look often, briefly, not backing off.
                     time.sleep(0.05)
                 else:
-                    follower.ended.wait(delay)
+                    follower.ending.wait(delay)
                     delay = min(delay * 1.5, self.poll_max_s)
                 status = str(
                     self._call(
@@ -492,6 +544,8 @@ class RayJobRunner:
             if status not in TERMINAL:
                 self.stop(sid)
             raise
+        finally:
+            watcher.stop()
         # Once the driver's last line arrived the stream holds the whole log.
         full = (
             None
@@ -550,20 +604,30 @@ class RayJobRunner:
 DRIVER_MODULE = "zipline_trainer_io"
 
 
-def has_platform_driver(archive: bytes | None) -> bool:
-    """Whether the archive's ``zipline_trainer_io`` has the partitions driver (archives
-    built by an older platform do not; their jobs run the trainer command as it is)."""
+def _driver_source(archive: bytes | None) -> bytes:
+    """The archive's ``zipline_trainer_io`` source (empty when it has none)."""
     if archive is None:
-        return False
+        return b""
     import io
     import zipfile
 
     try:
         with zipfile.ZipFile(io.BytesIO(archive)) as zf:
             names = [n for n in zf.namelist() if n.endswith("/zipline_trainer_io.py")]
-            return bool(names) and DONE_PREFIX.encode() in zf.read(names[0])
+            return zf.read(names[0]) if names else b""
     except zipfile.BadZipFile:
-        return False
+        return b""
+
+
+def has_done_marker(archive: bytes | None) -> bool:
+    """Whether the archive's driver takes ``--done-uri`` (older builds do not)."""
+    return b'"--done-uri"' in _driver_source(archive)
+
+
+def has_platform_driver(archive: bytes | None) -> bool:
+    """Whether the archive's ``zipline_trainer_io`` has the partitions driver (archives
+    built by an older platform do not; their jobs run the trainer command as it is)."""
+    return DONE_PREFIX.encode() in _driver_source(archive)
 
 
 def _short(exc: BaseException, limit: int = 200) -> str:
