@@ -45,6 +45,8 @@ from zipline_dagster.training.trainer_io import ATTEMPTS_DIR, DONE_PREFIX, join
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 LIVE = frozenset({"PENDING", "RUNNING"})
 _MAX_ATTEMPT_PROBE = 1000
+#: how long after the driver's end signal the step polls Ray's status every 50 ms
+TIGHT_POLL_S = 5.0
 
 
 class RayJobError(TrainingJobError):
@@ -387,8 +389,8 @@ class RayJobRunner:
     def entrypoint(self, request: TrainingRequest, sid: str, archive: bytes | None) -> str:
         """The job's command. A training partition runs under the archive's platform
         driver (``python -m zipline_trainer_io --in-process``: the same trainer command in
-        the same process, plus one last line that tells the step the job is ending), when
-        the archive has it; anything else runs as built."""
+        the same process, plus a marker file and one last line that tell the step the job
+        is ending), when the archive has it; anything else runs as built."""
         job = request.for_attempt(sid)
         marker = [f"--done-uri={done_marker(request, sid)}"] if has_done_marker(archive) else []
         if request.module == DRIVER_MODULE:  # a range job: the driver is the entrypoint
@@ -508,6 +510,7 @@ class RayJobRunner:
         # The job's own clock: a re-attached step does not restart the timeout.
         job_start = (info.start_time / 1000.0) if info.start_time else time.time()
         delay = 0.2
+        ending_since: float | None = None
         status = str(info.status)
         try:
             while status not in TERMINAL:
@@ -520,9 +523,12 @@ class RayJobRunner:
                         job_id=sid,
                         logs_tail=traceback_tail(logs),
                     )
-                if follower.ending.is_set():
+                if follower.ending.is_set() and ending_since is None:
+                    ending_since = time.monotonic()
+                if ending_since is not None and time.monotonic() - ending_since < TIGHT_POLL_S:
                     # The driver wrote its marker or printed its last line: Ray's status
-                    # follows within moments, so look often, briefly, not backing off.
+                    # follows within moments, so look often, briefly, not backing off (a
+                    # driver that hangs on its way out gets the usual polls after that).
                     time.sleep(0.05)
                 else:
                     follower.ending.wait(delay)
