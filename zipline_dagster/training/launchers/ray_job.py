@@ -38,9 +38,10 @@ from zipline_dagster.training.request import (
     JobOutcome,
     TrainingJobError,
     TrainingRequest,
+    attempt_dir,
     traceback_tail,
 )
-from zipline_dagster.training.trainer_io import ATTEMPTS_DIR, DONE_PREFIX, join
+from zipline_dagster.training.trainer_io import DONE_PREFIX
 
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 LIVE = frozenset({"PENDING", "RUNNING"})
@@ -200,7 +201,7 @@ class _LogFollower:
 
 def done_marker(request: TrainingRequest, submission_id: str) -> str:
     """Where the archive's driver writes its marker just before it exits."""
-    return join(request.canonical_dir, ATTEMPTS_DIR, f"{submission_id}.done")
+    return attempt_dir(request.canonical_dir, submission_id) + ".done"
 
 
 class _DoneWatcher:
