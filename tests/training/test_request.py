@@ -249,7 +249,9 @@ def test_end_marker_watcher_sees_the_file_appear_and_rides_out_errors(
         assert seen.wait(10)
     finally:
         watcher.stop()
-    # A bucket that does not exist (or a store that errs) never sets it, nor raises.
+    if where != "s3":
+        return
+    # A bucket that does not exist on the S3 server never sets it, nor raises.
     broken = threading.Event()
     watcher = _DoneWatcher("s3://no-such-bucket-zd/x.done", broken)
     watcher.start()

@@ -24,9 +24,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--executor",
         choices=["auto", "ray", "serial"],
         default="auto",
-        help="auto: Ray tasks when running on a Ray cluster, else a serial loop",
+        help="auto: the driver and a Ray actor pool when running on a Ray cluster, else a "
+        "serial loop",
     )
-    p.add_argument("--batch-size", type=int, default=0, help="segments per task (0: auto)")
+    p.add_argument("--batch-size", type=int, default=0, help="segments per batch (0: auto)")
     p.add_argument(
         "--num-workers",
         type=int,
