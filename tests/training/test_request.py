@@ -257,3 +257,25 @@ def test_end_marker_watcher_sees_the_file_appear_and_rides_out_errors(
     watcher.start()
     assert not broken.wait(1.2)
     watcher.stop()
+
+
+def test_jobs_with_a_pip_env_may_write_bytecode_into_it() -> None:
+    """Ray's pip env is a copy of the cluster's environment without .pyc files: its jobs
+    are allowed to write them there (PYTHONDONTWRITEBYTECODE empty), so only the first
+    process compiles; jobs without a pip env leave the cluster's setting alone, and a
+    model's own env wins."""
+    from dataclasses import replace
+
+    from zipline_dagster.training.launchers.ray_job import RayJobRunner
+
+    model = make_model("a" * 12, "s3://b/wh")
+    request = build_training_request(model, "2026-07-10", warehouse="s3://b/tables")
+    runner = RayJobRunner(address="http://127.0.0.1:1")  # never contacted
+    env = runner.runtime_env(request, ["xgboost-cpu==3.2.0"])
+    assert env["pip"]["packages"] == ["xgboost-cpu==3.2.0"]
+    assert env["env_vars"]["PYTHONDONTWRITEBYTECODE"] == ""
+    assert "PYTHONDONTWRITEBYTECODE" not in runner.runtime_env(request, [])["env_vars"]
+    no_install = RayJobRunner(address="http://127.0.0.1:1", install_requirements=False)
+    assert "PYTHONDONTWRITEBYTECODE" not in no_install.runtime_env(request, ["x"])["env_vars"]
+    own = replace(request, env={"PYTHONDONTWRITEBYTECODE": "1"})
+    assert runner.runtime_env(own, ["x"])["env_vars"]["PYTHONDONTWRITEBYTECODE"] == "1"
