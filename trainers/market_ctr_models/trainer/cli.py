@@ -27,6 +27,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="auto: the driver and a Ray actor pool when running on a Ray cluster, else a "
         "serial loop",
     )
+    p.add_argument(
+        "--min-pool-seconds",
+        type=float,
+        default=10.0,
+        help="start the Ray workers only when the driver alone would need longer than this "
+        "for the segments left after a first timed batch (a cold worker takes seconds to "
+        "start); 0: always",
+    )
     p.add_argument("--batch-size", type=int, default=0, help="segments per batch (0: auto)")
     p.add_argument(
         "--num-workers",
@@ -45,6 +53,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "that fails is retrained whole, its models are seconds long)",
     )
     args = p.parse_args(argv)
+    if not args.min_pool_seconds >= 0:  # also refuses nan
+        p.error(f"--min-pool-seconds={args.min_pool_seconds} is invalid; expected seconds >= 0")
     if args.max_in_flight < 1:
         p.error(f"--max-in-flight={args.max_in_flight} is invalid; expected a whole number >= 1")
     return tio.check_window(p, args)

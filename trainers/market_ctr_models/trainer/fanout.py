@@ -1,24 +1,47 @@
 """Train many small models: a pool of Ray actors starts and warms up while the driver
-loads the data, segments are batched (a few batches per slot, not one call per model),
-each batch goes into Ray's object store once, batches in flight per worker are bounded,
-a batch whose worker dies is retried, and results are collected as they finish. The
-driver is one of the training slots: it trains a batch whenever no result is waiting, so
-a worker still starting costs nothing but its start-up. A segment that fails is reported
-with its error, never silently dropped.
+loads the data (connecting to Ray happens in a background thread, so the driver never
+waits for it), segments are batched (a few batches per slot, not one call per model,
+smaller towards the end so every slot finishes together), each batch goes into Ray's
+object store once, batches in flight per worker are bounded, a batch whose worker dies is
+retried, and results are collected as they finish. The driver is one of the training
+slots: it trains a batch between collecting results, so a worker still starting costs
+nothing but its start-up. A segment that fails is reported with its error, never
+silently dropped.
 """
 
 from __future__ import annotations
 
 import collections
 import math
+import signal
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 
+def import_xgboost() -> Any:
+    """xgboost, imported without scikit-learn. xgboost imports scikit-learn whenever it is
+    installed, for its sklearn-style API that this trainer does not use: about 3 s of CPU
+    in every process that trains (the driver and each worker). Hiding it for the import
+    leaves that API off; scikit-learn itself still imports afterwards."""
+    if "xgboost" in sys.modules or "sklearn" in sys.modules:
+        import xgboost
+
+        return xgboost
+    sys.modules["sklearn"] = None  # type: ignore[assignment]  # import sklearn -> ImportError
+    try:
+        import xgboost
+    finally:
+        del sys.modules["sklearn"]
+    return xgboost
+
+
 def train_segment(seg: str, arrays: dict[str, Any], conf: dict[str, Any]) -> dict[str, Any]:
     import numpy as np
-    import xgboost as xgb
+
+    xgb = import_xgboost()
 
     x, y, ds = arrays["x"], arrays["y"], arrays["ds"]
     hold = np.isin(ds, conf["holdout_days"])
@@ -100,8 +123,8 @@ def warm_worker() -> int:
     import os
 
     import numpy as np
-    import xgboost as xgb
 
+    xgb = import_xgboost()
     x = np.arange(8, dtype="float64").reshape(4, 2)
     xgb.train({"nthread": 1, "max_depth": 1}, xgb.DMatrix(x, label=[0, 1, 0, 1], nthread=1), 1)
     return os.getpid()
@@ -133,12 +156,11 @@ def cluster_cpus() -> int:
 
 
 def start_workers(slots: int = 0, task_retries: int = 2) -> list[Any]:
-    """Start the pool's workers now (call before loading the data: they start and import
-    while the driver reads). The driver trains too, so it is one of the ``slots`` (0: the
-    cluster's free CPUs) and ``slots - 1`` workers start, each a Ray actor holding one CPU,
-    so exactly that many processes train (tasks would let Ray start one more process per
-    free CPU for a queued task). A worker that dies is restarted and its batch retried,
-    up to ``task_retries`` times. Returns the workers."""
+    """Start the pool's workers now. The driver trains too, so it is one of the ``slots``
+    (0: the cluster's free CPUs) and ``slots - 1`` workers start, each a Ray actor holding
+    one CPU, so exactly that many processes train (tasks would let Ray start one more
+    process per free CPU for a queued task). A worker that dies is restarted and its batch
+    retried, up to ``task_retries`` times. Returns the workers (perhaps still starting)."""
     import ray
 
     workers = (slots or cluster_cpus()) - 1
@@ -148,8 +170,62 @@ def start_workers(slots: int = 0, task_retries: int = 2) -> list[Any]:
     return [cls.remote() for _ in range(workers)]
 
 
-def batches(segments: list[str], size: int) -> list[list[str]]:
-    return [segments[i : i + size] for i in range(0, len(segments), size)]
+class _NoMainThreadWarning:
+    """Drops Ray's warning that ``ray.init`` outside the main thread sets no SIGTERM
+    handler: ``PoolStart`` sets Ray's handler on the main thread itself."""
+
+    def filter(self, record: Any) -> bool:
+        return "SIGTERM handler is not set" not in record.getMessage()
+
+
+class PoolStart:
+    """The pool's start in a background thread: importing Ray and connecting to the
+    cluster take most of a second, which the driver spends reading the data instead.
+    The workers themselves are asked for once ``decide(True)`` says they are worth their
+    start-up; ``decide(False)`` leaves the pool empty. Call it before loading the data."""
+
+    def __init__(self, slots: int = 0, task_retries: int = 2) -> None:
+        import logging
+
+        ray = sys.modules.get("ray")
+        connected = ray is not None and ray.is_initialized()  # e.g. inside a Ray task
+        if not connected and threading.current_thread() is threading.main_thread():
+            # Ray's own driver handler (exit on SIGTERM, so a stopped job unwinds), which
+            # ray.init sets only when called from the main thread.
+            signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))
+            logging.getLogger("ray._private.worker").addFilter(_NoMainThreadWarning())
+        self.workers: list[Any] | None = None
+        self.error: BaseException | None = None
+        self._go = threading.Event()
+        self._wanted = False
+        self._thread = threading.Thread(
+            target=self._start, args=(slots, task_retries), name="fan-out pool start"
+        )
+        self._thread.start()
+
+    def _start(self, slots: int, task_retries: int) -> None:
+        try:
+            cpus = slots or cluster_cpus()  # imports Ray and connects
+            self._go.wait()
+            self.workers = start_workers(cpus, task_retries) if self._wanted else []
+        except BaseException as exc:  # raised on the driver by poll()
+            self.error = exc
+
+    def decide(self, start: bool) -> None:
+        self._wanted = start
+        self._go.set()
+
+    def poll(self, wait: bool = False) -> list[Any] | None:
+        """The workers once they have been asked for (None until then, unless ``wait``);
+        raises what stopped the start."""
+        if wait:
+            self._go.set()
+            self._thread.join()
+        if self._thread.is_alive():
+            return None
+        if self.error is not None:
+            raise RuntimeError(f"could not start the Ray worker pool: {self.error}") from self.error
+        return self.workers or []
 
 
 def run_serial(data: dict[str, dict[str, Any]], conf: dict[str, Any]) -> Iterable[dict[str, Any]]:
@@ -160,7 +236,8 @@ def run_ray(
     data: dict[str, dict[str, Any]],
     conf: dict[str, Any],
     *,
-    workers: list[Any],
+    pool: PoolStart,
+    min_pool_seconds: float = 10.0,
     batch_size: int = 0,
     max_in_flight: int = 2,
     task_retries: int = 2,
@@ -168,65 +245,107 @@ def run_ray(
 ) -> Iterable[dict[str, Any]]:
     """Train every segment on the driver and on the pool's workers, results as they finish.
 
-    ``workers``: ``start_workers``' actors, perhaps still starting. Batches go only to
-    workers that are up, at most ``max_in_flight`` each (two, so none waits for the driver
-    between batches), and between collecting results the driver trains a batch itself:
-    a cold worker costs nothing but its start-up, and with no worker the driver trains
-    alone. A batch whose worker died past its retries is reported failed, segment by
-    segment, and that worker gets no more batches.
+    ``pool``: the workers being started. They are worth their start-up (seconds, on a
+    cold cluster) only for work that outlasts it: the driver times a first small batch
+    and asks for the workers only when the rest would take it longer than
+    ``min_pool_seconds`` alone. Batches go only to workers that are up, at most
+    ``max_in_flight`` each (two, so none waits for the driver between batches); each turn
+    the driver collects every result that is ready, tops the workers up, then trains a
+    batch itself: a worker still starting costs nothing but its start-up, and with no
+    worker the driver trains alone. A batch whose worker died past its retries is reported
+    failed, segment by segment, and that worker gets no more batches.
     """
-    import ray
-
     segments = sorted(data)
-    # Small batches (about 16 per slot, at most 100 segments): the driver takes one at a
-    # time between results, and the last ones balance across workers.
-    size = batch_size or max(1, min(100, math.ceil(len(segments) / ((len(workers) + 1) * 16))))
-    pending = collections.deque(batches(segments, size))
-    starting = {w.ready.remote(): w for w in workers}
+    todo = collections.deque(segments)
+    workers: list[Any] | None = None  # known once the pool's start is done
+
+    def next_batch(n: int = 0) -> list[str]:
+        # Auto size: about 1/16 of a slot's share, at most 100, and at most a quarter of
+        # what is left per slot, so that towards the end batches shrink and every slot
+        # finishes at about the same time.
+        slots = len(workers or ()) + 1
+        n = (
+            n
+            or batch_size
+            or max(
+                1,
+                min(
+                    100, math.ceil(len(segments) / (slots * 16)), math.ceil(len(todo) / (slots * 4))
+                ),
+            )
+        )
+        return [todo.popleft() for _ in range(min(n, len(todo)))]
+
+    import_xgboost()  # not part of the timing below
+    t0 = time.monotonic()
+    first = train_batch(next_batch(16), data, conf)
+    left = (time.monotonic() - t0) / max(1, len(first)) * len(todo)
+    pool.decide(left > min_pool_seconds)
+    if left <= min_pool_seconds:
+        log(
+            f"fan-out: the driver alone needs about {left:.1f}s for the {len(todo)} segments "
+            f"left (--min-pool-seconds={min_pool_seconds:g}): no workers are started"
+        )
+    yield from first
+
+    starting: dict[Any, Any] = {}
     up: list[Any] = []
     running: dict[Any, tuple[Any, list[str]]] = {}
     load: dict[Any, int] = {}
-    done = by_driver = next_log = 0
-    t0 = time.monotonic()
-    while pending or running:
-        if starting:
-            ready, _ = ray.wait(list(starting), num_returns=len(starting), timeout=0)
-            for ref in ready:
-                worker = starting.pop(ref)
-                try:
-                    ray.get(ref)
-                except Exception as exc:  # could not start: the others and the driver go on
-                    log(f"fan-out: a worker failed to start and is left out: {exc}")
-                    continue
-                up.append(worker)
-                load[worker] = 0
-        for worker in up:  # feed only the workers that are up
-            while pending and load[worker] < max_in_flight:
-                batch = pending.popleft()
-                # each call gets only its batch's arrays (one object, not the whole table)
-                part = ray.put({seg: data[seg] for seg in batch})
-                running[worker.train.remote(batch, part, conf)] = (worker, batch)
-                load[worker] += 1
+    done = by_driver = len(first)
+    next_log = 0
+    while todo or running:
+        if workers is None:
+            workers = pool.poll()  # no Ray call on the driver before its start is done
+            if workers is not None:
+                starting = {w.ready.remote(): w for w in workers}
         finished: list[Any] = []
-        if running:  # wait only when the driver has nothing left to train
-            finished, _ = ray.wait(list(running), num_returns=1, timeout=0 if pending else None)
-        for ref in finished:
-            worker, batch = running.pop(ref)
-            load[worker] -= 1
-            try:
-                results = ray.get(ref)
-            except Exception as exc:  # retries exhausted: report every segment of the batch
-                results = [
-                    {"segment": s, "error": f"task failed after {task_retries} retries: {exc}"}
-                    for s in batch
-                ]
-                if worker in up:
-                    up.remove(worker)
-            done += len(results)
-            yield from results
-        trained_here = bool(pending)
+        if starting or running:
+            import ray
+
+            if starting:
+                ready, _ = ray.wait(list(starting), num_returns=len(starting), timeout=0)
+                for ref in ready:
+                    worker = starting.pop(ref)
+                    try:
+                        ray.get(ref)
+                    except Exception as exc:  # could not start: the others and the driver go on
+                        log(f"fan-out: a worker failed to start and is left out: {exc}")
+                        continue
+                    up.append(worker)
+                    load[worker] = 0
+            if running:  # every result that is ready; block (for one) only when the driver
+                # has nothing left to train. Collecting one per turn would hold a worker
+                # to the driver's pace, since the driver trains a batch between turns.
+                finished, _ = ray.wait(list(running), num_returns=len(running), timeout=0)
+                if not finished and not todo:
+                    finished, _ = ray.wait(list(running), num_returns=1)
+            for ref in finished:
+                worker, batch = running.pop(ref)
+                load[worker] -= 1
+                try:
+                    results = ray.get(ref)
+                except Exception as exc:  # retries exhausted: report every segment of the batch
+                    results = [
+                        {"segment": s, "error": f"task failed after {task_retries} retries: {exc}"}
+                        for s in batch
+                    ]
+                    if worker in up:
+                        up.remove(worker)
+                done += len(results)
+                yield from results
+            # Top the workers up after collecting and before the driver trains: each then
+            # has a batch queued for the whole of the driver's.
+            for worker in up:
+                while todo and load[worker] < max_in_flight:
+                    batch = next_batch()
+                    # each call gets only its batch's arrays (one object, not the whole table)
+                    part = ray.put({seg: data[seg] for seg in batch})
+                    running[worker.train.remote(batch, part, conf)] = (worker, batch)
+                    load[worker] += 1
+        trained_here = bool(todo)
         if trained_here:
-            results = train_batch(pending.popleft(), data, conf)
+            results = train_batch(next_batch(), data, conf)
             done += len(results)
             by_driver += len(results)
             yield from results
@@ -234,5 +353,7 @@ def run_ray(
             next_log = done + max(1, len(segments) // 10)
             log(
                 f"fan-out: {done}/{len(segments)} segments done in {time.monotonic() - t0:.1f}s "
-                f"({by_driver} by the driver, {len(up)} of {len(workers)} workers up)"
+                f"({by_driver} by the driver, {len(up)} of "
+                f"{'?' if workers is None else len(workers)} workers up)"
             )
+    pool.poll(wait=True)  # a start still under way when the driver finished everything

@@ -22,7 +22,7 @@ try:  # the build places the platform's trainer support into every archive
 except ModuleNotFoundError:  # run by hand from this repository
     from zipline_dagster.training import trainer_io as tio  # type: ignore[no-redef]
 from trainer.cli import parse_args
-from trainer.fanout import run_ray, run_serial, start_workers
+from trainer.fanout import PoolStart, run_ray, run_serial
 
 log = logging.getLogger("trainer")
 
@@ -55,7 +55,7 @@ def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
     use_ray = args.executor == "ray" or (args.executor == "auto" and os.environ.get("RAY_ADDRESS"))
     # Ray's workers start cold in a fresh job: start them now, while the data loads.
     # The driver trains too, so it is one of the slots.
-    workers = start_workers(args.num_workers, args.task_retries) if use_ray else []
+    pool = PoolStart(args.num_workers, args.task_retries) if use_ray else None
     window = tio.window_days(args.start_ds, args.end_ds)
     holdout = window[len(window) - args.eval_days :] if args.eval_days else []
     data = tio.read_flags_window(args)
@@ -69,12 +69,13 @@ def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
     conf = {"holdout_days": holdout, "max_depth": args.max_depth, "num_rounds": args.num_rounds}
     load_seconds = time.monotonic() - started
     t0 = time.monotonic()
-    if use_ray:
+    if pool is not None:
         results = list(
             run_ray(
                 segments,
                 conf,
-                workers=workers,
+                pool=pool,
+                min_pool_seconds=args.min_pool_seconds,
                 batch_size=args.batch_size,
                 max_in_flight=args.max_in_flight,
                 task_retries=args.task_retries,
@@ -132,8 +133,10 @@ def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "segments_total": len(segments),
         "segments_trained": len(trained),
         "segments_failed": failed,
-        # how the work was shared: the driver trains between collecting the workers' results
+        # how the work was shared: the driver trains between collecting the workers' results;
+        # the workers are started only for work that outlasts their start (--min-pool-seconds)
         "segments_by_driver": sum(1 for r in results if r.get("pid") == os.getpid()),
+        "pool_workers": len(pool.workers or []) if pool is not None else 0,
         "segments": [
             {"segment": r["segment"], **r["metrics"], "status": r["status"]} for r in trained
         ],
