@@ -28,7 +28,14 @@ REPEATS = 3
 
 
 def run_fanout(
-    ray_head: Any, tmp_path: Path, models: int, goal: float, goal_text: str, *, warm_up: bool
+    ray_head: Any,
+    tmp_path: Path,
+    models: int,
+    goal: float,
+    goal_text: str,
+    *,
+    warm_up: bool,
+    repeats: int = REPEATS,
 ) -> None:
     from ray.job_submission import JobSubmissionClient
 
@@ -65,7 +72,7 @@ def run_fanout(
 
     if warm_up:  # the cluster caches the pip env (per requirement set); workers stay cold
         one("ray")  # (the backfill cases before this one built it already)
-    for _ in range(REPEATS):  # interleaved, so drift hits both alike
+    for _ in range(repeats):  # interleaved, so drift hits both alike
         runs["serial"].append(one("serial"))
         runs["ray"].append(one("ray"))
 
@@ -106,7 +113,17 @@ def run_fanout(
 
 
 def test_fanout_1000_models_cold(ray_head: Any, tmp_path: Path) -> None:
-    run_fanout(ray_head, tmp_path, 1_000, 1.0, ">= 1.0x (not slower than the loop)", warm_up=False)
+    # 5 repeats: runs of 6-8 s vary by a second or more on this machine, and the goal is
+    # a ratio close to 1; the medians need the extra samples (each pair costs ~25 s)
+    run_fanout(
+        ray_head,
+        tmp_path,
+        1_000,
+        1.0,
+        ">= 1.0x (not slower than the loop)",
+        warm_up=False,
+        repeats=5,
+    )
 
 
 def test_fanout_10000_models_cold(ray_head: Any, tmp_path: Path) -> None:

@@ -32,8 +32,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         type=float,
         default=10.0,
         help="start the Ray workers only when the driver alone would need longer than this "
-        "for the segments left after a first timed batch (a cold worker takes seconds to "
-        "start); 0: always",
+        "(from the segment count, at least 1 ms each, else timed on a first batch of 16): "
+        "a cold worker takes seconds to start; 0: always",
     )
     p.add_argument("--batch-size", type=int, default=0, help="segments per batch (0: auto)")
     p.add_argument(

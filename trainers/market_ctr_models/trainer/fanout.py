@@ -1,12 +1,11 @@
-"""Train many small models: a pool of Ray actors starts and warms up while the driver
-loads the data (connecting to Ray happens in a background thread, so the driver never
-waits for it), segments are batched (a few batches per slot, not one call per model,
-smaller towards the end so every slot finishes together), each batch goes into Ray's
-object store once, batches in flight per worker are bounded, a batch whose worker dies is
-retried, and results are collected as they finish. The driver is one of the training
-slots: it trains a batch between collecting results, so a worker still starting costs
-nothing but its start-up. A segment that fails is reported with its error, never
-silently dropped.
+"""Train many small models: the driver trains, and a pool of Ray actors joins it when the
+work outlasts a worker's start (connecting to Ray and starting the workers happen in a
+background thread, so the driver never waits for them; they warm up while it trains).
+Segments are batched (a few batches per slot, not one call per model, smaller towards
+the end so every slot finishes together), each batch goes into Ray's object store once,
+batches in flight per worker are bounded, a batch whose worker dies is retried, and
+results are collected as they finish. A segment that fails is reported with its error,
+never silently dropped.
 """
 
 from __future__ import annotations
@@ -178,13 +177,24 @@ class _NoMainThreadWarning:
         return "SIGTERM handler is not set" not in record.getMessage()
 
 
+#: However small, an xgboost model costs at least about a millisecond to train (its
+#: DMatrix and booster): a lower bound of the driver's work before it has timed any.
+MIN_SECONDS_PER_SEGMENT = 0.001
+
+
 class PoolStart:
-    """The pool's start in a background thread: importing Ray and connecting to the
-    cluster take most of a second, which the driver spends reading the data instead.
-    The workers themselves are asked for once ``decide(True)`` says they are worth their
-    start-up; ``decide(False)`` leaves the pool empty. Call it before loading the data."""
+    """The pool's start, in a background thread once ``start()`` is called: importing
+    Ray, connecting to the cluster and asking for the workers take about a second, which
+    the driver spends training instead. Until then (and with ``skip()``) nothing of Ray is
+    imported, so a job too small for workers runs exactly as the serial loop."""
 
     def __init__(self, slots: int = 0, task_retries: int = 2) -> None:
+        self.slots, self.task_retries = slots, task_retries
+        self.workers: list[Any] | None = None
+        self.error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
         import logging
 
         ray = sys.modules.get("ray")
@@ -194,32 +204,24 @@ class PoolStart:
             # ray.init sets only when called from the main thread.
             signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))
             logging.getLogger("ray._private.worker").addFilter(_NoMainThreadWarning())
-        self.workers: list[Any] | None = None
-        self.error: BaseException | None = None
-        self._go = threading.Event()
-        self._wanted = False
-        self._thread = threading.Thread(
-            target=self._start, args=(slots, task_retries), name="fan-out pool start"
-        )
+        self._thread = threading.Thread(target=self._start, name="fan-out pool start")
         self._thread.start()
 
-    def _start(self, slots: int, task_retries: int) -> None:
+    def skip(self) -> None:
+        self.workers = []
+
+    def _start(self) -> None:
         try:
-            cpus = slots or cluster_cpus()  # imports Ray and connects
-            self._go.wait()
-            self.workers = start_workers(cpus, task_retries) if self._wanted else []
+            self.workers = start_workers(self.slots, self.task_retries)
         except BaseException as exc:  # raised on the driver by poll()
             self.error = exc
-
-    def decide(self, start: bool) -> None:
-        self._wanted = start
-        self._go.set()
 
     def poll(self, wait: bool = False) -> list[Any] | None:
         """The workers once they have been asked for (None until then, unless ``wait``);
         raises what stopped the start."""
+        if self._thread is None:
+            return self.workers
         if wait:
-            self._go.set()
             self._thread.join()
         if self._thread.is_alive():
             return None
@@ -276,17 +278,24 @@ def run_ray(
         )
         return [todo.popleft() for _ in range(min(n, len(todo)))]
 
-    import_xgboost()  # not part of the timing below
     t0 = time.monotonic()
-    first = train_batch(next_batch(16), data, conf)
-    left = (time.monotonic() - t0) / max(1, len(first)) * len(todo)
-    pool.decide(left > min_pool_seconds)
-    if left <= min_pool_seconds:
-        log(
-            f"fan-out: the driver alone needs about {left:.1f}s for the {len(todo)} segments "
-            f"left (--min-pool-seconds={min_pool_seconds:g}): no workers are started"
-        )
-    yield from first
+    first: list[dict[str, Any]] = []
+    if len(todo) * MIN_SECONDS_PER_SEGMENT > min_pool_seconds:
+        pool.start()  # worth it whatever a model costs: no need to time one first
+    else:
+        import_xgboost()  # not part of the timing below
+        timed = time.monotonic()
+        first = train_batch(next_batch(16), data, conf)
+        left = (time.monotonic() - timed) / max(1, len(first)) * len(todo)
+        if left > min_pool_seconds:
+            pool.start()
+        else:
+            pool.skip()
+            log(
+                f"fan-out: the driver alone needs about {left:.1f}s for the {len(todo)} "
+                f"segments left (--min-pool-seconds={min_pool_seconds:g}): no workers started"
+            )
+        yield from first
 
     starting: dict[Any, Any] = {}
     up: list[Any] = []

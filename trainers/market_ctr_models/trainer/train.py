@@ -53,8 +53,8 @@ def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     started = time.monotonic()
     use_ray = args.executor == "ray" or (args.executor == "auto" and os.environ.get("RAY_ADDRESS"))
-    # Ray's workers start cold in a fresh job: start them now, while the data loads.
-    # The driver trains too, so it is one of the slots.
+    # The driver trains too, so it is one of the slots; the pool's workers start (cold, in
+    # a fresh job) only once the data says they are worth it.
     pool = PoolStart(args.num_workers, args.task_retries) if use_ray else None
     window = tio.window_days(args.start_ds, args.end_ds)
     holdout = window[len(window) - args.eval_days :] if args.eval_days else []
