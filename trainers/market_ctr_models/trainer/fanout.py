@@ -247,10 +247,11 @@ def run_ray(
 ) -> Iterable[dict[str, Any]]:
     """Train every segment on the driver and on the pool's workers, results as they finish.
 
-    ``pool``: the workers being started. They are worth their start-up (seconds, on a
-    cold cluster) only for work that outlasts it: the driver times a first small batch
-    and asks for the workers only when the rest would take it longer than
-    ``min_pool_seconds`` alone. Batches go only to workers that are up, at most
+    ``pool``: the workers, not yet asked for. They are worth their start-up (seconds, on
+    a cold cluster) only for work that outlasts it: the driver asks for them when the
+    segment count alone says the work takes longer than ``min_pool_seconds`` (at
+    ``MIN_SECONDS_PER_SEGMENT`` each), else when a first batch of 16, timed, says the rest
+    does; otherwise it trains alone. Batches go only to workers that are up, at most
     ``max_in_flight`` each (two, so none waits for the driver between batches); each turn
     the driver collects every result that is ready, tops the workers up, then trains a
     batch itself: a worker still starting costs nothing but its start-up, and with no
