@@ -3,8 +3,9 @@ against its own serial loop, each run as a fresh Ray job (cold workers) on the s
 in the same run, with the launcher at its defaults.
 
 Three measures per run: the trainer's own time from its start (reading and splitting the
-data, during which the Ray workers start and warm up, then training every model), the
-fan-out alone, and Ray's whole job (submit to end, from Ray's timestamps).
+data, then training every model, with the Ray workers starting and warming up meanwhile
+when the work outlasts their start), the fan-out alone, and Ray's whole job (submit to
+end, from Ray's timestamps).
 """
 
 from __future__ import annotations
@@ -93,8 +94,9 @@ def run_fanout(
             value_text=f"speed-up {speedup:.2f}x",
             met=speedup >= goal,
             notes=[
-                "measured: the trainer's time from its start (read and split the data while "
-                "the workers start, then train every model); ratio = serial / Ray",
+                "measured: the trainer's time from its start (read and split the data, then "
+                "train every model, the pool's workers starting meanwhile when wanted); "
+                "ratio = serial / Ray",
                 f"fan-out alone: serial {fan_s.spread()}, Ray {fan_r.spread()} "
                 f"({fan_s.median / fan_r.median:.2f}x)",
                 f"Ray's whole job (submit to end): serial {job_s.spread()}, Ray "
@@ -105,8 +107,9 @@ def run_fanout(
                     f"{r['by_driver']:,} ({r['workers']} worker{'s' * (r['workers'] != 1)})"
                     for r in runs["ray"]
                 )
-                + f" of {models + 1:,} segments; workers start only when the driver's first "
-                "timed batch says the rest outlasts --min-pool-seconds (10 s)",
+                + f" of {models + 1:,} segments; workers start only when the work outlasts "
+                "--min-pool-seconds (10 s): from the segment count (at least 1 ms each), else "
+                "timed on a first batch of 16",
             ],
         )
     )
