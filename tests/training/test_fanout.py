@@ -90,10 +90,11 @@ def test_fan_out_trains_every_segment_or_reports_it(launcher: str | None, file_b
 
 @pytest.mark.ray
 def test_pool_workers_share_the_work_with_the_driver(ray_head: Any, file_base: str) -> None:
-    """With the pool forced on (--min-pool-seconds=0) and about ten seconds of training, a
-    pool worker comes up while the driver trains and takes part of the segments; every
-    segment still gets its model or its reported failure, whoever trained it."""
-    segments = 1500
+    """With the pool forced on (--min-pool-seconds=0) and about 20 s of training for the
+    driver alone (a worker starts in about 5 s here), a pool worker comes up while the
+    driver trains and takes part of the segments; every segment still gets its model or
+    its reported failure, whoever trained it."""
+    segments = 3000
     write_market_table(file_base, segments)
     version = publish_trainer_archive(
         TRAINERS / "market_ctr_models", model_name="market_ctr_models", base=file_base
