@@ -285,7 +285,9 @@ def ray_head(
     head = LocalRayHead(
         tmp_path_factory.mktemp("ray"),
         num_cpus=2,
-        env={**s3_server, **gcs_server, **azurite_server},
+        # PYTHONDONTWRITEBYTECODE as many images (and this machine) set it: jobs must
+        # still get their bytecode into Ray's pip env (see test_fanout)
+        env={**s3_server, **gcs_server, **azurite_server, "PYTHONDONTWRITEBYTECODE": "1"},
     )
     info = head.ensure_running()
     register(info.pid, group=True, what="Ray head")

@@ -109,6 +109,14 @@ def test_pool_workers_share_the_work_with_the_driver(ray_head: Any, file_base: s
     assert report["pool_workers"] == 1
     assert 0 < report["segments_by_driver"] < segments + 1  # both slots trained
     assert "empty split" in report["segments_failed"]["zz_new_market"]
+    # Ray's pip env is a copy of the environment made without .pyc files, and the head
+    # runs with PYTHONDONTWRITEBYTECODE=1: the jobs' processes still wrote the bytecode of
+    # what they imported into it, so the next job's processes do not compile it again.
+    compiled = Path(ray_head.temp_dir).glob(
+        "session_*/runtime_resources/pip/*/virtualenv/lib/python3*/site-packages/"
+        "xgboost/__pycache__/core.*.pyc"
+    )
+    assert list(compiled), "no bytecode in Ray's pip env"
 
 
 def test_xgboost_is_imported_without_scikit_learn() -> None:

@@ -45,6 +45,8 @@ class HeadInfo:
     #: start token of ``pid`` (see ``processes.py``): the head is signalled only while
     #: the PID still names the process this state file recorded
     pid_start: str = ""
+    #: the head's Ray temp folder (sessions, logs, runtime envs); removed by ``stop``
+    temp_dir: str = ""
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -212,6 +214,7 @@ class LocalRayHead:
                     log_path=str(log_path),
                     started_at=time.time(),
                     pid_start=identity.start,
+                    temp_dir=str(self.temp_dir),
                 )
                 tmp = self._state_file.with_suffix(".tmp")
                 tmp.write_text(json.dumps(info.as_dict(), indent=2))
