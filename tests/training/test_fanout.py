@@ -78,7 +78,6 @@ def test_fan_out_trains_every_segment_or_reports_it(launcher: str | None, file_b
     store = blob_store(model_dir)
     report = json.loads(store.read_bytes(f"{model_dir}/metrics.json"))
     assert report["executor"] == ("ray" if launcher else "serial")
-    # the driver trains too (on Ray: between collecting its pool's results)
     # A second of work on Ray is shorter than a worker's start: the driver trains it alone
     # and no worker is asked for (--min-pool-seconds); see the test below for the pool.
     assert report["segments_by_driver"] == SEGMENTS + 1 and report["pool_workers"] == 0

@@ -266,17 +266,11 @@ def run_ray(
         # Auto size: about 1/16 of a slot's share, at most 100, and at most a quarter of
         # what is left per slot, so that towards the end batches shrink and every slot
         # finishes at about the same time.
-        slots = len(workers or ()) + 1
-        n = (
-            n
-            or batch_size
-            or max(
-                1,
-                min(
-                    100, math.ceil(len(segments) / (slots * 16)), math.ceil(len(todo) / (slots * 4))
-                ),
-            )
-        )
+        if not n:
+            slots = len(workers or ()) + 1
+            share = math.ceil(len(segments) / (slots * 16))
+            tail = math.ceil(len(todo) / (slots * 4))
+            n = batch_size or max(1, min(100, share, tail))
         return [todo.popleft() for _ in range(min(n, len(todo)))]
 
     t0 = time.monotonic()
