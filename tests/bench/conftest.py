@@ -1,14 +1,37 @@
-"""``make bench``: after the last case, one summary table (goal and verdict per row)."""
+"""``make bench``: a Ray head as a user runs one, and after the last case one summary
+table (goal and verdict per row)."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from tests.bench import record
+from tests.cleanup import register, unregister
 
 _STARTED = time.perf_counter()
+
+
+@pytest.fixture(scope="session")
+def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The benchmarks' Ray head (2 CPUs, stopped after the session): the test suite's head
+    without the storage emulators the suite starts beside it and hands to it (moto, the
+    GCS emulator, Azurite). The benchmarks read and write ``file://`` only, and on 2 cores
+    an idle emulator is not free: Azurite alone took 0.04-0.07 of a core while a fan-out
+    ran, CPU the parallel side needs and the serial loop does not."""
+    from zipline_dagster.training.launchers.ray_head import LocalRayHead
+
+    head = LocalRayHead(tmp_path_factory.mktemp("ray"), num_cpus=2)
+    info = head.ensure_running()
+    register(info.pid, group=True, what="Ray head (benchmarks)")
+    try:
+        yield info
+    finally:
+        head.stop()
+        unregister(info.pid)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
