@@ -167,3 +167,118 @@ def test_bad_pool_flags_are_refused_by_name(tmp_path: Path, flag: str, message: 
     assert res.returncode == 2
     assert message in res.stderr
     assert not (tmp_path / "model").exists()  # nothing written
+
+
+def run_trainer(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    """The fan-out trainer run by hand (serial) on the table under ``tmp_path``."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainer.train",
+            f"--input-table={TABLE}",
+            "--start-ds=2026-07-07",
+            f"--end-ds={DS}",
+            f"--model-dir={tmp_path.as_uri()}/model",
+            f"--warehouse={tmp_path.as_uri()}",
+            "--executor=serial",
+            *flags,
+        ],
+        cwd=TRAINERS / "market_ctr_models",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (
+            ["--segment-column=region"],
+            "has no column 'region' (--segment-column); it has "
+            "['label', 'market', 'noise', 'price']",
+        ),
+        (
+            ["--label-column=clicked"],
+            "has no column 'clicked' (--label-column); it has "
+            "['label', 'market', 'noise', 'price']",
+        ),
+        (["--features=price,margin"], "has no columns ['margin'] (--features)"),
+    ],
+)
+def test_missing_columns_are_named(tmp_path: Path, flags: list[str], message: str) -> None:
+    write_market_table(tmp_path.as_uri(), 5)
+    res = run_trainer(tmp_path, *flags)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert f"training data error: table {TABLE} {message}" in res.stdout
+    assert not (tmp_path / "model").exists()  # nothing written
+
+
+def test_empty_labels_are_refused(tmp_path: Path) -> None:
+    """A row without a label is an error naming the column and the count, not a label
+    made up by a conversion (a null becomes an arbitrary integer in numpy)."""
+    write_market_table(tmp_path.as_uri(), 5)
+    frame = market_rows(DS, 5, 20)
+    frame["label"] = pd.array([None, *frame["label"].iloc[1:]], dtype="Int64")
+    write_partition(tmp_path.as_uri(), TABLE, DS, frame)
+    res = run_trainer(tmp_path)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert (
+        f"table {TABLE}: the label column 'label' (--label-column) has 1 empty rows; "
+        "every row needs a 0/1 label"
+    ) in res.stdout
+    assert not (tmp_path / "model").exists()
+
+
+def test_segments_keep_their_names_whatever_the_column_type(tmp_path: Path) -> None:
+    """Integer segment ids and an empty segment value: one model per distinct value,
+    named by its text (a null is "None"), every row in exactly one segment."""
+    for ds in days_ending(DS, 4):
+        frame = market_rows(ds, 3, 40)
+        ids = frame["market"].str[1:].astype("int64") * 7 + 3  # 3, 10, 17
+        frame["market"] = pd.array(
+            [None if i % 40 == 0 else v for i, v in enumerate(ids)], dtype="Int64"
+        )
+        write_partition(tmp_path.as_uri(), TABLE, ds, frame)
+    res = run_trainer(tmp_path, "--features=price,noise", "--num-rounds=2")
+    assert res.returncode == 0, res.stdout + res.stderr
+    report = json.loads((tmp_path / "model" / "metrics.json").read_text())
+    rows = {s["segment"]: s["train_rows"] + s["holdout_rows"] for s in report["segments"]}
+    # each market loses its first row of each day to the empty value
+    assert rows == {"10": 4 * 39, "17": 4 * 39, "3": 4 * 39, "None": 4 * 3}
+    assert report["segments_total"] == 4 and not report["segments_failed"]
+
+
+@pytest.mark.ray
+def test_batches_queued_on_a_worker_that_never_starts_come_back(
+    ray_head: Any, file_base: str
+) -> None:
+    """Batches are queued on a worker as soon as it is asked for. Asked for more workers
+    than the 2-CPU cluster can place (--num-workers=4: three workers of one CPU each), one
+    worker never starts: once the driver has nothing else to train it takes that worker's
+    batches back and trains them itself, and the job ends with every segment trained or
+    reported, instead of waiting for a CPU that never frees."""
+    from ray.job_submission import JobSubmissionClient
+
+    segments = 1500
+    write_market_table(file_base, segments)
+    version = publish_trainer_archive(
+        TRAINERS / "market_ctr_models", model_name="market_ctr_models", base=file_base
+    ).version
+    jc = {
+        "segment-column": "market",
+        "features": "price,noise",
+        "min-pool-seconds": "0",
+        "num-workers": "4",
+    }
+    model = make_model(version, file_base, name="market_ctr_models", job_configs=jc, replicas=2)
+    result = materialize(model, resources(ray_head.dashboard_url, file_base))
+    assert result.success
+    md = {k: v.value for k, v in only_materialization(result).metadata.items()}
+    assert md["segments/trained"] == segments and md["segments/failed"] == 1
+    report = json.loads(blob_store(file_base).read_bytes(f"{md['artifact_uri']}/metrics.json"))
+    assert report["pool_workers"] == 3
+    logs = JobSubmissionClient(ray_head.dashboard_url).get_job_logs(str(md["ray_job_id"]))
+    assert "a worker is still starting; the driver takes back its batches" in logs
+    assert "2 of 3 workers up" in logs

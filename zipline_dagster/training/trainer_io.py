@@ -96,23 +96,30 @@ def partition_files(fs: Any, directory: str) -> list[str]:
 
 
 def read_partitions(
-    warehouse: str, table: str, window: list[str], partition_column: str, columns: list[str]
-) -> tuple[list[Any], list[str]]:
-    """One frame per present partition of the window (with the partition column) and
-    the days that are missing. ``columns`` (the platform's ``--columns``) projects the
-    read; a column the table lacks fails, naming it and what the table has."""
-    import pandas as pd
+    warehouse: str,
+    table: str,
+    window: list[str],
+    partition_column: str,
+    columns: list[str],
+    *,
+    dictionary: tuple[str, ...] = (),
+) -> tuple[list[tuple[str, list[Any]]], list[str]]:
+    """The Arrow tables of each present partition of the window, as ``(day, tables)``
+    (one table per file), and the days that are missing. ``columns`` (the platform's
+    ``--columns``) projects the read; a column the table lacks fails, naming it and what
+    the table has. ``dictionary``: string columns read dictionary-encoded (a segment
+    column of few values, without a Python string per row later)."""
     import pyarrow.parquet as pq
 
     ns, name = table.split(".", 1)
     fs, root = filesystem(join(warehouse, ns, name))
-    frames, missing = [], []
+    parts, missing = [], []
     for ds in window:
         files = partition_files(fs, f"{root}/{partition_column}={ds}")
         if not files:
             missing.append(ds)
             continue
-        parts = []
+        tables = []
         for path in files:
             if columns:
                 have = pq.read_schema(path, filesystem=fs).names
@@ -122,33 +129,82 @@ def read_partitions(
                         f"table {table} partition {ds} has no columns {absent} (--columns); "
                         f"it has {sorted(have)}"
                     )
-            parts.append(pq.read_table(path, filesystem=fs, columns=columns or None).to_pandas())
-        part = pd.concat(parts, ignore_index=True)
-        part[partition_column] = ds
-        frames.append(part)
-    return frames, missing
+            tables.append(
+                pq.read_table(
+                    path,
+                    filesystem=fs,
+                    columns=columns or None,
+                    read_dictionary=list(dictionary) or None,
+                )
+            )
+        parts.append((ds, tables))
+    return parts, missing
 
 
-def read_window(
-    warehouse: str, table: str, window: list[str], partition_column: str, columns: list[str]
-) -> Any:
-    """All rows of the window's partitions as one frame; fails naming missing partitions
-    (and what is asked for) or a window without rows."""
-    import pandas as pd
-
-    frames, missing = read_partitions(warehouse, table, window, partition_column, columns)
+def _check_window(
+    warehouse: str, table: str, window: list[str], missing: list[str], rows: int
+) -> None:
     if missing:
         raise TrainingDataError(
             f"table {table} at {warehouse} is missing partitions "
             f"{', '.join(missing)} of the window {window[0]}..{window[-1]}"
         )
-    data = pd.concat(frames, ignore_index=True)
-    if data.empty:
+    if not rows:
         raise TrainingDataError(
             f"table {table}: the window {window[0]}..{window[-1]} has no rows "
             f"(empty partitions: {', '.join(window)})"
         )
+
+
+def read_window(
+    warehouse: str, table: str, window: list[str], partition_column: str, columns: list[str]
+) -> Any:
+    """All rows of the window's partitions as one pandas frame, the partition column a
+    string per row; fails naming missing partitions (and what is asked for) or a window
+    without rows."""
+    import pandas as pd
+
+    parts, missing = read_partitions(warehouse, table, window, partition_column, columns)
+    frames = []
+    for ds, tables in parts:
+        frame = pd.concat([t.to_pandas() for t in tables], ignore_index=True)
+        frame[partition_column] = ds
+        frames.append(frame)
+    data = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    _check_window(warehouse, table, window, missing, len(data))
     return data
+
+
+def read_window_table(
+    warehouse: str,
+    table: str,
+    window: list[str],
+    partition_column: str,
+    columns: list[str],
+    *,
+    dictionary: tuple[str, ...] = (),
+) -> Any:
+    """``read_window`` as one pyarrow Table, for trainers that go to numpy without a
+    pandas frame: the partition column is dictionary-encoded (a day per partition, not a
+    string per row), and so are the ``dictionary`` columns; dictionaries are unified
+    across files. Fails like ``read_window``."""
+    import pyarrow as pa
+
+    parts, missing = read_partitions(
+        warehouse, table, window, partition_column, columns, dictionary=dictionary
+    )
+    tables = []
+    for ds, files in parts:
+        for t in files:
+            if partition_column in t.column_names:  # the folder says which day it is
+                t = t.drop_columns([partition_column])
+            day = pa.DictionaryArray.from_arrays(
+                pa.repeat(pa.scalar(0, pa.int32()), len(t)), pa.array([ds])
+            )
+            tables.append(t.append_column(partition_column, day))
+    rows = sum(len(t) for t in tables)
+    _check_window(warehouse, table, window, missing, rows)
+    return pa.concat_tables(tables, promote_options="permissive").unify_dictionaries()
 
 
 def read_flags_window(args: argparse.Namespace) -> Any:
@@ -159,6 +215,18 @@ def read_flags_window(args: argparse.Namespace) -> Any:
         window_days(args.start_ds, args.end_ds),
         args.partition_column,
         column_list(args.columns),
+    )
+
+
+def read_flags_window_table(args: argparse.Namespace, dictionary: tuple[str, ...] = ()) -> Any:
+    """``read_window_table`` of the platform flags."""
+    return read_window_table(
+        args.warehouse,
+        args.input_table,
+        window_days(args.start_ds, args.end_ds),
+        args.partition_column,
+        column_list(args.columns),
+        dictionary=dictionary,
     )
 
 

@@ -38,12 +38,9 @@ def import_xgboost() -> Any:
 
 
 def train_segment(seg: str, arrays: dict[str, Any], conf: dict[str, Any]) -> dict[str, Any]:
-    import numpy as np
-
     xgb = import_xgboost()
 
-    x, y, ds = arrays["x"], arrays["y"], arrays["ds"]
-    hold = np.isin(ds, conf["holdout_days"])
+    x, y, hold = arrays["x"], arrays["y"], arrays["hold"]
     xtr, ytr, xho, yho = x[~hold], y[~hold], x[hold], y[hold]
     if len(ytr) == 0:
         raise ValueError(f"empty split: the training set of segment {seg} is empty")
@@ -182,6 +179,11 @@ class _NoMainThreadWarning:
 MIN_SECONDS_PER_SEGMENT = 0.001
 
 
+def pool_wanted(segments: int, min_pool_seconds: float) -> bool:
+    """Whether the segment count alone says the work outlasts ``min_pool_seconds``."""
+    return segments * MIN_SECONDS_PER_SEGMENT > min_pool_seconds
+
+
 class PoolStart:
     """The pool's start, in a background thread once ``start()`` is called: importing
     Ray, connecting to the cluster and asking for the workers take about a second, which
@@ -194,9 +196,16 @@ class PoolStart:
         self.error: BaseException | None = None
         self._thread: threading.Thread | None = None
 
+    @property
+    def started(self) -> bool:
+        return self._thread is not None
+
     def start(self) -> None:
+        """Start the pool in the background (once; later calls do nothing)."""
         import logging
 
+        if self._thread is not None:
+            return
         ray = sys.modules.get("ray")
         connected = ray is not None and ray.is_initialized()  # e.g. inside a Ray task
         if not connected and threading.current_thread() is threading.main_thread():
@@ -247,16 +256,22 @@ def run_ray(
 ) -> Iterable[dict[str, Any]]:
     """Train every segment on the driver and on the pool's workers, results as they finish.
 
-    ``pool``: the workers, not yet asked for. They are worth their start-up (seconds, on
-    a cold cluster) only for work that outlasts it: the driver asks for them when the
-    segment count alone says the work takes longer than ``min_pool_seconds`` (at
-    ``MIN_SECONDS_PER_SEGMENT`` each), else when a first batch of 16, timed, says the rest
-    does; otherwise it trains alone. Batches go only to workers that are up, at most
-    ``max_in_flight`` each (two, so none waits for the driver between batches); each turn
-    the driver collects every result that is ready, tops the workers up, then trains a
-    batch itself: a worker still starting costs nothing but its start-up, and with no
-    worker the driver trains alone. A batch whose worker died past its retries is reported
-    failed, segment by segment, and that worker gets no more batches.
+    ``pool``: the workers, perhaps already starting (the caller starts them as soon as it
+    knows the segment count, so they start while it prepares the data). They are worth
+    their start-up (seconds, on a cold cluster) only for work that outlasts it: unless
+    started, the driver asks for them when the segment count alone says the work takes
+    longer than ``min_pool_seconds`` (``pool_wanted``), else when a first batch of 16,
+    timed, says the rest does; otherwise it trains alone.
+
+    Batches are queued on a worker as soon as it is asked for (Ray runs them the moment it
+    is up), at most ``max_in_flight`` each (two, so none waits for the driver between
+    batches); each turn the driver collects every result that is ready, tops the workers
+    up, then trains a batch itself. A worker still starting costs nothing but its
+    start-up: once the driver has nothing else to train it takes back the batches queued
+    on workers not yet up (a worker that cannot be placed would hold them forever), and
+    a worker that fails to start is left out, its batches going back to the driver. A
+    batch whose worker died past its retries is reported failed, segment by segment, and
+    that worker gets no more batches.
     """
     segments = sorted(data)
     todo = collections.deque(segments)
@@ -267,7 +282,7 @@ def run_ray(
         # what is left per slot, so that towards the end batches shrink and every slot
         # finishes at about the same time.
         if not n:
-            slots = len(workers or ()) + 1
+            slots = len(active) + 1
             share = math.ceil(len(segments) / (slots * 16))
             tail = math.ceil(len(todo) / (slots * 4))
             n = batch_size or max(1, min(100, share, tail))
@@ -275,49 +290,84 @@ def run_ray(
 
     t0 = time.monotonic()
     first: list[dict[str, Any]] = []
-    if len(todo) * MIN_SECONDS_PER_SEGMENT > min_pool_seconds:
-        pool.start()  # worth it whatever a model costs: no need to time one first
-    else:
-        import_xgboost()  # not part of the timing below
-        timed = time.monotonic()
-        first = train_batch(next_batch(16), data, conf)
-        left = (time.monotonic() - timed) / max(1, len(first)) * len(todo)
-        if left > min_pool_seconds:
-            pool.start()
+    active: list[Any] = []  # workers asked for that get batches (not failed, not given up)
+    if not pool.started:
+        if pool_wanted(len(todo), min_pool_seconds):
+            pool.start()  # worth it whatever a model costs: no need to time one first
         else:
-            pool.skip()
-            log(
-                f"fan-out: the driver alone needs about {left:.1f}s for the {len(todo)} "
-                f"segments left (--min-pool-seconds={min_pool_seconds:g}): no workers started"
-            )
-        yield from first
+            import_xgboost()  # not part of the timing below
+            timed = time.monotonic()
+            first = train_batch(next_batch(16), data, conf)
+            left = (time.monotonic() - timed) / max(1, len(first)) * len(todo)
+            if left > min_pool_seconds:
+                pool.start()
+            else:
+                pool.skip()
+                log(
+                    f"fan-out: the driver alone needs about {left:.1f}s for the {len(todo)} "
+                    f"segments left (--min-pool-seconds={min_pool_seconds:g}): no workers "
+                    "started"
+                )
+            yield from first
 
-    starting: dict[Any, Any] = {}
-    up: list[Any] = []
+    starting: dict[Any, Any] = {}  # a worker's ready() call -> the worker, until it answers
+    up: set[Any] = set()
     running: dict[Any, tuple[Any, list[str]]] = {}
     load: dict[Any, int] = {}
     done = by_driver = len(first)
     next_log = 0
+
+    def leave_out(worker: Any) -> None:
+        """No more batches for ``worker``; those queued on it come back to the driver
+        (cancelled on the worker if it has not begun them, their results ignored)."""
+        import ray
+
+        if worker in active:
+            active.remove(worker)
+        for ref, (w, batch) in list(running.items()):
+            if w is worker:
+                del running[ref]
+                load[worker] -= 1
+                todo.extend(batch)
+                ray.cancel(ref)
+
+    def check_starting(worker: Any = None) -> None:
+        """Note the workers whose ready() answered; for ``worker``, wait for its answer
+        (given once a call queued behind it has ended, so it is there or about to be)."""
+        import ray
+
+        for ref, w in list(starting.items()):
+            if worker is not None and w is not worker:
+                continue
+            if worker is None and not ray.wait([ref], timeout=0)[0]:
+                continue
+            del starting[ref]
+            try:
+                ray.get(ref)
+            except Exception as exc:  # could not start: the others and the driver go on
+                log(f"fan-out: a worker failed to start and is left out: {exc}")
+                leave_out(w)
+                continue
+            up.add(w)
+
     while todo or running:
         if workers is None:
             workers = pool.poll()  # no Ray call on the driver before its start is done
             if workers is not None:
                 starting = {w.ready.remote(): w for w in workers}
+                active = list(workers)
+                load = dict.fromkeys(workers, 0)
         finished: list[Any] = []
         if starting or running:
             import ray
 
-            if starting:
-                ready, _ = ray.wait(list(starting), num_returns=len(starting), timeout=0)
-                for ref in ready:
-                    worker = starting.pop(ref)
-                    try:
-                        ray.get(ref)
-                    except Exception as exc:  # could not start: the others and the driver go on
-                        log(f"fan-out: a worker failed to start and is left out: {exc}")
-                        continue
-                    up.append(worker)
-                    load[worker] = 0
+            check_starting()
+            if running and not todo:
+                # Nothing left for the driver: batches queued on a worker not up yet come
+                # back to it rather than wait for that worker's start, however long.
+                for worker in {w for w, _ in running.values()} - up:
+                    log("fan-out: a worker is still starting; the driver takes back its batches")
+                    leave_out(worker)
             if running:  # every result that is ready; block (for one) only when the driver
                 # has nothing left to train. Collecting one per turn would hold a worker
                 # to the driver's pace, since the driver trains a batch between turns.
@@ -325,22 +375,30 @@ def run_ray(
                 if not finished and not todo:
                     finished, _ = ray.wait(list(running), num_returns=1)
             for ref in finished:
+                if ref not in running:  # taken back by the driver meanwhile
+                    continue
                 worker, batch = running.pop(ref)
                 load[worker] -= 1
                 try:
                     results = ray.get(ref)
-                except Exception as exc:  # retries exhausted: report every segment of the batch
+                except Exception as exc:
+                    check_starting(worker)
+                    if worker not in up:  # it never started: none of its batches ran
+                        leave_out(worker)
+                        todo.extend(batch)
+                        continue
+                    # retries exhausted: report every segment of the batch
                     results = [
                         {"segment": s, "error": f"task failed after {task_retries} retries: {exc}"}
                         for s in batch
                     ]
-                    if worker in up:
-                        up.remove(worker)
+                    if worker in active:
+                        active.remove(worker)
                 done += len(results)
                 yield from results
             # Top the workers up after collecting and before the driver trains: each then
             # has a batch queued for the whole of the driver's.
-            for worker in up:
+            for worker in active:
                 while todo and load[worker] < max_in_flight:
                     batch = next_batch()
                     # each call gets only its batch's arrays (one object, not the whole table)
