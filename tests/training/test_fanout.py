@@ -51,11 +51,16 @@ def write_market_table(base: str, segments: int, rows_per_segment: int = 20) -> 
         write_partition(base, TABLE, ds, frame)
 
 
+def publish_market_trainer(base: str) -> str:
+    """Publishes the fan-out trainer's archive under ``base``; its version."""
+    return publish_trainer_archive(
+        TRAINERS / "market_ctr_models", model_name="market_ctr_models", base=base
+    ).version
+
+
 def test_fan_out_trains_every_segment_or_reports_it(launcher: str | None, file_base: str) -> None:
     write_market_table(file_base, SEGMENTS)
-    version = publish_trainer_archive(
-        TRAINERS / "market_ctr_models", model_name="market_ctr_models", base=file_base
-    ).version
+    version = publish_market_trainer(file_base)
     jc = {
         "segment-column": "market",
         "label-column": "label",
@@ -95,9 +100,7 @@ def test_pool_workers_share_the_work_with_the_driver(ray_head: Any, file_base: s
     its reported failure, whoever trained it."""
     segments = 3000
     write_market_table(file_base, segments)
-    version = publish_trainer_archive(
-        TRAINERS / "market_ctr_models", model_name="market_ctr_models", base=file_base
-    ).version
+    version = publish_market_trainer(file_base)
     jc = {"segment-column": "market", "features": "price,noise", "min-pool-seconds": "0"}
     model = make_model(version, file_base, name="market_ctr_models", job_configs=jc, replicas=2)
     result = materialize(model, resources(ray_head.dashboard_url, file_base))
@@ -263,9 +266,7 @@ def test_batches_queued_on_a_worker_that_never_starts_come_back(
 
     segments = 1500
     write_market_table(file_base, segments)
-    version = publish_trainer_archive(
-        TRAINERS / "market_ctr_models", model_name="market_ctr_models", base=file_base
-    ).version
+    version = publish_market_trainer(file_base)
     jc = {
         "segment-column": "market",
         "features": "price,noise",

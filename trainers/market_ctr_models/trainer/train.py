@@ -64,13 +64,7 @@ def split_by_segment(
 
     order = np.argsort(codes, kind="stable")
     x = np.column_stack([table.column(f).to_numpy().astype("float64") for f in features])[order]
-    label = table.column(args.label_column)
-    if label.null_count:
-        raise tio.TrainingDataError(
-            f"table {args.input_table}: the label column {args.label_column!r} "
-            f"(--label-column) has {label.null_count} empty rows; every row needs a 0/1 label"
-        )
-    y = label.to_numpy().astype("int64")[order]
+    y = table.column(args.label_column).to_numpy().astype("int64")[order]
     days = table.column(args.partition_column).combine_chunks()
     is_holdout = np.isin(np.array(days.dictionary.to_pylist(), dtype=object), holdout)
     hold = is_holdout[days.indices.to_numpy()][order]
@@ -80,6 +74,28 @@ def split_by_segment(
         out[name] = {"x": x[start:end], "y": y[start:end], "hold": hold[start:end]}
         start = end
     return out
+
+
+def check_columns(table: Any, args: Any, features: list[str]) -> None:
+    """The segment, label and feature columns exist, and every row has a label."""
+    have = sorted(c for c in table.column_names if c != args.partition_column)
+    for column, flag in ((args.segment_column, "segment"), (args.label_column, "label")):
+        if column not in have:
+            raise tio.TrainingDataError(
+                f"table {args.input_table} has no column {column!r} (--{flag}-column); "
+                f"it has {have}"
+            )
+    absent = [f for f in features if f not in have]
+    if absent:
+        raise tio.TrainingDataError(
+            f"table {args.input_table} has no columns {absent} (--features); it has {have}"
+        )
+    empty = table.column(args.label_column).null_count
+    if empty:
+        raise tio.TrainingDataError(
+            f"table {args.input_table}: the label column {args.label_column!r} "
+            f"(--label-column) has {empty} empty rows; every row needs a 0/1 label"
+        )
 
 
 def numeric_columns(table: Any, skip: set[str]) -> list[str]:
@@ -102,27 +118,16 @@ def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
     window = tio.window_days(args.start_ds, args.end_ds)
     holdout = window[len(window) - args.eval_days :] if args.eval_days else []
     table = tio.read_flags_window_table(args, dictionary=(args.segment_column,))
-    for column, flag in ((args.segment_column, "segment"), (args.label_column, "label")):
-        if column not in table.column_names:
-            raise tio.TrainingDataError(
-                f"table {args.input_table} has no column {column!r} (--{flag}-column); "
-                f"it has {sorted(c for c in table.column_names if c != args.partition_column)}"
-            )
-    codes, names = segment_codes(table, args.segment_column)
-    if pool is not None and pool_wanted(len(names), args.min_pool_seconds):
-        pool.start()  # the workers start while the data is split, not after
     skip = {args.segment_column, args.label_column, args.partition_column}
     features = (
         [f.strip() for f in args.features.split(",") if f.strip()]
         if args.features
         else numeric_columns(table, skip)
     )
-    absent = [f for f in features if f not in table.column_names]
-    if absent:
-        raise tio.TrainingDataError(
-            f"table {args.input_table} has no columns {absent} (--features); "
-            f"it has {sorted(c for c in table.column_names if c != args.partition_column)}"
-        )
+    check_columns(table, args, features)  # before any worker is asked for
+    codes, names = segment_codes(table, args.segment_column)
+    if pool is not None and pool_wanted(len(names), args.min_pool_seconds):
+        pool.start()  # the workers start while the data is split, not after
     segments = split_by_segment(table, codes, names, args, features, holdout)
     del table, codes
     conf = {"max_depth": args.max_depth, "num_rounds": args.num_rounds}
