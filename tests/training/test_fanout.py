@@ -152,21 +152,7 @@ def test_xgboost_is_imported_without_scikit_learn() -> None:
     ],
 )
 def test_bad_pool_flags_are_refused_by_name(tmp_path: Path, flag: str, message: str) -> None:
-    flags = [
-        "--input-table=ctr.training_v1",
-        "--start-ds=2026-07-07",
-        "--end-ds=2026-07-10",
-        f"--model-dir={tmp_path.as_uri()}/model",
-        f"--warehouse={tmp_path.as_uri()}",
-        flag,
-    ]
-    res = subprocess.run(
-        [sys.executable, "-m", "trainer.train", *flags],
-        cwd=TRAINERS / "market_ctr_models",
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    res = run_trainer(tmp_path, flag)
     assert res.returncode == 2
     assert message in res.stderr
     assert not (tmp_path / "model").exists()  # nothing written
@@ -180,7 +166,7 @@ def run_trainer(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess[str]
             "-m",
             "trainer.train",
             f"--input-table={TABLE}",
-            "--start-ds=2026-07-07",
+            f"--start-ds={days_ending(DS, 4)[0]}",
             f"--end-ds={DS}",
             f"--model-dir={tmp_path.as_uri()}/model",
             f"--warehouse={tmp_path.as_uri()}",
