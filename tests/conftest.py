@@ -280,17 +280,20 @@ def ray_head(
     environment, as a cluster is: Ray's runtime-env agent fetches s3:// and gs://
     working_dirs with them, and jobs inherit them (never through runtime_env).
     """
+    # PYTHONDONTWRITEBYTECODE as many images (and this machine) set it: jobs must still
+    # get their bytecode into Ray's pip env (see test_fanout)
+    env = {**s3_server, **gcs_server, **azurite_server, "PYTHONDONTWRITEBYTECODE": "1"}
+    yield from running_head(tmp_path_factory.mktemp("ray"), "Ray head", env=env)
+
+
+def running_head(state_dir: Path, what: str, *, env: dict[str, str] | None = None) -> Iterator[Any]:
+    """A local Ray head (2 CPUs) in ``state_dir``, recorded for cleanup while it runs;
+    yields its HeadInfo and stops it afterwards (for fixtures: ``yield from``)."""
     from zipline_dagster.training.launchers.ray_head import LocalRayHead
 
-    head = LocalRayHead(
-        tmp_path_factory.mktemp("ray"),
-        num_cpus=2,
-        # PYTHONDONTWRITEBYTECODE as many images (and this machine) set it: jobs must
-        # still get their bytecode into Ray's pip env (see test_fanout)
-        env={**s3_server, **gcs_server, **azurite_server, "PYTHONDONTWRITEBYTECODE": "1"},
-    )
+    head = LocalRayHead(state_dir, num_cpus=2, env=env)
     info = head.ensure_running()
-    register(info.pid, group=True, what="Ray head")
+    register(info.pid, group=True, what=what)
     try:
         yield info
     finally:

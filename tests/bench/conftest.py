@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.bench import record
-from tests.cleanup import register, unregister
+from tests.conftest import running_head
 
 _STARTED = time.perf_counter()
 
@@ -22,16 +22,7 @@ def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     GCS emulator, Azurite). The benchmarks read and write ``file://`` only, and on 2 cores
     an idle emulator is not free: Azurite alone took 0.04-0.07 of a core while a fan-out
     ran, CPU the parallel side needs and the serial loop does not."""
-    from zipline_dagster.training.launchers.ray_head import LocalRayHead
-
-    head = LocalRayHead(tmp_path_factory.mktemp("ray"), num_cpus=2)
-    info = head.ensure_running()
-    register(info.pid, group=True, what="Ray head (benchmarks)")
-    try:
-        yield info
-    finally:
-        head.stop()
-        unregister(info.pid)
+    yield from running_head(tmp_path_factory.mktemp("ray"), "Ray head (benchmarks)")
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
