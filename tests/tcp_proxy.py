@@ -1,5 +1,6 @@
-"""A loopback TCP proxy that a test can cut and restore: a real network fault between the
-platform and the Ray dashboard (connections reset, new ones refused), not a mock."""
+"""A loopback TCP proxy that a test can cut, stall and restore: a real network fault
+between the platform and the Ray dashboard (connections reset and new ones refused, or
+connections accepted and never answered), not a mock."""
 
 from __future__ import annotations
 
@@ -7,11 +8,14 @@ import contextlib
 import socket
 import struct
 import threading
+import time
 
 
 class TcpProxy:
     """Forwards ``127.0.0.1:{port}`` to ``target``; ``cut()`` resets every connection and
-    resets new ones as they arrive until ``restore()``."""
+    resets new ones as they arrive until ``restore()``; ``stall()`` keeps every connection
+    open, old and new, and forwards nothing either way until ``restore()`` (a dashboard
+    that accepts and never answers)."""
 
     def __init__(self, target_host: str, target_port: int) -> None:
         self.target = (target_host, target_port)
@@ -21,6 +25,7 @@ class TcpProxy:
         self._listener.listen(64)
         self.port = int(self._listener.getsockname()[1])
         self._cut = threading.Event()
+        self._stalled = threading.Event()
         self._closed = threading.Event()
         self._lock = threading.Lock()
         self._open: set[socket.socket] = set()
@@ -66,6 +71,8 @@ class TcpProxy:
                 data = src.recv(65536)
                 if not data:
                     break
+                while self._stalled.is_set() and not self._closed.is_set():
+                    time.sleep(0.05)  # held, not dropped: delivered after restore()
                 dst.sendall(data)
         except OSError:
             pass
@@ -81,8 +88,13 @@ class TcpProxy:
         for s in socks:
             self._reset(s)
 
+    def stall(self) -> None:
+        """Forward nothing, on open and new connections alike, until ``restore``."""
+        self._stalled.set()
+
     def restore(self) -> None:
         self._cut.clear()
+        self._stalled.clear()
 
     def close(self) -> None:
         self._closed.set()

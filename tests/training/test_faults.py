@@ -7,6 +7,7 @@ What Dagster records and what storage holds must agree after each of them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -357,6 +358,69 @@ def test_dashboard_lost_past_tolerance_fails_the_step_and_leaves_the_job(
     mat = retry.get_asset_materialization_events()[0].event_specific_data.materialization  # type: ignore[union-attr]
     assert mat.metadata["ray_job_id"].value == sid
     assert mat.metadata["reattached"].value is True
+
+
+@pytest.mark.ray
+def test_dashboard_that_never_answers_fails_the_step_and_leaves_the_job(
+    ray_head: Any, file_base: str
+) -> None:
+    """The dashboard accepts connections and answers nothing (a hung process): each
+    request gives up after request_timeout_s, so the step ends past the tolerance as for a
+    lost dashboard, instead of waiting on one request until the run is cancelled."""
+    ds = "2026-07-26"
+    version, model = slow_setup(file_base, ds, "40")
+    proxy = dashboard_proxy(ray_head)
+    client = ray_client(ray_head.dashboard_url)
+    sid = f"zd-slow_model-{version}-{ds}-1"
+    res = resources(None, file_base)
+    res["launcher"] = RayJobsResource(
+        address=proxy.url,
+        poll_max_s=0.5,
+        timeout_s=300,
+        unreachable_tolerance_s=3,
+        request_timeout_s=2,
+    )
+    outcome: list[Any] = []
+
+    def stall_once_running() -> None:
+        wait_job(client, sid, want={"RUNNING"})
+        time.sleep(1.0)
+        proxy.stall()
+
+    staller = threading.Thread(target=stall_once_running, daemon=True)
+    step = threading.Thread(
+        target=lambda: outcome.append(
+            materialize_on(dg.DagsterInstance.ephemeral(), model, res, ds)
+        ),
+        daemon=True,
+    )
+    try:
+        staller.start()
+        step.start()
+        step.join(120)  # without a request timeout the step waits here until cancelled
+        assert outcome, "the step still waits on a dashboard that never answers"
+        assert str(client.get_job_status(sid)) == "RUNNING"  # the job was left alone
+    finally:
+        proxy.close()
+        with contextlib.suppress(Exception):
+            client.stop_job(sid)
+    result = outcome[0]
+    assert not result.success
+    err = result.get_step_failure_events()[0].step_failure_data.error
+    assert err is not None
+    text = err.to_string()
+    assert "lost contact with the Ray dashboard" in text and "ReadTimeout" in text, text
+    assert f"Ray job {sid} was not stopped and may still be running" in text
+
+
+def test_request_timeout_must_be_positive() -> None:
+    from zipline_dagster.training.launchers.ray_job import RayJobRunner
+
+    for bad in (0, -1.0, float("nan"), "30"):
+        with pytest.raises(
+            ValueError, match=r"request_timeout_s=.* is invalid; expected seconds > 0"
+        ):
+            RayJobRunner(address="http://127.0.0.1:8265", request_timeout_s=bad)  # type: ignore[arg-type]
 
 
 @pytest.mark.ray

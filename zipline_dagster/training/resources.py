@@ -9,6 +9,7 @@ from pydantic import Field
 
 from zipline_dagster.settings import settings
 from zipline_dagster.storage.blobs import StorageOptions
+from zipline_dagster.training.launchers.ray_job import REQUEST_TIMEOUT_S
 from zipline_dagster.training.request import TrainingRunner
 
 
@@ -72,6 +73,12 @@ class RayJobsResource(TrainingLauncher):
         "while a job is followed; the job keeps running meanwhile, and past this the step fails "
         "(a retry re-attaches to the job).",
     )
+    request_timeout_s: float = Field(
+        default=REQUEST_TIMEOUT_S,
+        description="Longest wait for the Ray dashboard's answer to one request; a request "
+        "without an answer counts as the dashboard being unreachable (a hung dashboard "
+        "cannot hold the step past unreachable_tolerance_s).",
+    )
     install_requirements: bool = Field(
         default=True,
         description="Install the trainer's install_requires into the job (Ray pip runtime env, cached per set).",
@@ -108,6 +115,7 @@ class RayJobsResource(TrainingLauncher):
             timeout_s=self.timeout_s,
             poll_max_s=self.poll_max_s,
             unreachable_tolerance_s=self.unreachable_tolerance_s,
+            request_timeout_s=self.request_timeout_s,
             install_requirements=self.install_requirements,
             log=log,
         )

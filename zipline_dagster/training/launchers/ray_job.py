@@ -48,6 +48,8 @@ LIVE = frozenset({"PENDING", "RUNNING"})
 _MAX_ATTEMPT_PROBE = 1000
 #: how long after the driver's end signal the step polls Ray's status every 50 ms
 TIGHT_POLL_S = 5.0
+#: longest wait for the dashboard's answer to one request (Ray's client sets none)
+REQUEST_TIMEOUT_S = 30.0
 
 
 class RayJobError(TrainingJobError):
@@ -80,6 +82,29 @@ def cluster_ray_version(address: str, timeout: float = 5.0) -> str:
             "Start the embedded head with `zipline-dagster ray up`, or point RAY_ADDRESS / the "
             "ray resource's address at a running cluster's dashboard (http://head:8265)."
         ) from exc
+
+
+def job_submission_client(address: str, request_timeout_s: float) -> Any:
+    """Ray's ``JobSubmissionClient`` whose every request gives up after
+    ``request_timeout_s`` without an answer (connecting: at most 10 s of it).
+
+    Ray's client sends its requests with no timeout, so a dashboard that accepts a
+    connection and never answers (a hung process, a stalled proxy) would hold the step
+    until the run is cancelled, past ``timeout_s`` and the unreachable tolerance. With a
+    timeout, that request fails as ``requests.Timeout``, which counts as the dashboard
+    being unreachable. The log stream (a websocket) is not affected: it only ever makes
+    the step learn sooner.
+    """
+    from ray.job_submission import JobSubmissionClient
+
+    timeout = (min(request_timeout_s, 10.0), request_timeout_s)
+
+    class _TimedClient(JobSubmissionClient):  # type: ignore[misc]
+        def _do_request(self, method: str, endpoint: str, **kwargs: Any) -> Any:
+            kwargs.setdefault("timeout", timeout)
+            return super()._do_request(method, endpoint, **kwargs)
+
+    return _TimedClient(address)
 
 
 def _is_not_found(exc: Exception) -> bool:
@@ -251,8 +276,11 @@ class RayJobRunner:
             start time (a re-attached step does not restart the clock).
         poll_max_s: longest wait between status checks (polling backs off up to it).
         unreachable_tolerance_s: how long the dashboard may stay unreachable (connection
-            errors, 5xx) while following a job; the job keeps running meanwhile, and
-            when the tolerance runs out the step fails saying a retry re-attaches.
+            errors, 5xx, requests without an answer) while following a job; the job keeps
+            running meanwhile, and when the tolerance runs out the step fails saying a
+            retry re-attaches.
+        request_timeout_s: longest wait for the dashboard's answer to one request; a
+            request without one counts as the dashboard being unreachable.
         install_requirements: install the trainer's ``install_requires`` into the job's
             environment (Ray's ``pip`` runtime env, cached per requirement set).
         log: receives the job's log lines and lifecycle messages.
@@ -270,16 +298,23 @@ class RayJobRunner:
         timeout_s: float = 6 * 3600,
         poll_max_s: float = 2.0,
         unreachable_tolerance_s: float = 120.0,
+        request_timeout_s: float = REQUEST_TIMEOUT_S,
         install_requirements: bool = True,
         log: logging.Logger | logging.LoggerAdapter[Any] | None = None,
     ) -> None:
         if not isinstance(address, str) or not address:
             raise TypeError(f"address must be a non-empty string, got {address!r}")
+        if not (isinstance(request_timeout_s, (int, float)) and request_timeout_s > 0):
+            raise ValueError(
+                f"request_timeout_s={request_timeout_s!r} is invalid; expected seconds > 0 "
+                "(the longest wait for one answer from the Ray dashboard)"
+            )
         self.address = _http_address(address)
         self.auth_mode = auth_mode
         self.timeout_s = timeout_s
         self.poll_max_s = poll_max_s
         self.unreachable_tolerance_s = unreachable_tolerance_s
+        self.request_timeout_s = float(request_timeout_s)
         self.install_requirements = install_requirements
         self.log = log or logging.getLogger(__name__)
         self._client: Any = None
@@ -290,11 +325,10 @@ class RayJobRunner:
     def client(self) -> Any:
         if self._client is None:
             import ray
-            from ray.job_submission import JobSubmissionClient
 
             if self.auth_mode:
                 os.environ["RAY_AUTH_MODE"] = self.auth_mode
-            version = cluster_ray_version(self.address)
+            version = cluster_ray_version(self.address, min(self.request_timeout_s, 5.0))
             if version != ray.__version__:
                 raise RayUnreachableError(
                     f"Ray version mismatch: the cluster at {self.address} runs Ray {version}, this "
@@ -302,7 +336,7 @@ class RayJobRunner:
                     f"{ray.__version__} cluster"
                 )
             try:
-                self._client = JobSubmissionClient(self.address)
+                self._client = job_submission_client(self.address, self.request_timeout_s)
             except Exception as exc:
                 raise RayUnreachableError(
                     f"cannot use the Ray Job API at {self.address} ({type(exc).__name__}: {exc})"
