@@ -86,6 +86,7 @@ def test_fan_out_trains_every_segment_or_reports_it(launcher: str | None, file_b
     # A second of work on Ray is shorter than a worker's start: the driver trains it alone
     # and no worker is asked for (--min-pool-seconds); see the test below for the pool.
     assert report["segments_by_driver"] == SEGMENTS + 1 and report["pool_workers"] == 0
+    assert report["pool_first_up_seconds"] is None and report["segments_before_pool_up"] == 0
     with zipfile.ZipFile(io.BytesIO(store.read_bytes(f"{model_dir}/segment_models.zip"))) as zf:
         models = {n.removesuffix(".ubj") for n in zf.namelist()}
     assert models | set(report["segments_failed"]) == set(table)
@@ -110,6 +111,9 @@ def test_pool_workers_share_the_work_with_the_driver(ray_head: Any, file_base: s
     report = json.loads(blob_store(file_base).read_bytes(f"{md['artifact_uri']}/metrics.json"))
     assert report["pool_workers"] == 1
     assert 0 < report["segments_by_driver"] < segments + 1  # both slots trained
+    # the driver saw the worker up part-way, having trained some segments alone before
+    assert 0 < report["pool_first_up_seconds"] < report["fanout_seconds"]
+    assert 0 < report["segments_before_pool_up"] < segments + 1
     assert "empty split" in report["segments_failed"]["zz_new_market"]
     # Ray's pip env is a copy of the environment made without .pyc files, and the head
     # runs with PYTHONDONTWRITEBYTECODE=1: the jobs' processes still wrote the bytecode of

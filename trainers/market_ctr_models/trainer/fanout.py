@@ -253,6 +253,7 @@ def run_ray(
     max_in_flight: int = 2,
     task_retries: int = 2,
     log: Callable[[str], None] = print,
+    stats: dict[str, Any] | None = None,
 ) -> Iterable[dict[str, Any]]:
     """Train every segment on the driver and on the pool's workers, results as they finish.
 
@@ -272,7 +273,13 @@ def run_ray(
     a worker that fails to start is left out, its batches going back to the driver. A
     batch whose worker died past its retries is reported failed, segment by segment, and
     that worker gets no more batches.
+
+    ``stats`` (when given) gets ``first_up_seconds``: when the driver saw the first worker
+    up, from the start of this call, and ``done_before_up``: the segments done by then
+    (None, 0 if none came up); after that, the slots trained together.
     """
+    stats = {} if stats is None else stats
+    stats.update(first_up_seconds=None, done_before_up=0)
     segments = sorted(data)
     todo = collections.deque(segments)
     workers: list[Any] | None = None  # known once the pool's start is done
@@ -349,6 +356,8 @@ def run_ray(
                 leave_out(w)
                 continue
             up.add(w)
+            if stats["first_up_seconds"] is None:
+                stats.update(first_up_seconds=time.monotonic() - t0, done_before_up=done)
 
     while todo or running:
         if workers is None:

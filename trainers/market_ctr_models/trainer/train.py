@@ -133,6 +133,7 @@ def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
     conf = {"max_depth": args.max_depth, "num_rounds": args.num_rounds}
     load_seconds = time.monotonic() - started
     t0 = time.monotonic()
+    pool_stats: dict[str, Any] = {}
     if pool is not None:
         results = list(
             run_ray(
@@ -144,6 +145,7 @@ def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 max_in_flight=args.max_in_flight,
                 task_retries=args.task_retries,
                 log=log.info,
+                stats=pool_stats,
             )
         )
     else:
@@ -201,6 +203,14 @@ def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
         # the workers are started only for work that outlasts their start (--min-pool-seconds)
         "segments_by_driver": sum(1 for r in results if r.get("pid") == os.getpid()),
         "pool_workers": len(pool.workers or []) if pool is not None else 0,
+        # when the driver saw the first worker up (seconds into the fan-out) and the
+        # segments done by then: the rest the slots trained together (null: none came up)
+        "pool_first_up_seconds": (
+            round(pool_stats["first_up_seconds"], 3)
+            if pool_stats.get("first_up_seconds") is not None
+            else None
+        ),
+        "segments_before_pool_up": pool_stats.get("done_before_up", 0),
         "segments": [
             {"segment": r["segment"], **r["metrics"], "status": r["status"]} for r in trained
         ],
