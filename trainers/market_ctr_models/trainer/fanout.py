@@ -262,7 +262,7 @@ def run_ray(
     their start-up (seconds, on a cold cluster) only for work that outlasts it: unless
     started, the driver asks for them when the segment count alone says the work takes
     longer than ``min_pool_seconds`` (``pool_wanted``), else when a first batch of 16,
-    timed, says the rest does; otherwise it trains alone.
+    timed, says the rest does; otherwise it trains the rest alone, as the serial loop does.
 
     Batches are queued on a worker as soon as it is asked for (Ray runs them the moment it
     is up), at most ``max_in_flight`` each (two, so none waits for the driver between
@@ -315,6 +315,10 @@ def run_ray(
                     f"segments left (--min-pool-seconds={min_pool_seconds:g}): no workers "
                     "started"
                 )
+                yield from first
+                # from here exactly the serial loop: one call over the rest, in order
+                yield from train_batch(list(todo), data, conf)
+                return
             yield from first
 
     starting: dict[Any, Any] = {}  # a worker's ready() call -> the worker, until it answers
