@@ -416,7 +416,7 @@ def test_dashboard_that_never_answers_fails_the_step_and_leaves_the_job(
 def test_request_timeout_must_be_positive() -> None:
     from zipline_dagster.training.launchers.ray_job import RayJobRunner
 
-    for bad in (0, -1.0, float("nan"), "30"):
+    for bad in (0, -1.0, float("nan"), float("inf"), True, "30"):
         with pytest.raises(
             ValueError, match=r"request_timeout_s=.* is invalid; expected seconds > 0"
         ):

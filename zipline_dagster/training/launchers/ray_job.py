@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import re
 import shlex
@@ -304,7 +305,11 @@ class RayJobRunner:
     ) -> None:
         if not isinstance(address, str) or not address:
             raise TypeError(f"address must be a non-empty string, got {address!r}")
-        if not (isinstance(request_timeout_s, (int, float)) and request_timeout_s > 0):
+        if not (
+            isinstance(request_timeout_s, (int, float))
+            and not isinstance(request_timeout_s, bool)
+            and 0 < request_timeout_s < math.inf
+        ):
             raise ValueError(
                 f"request_timeout_s={request_timeout_s!r} is invalid; expected seconds > 0 "
                 "(the longest wait for one answer from the Ray dashboard)"
