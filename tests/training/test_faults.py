@@ -387,13 +387,14 @@ def test_dashboard_that_never_answers_fails_the_step_and_leaves_the_job(
         time.sleep(1.0)
         proxy.stall()
 
+    def run_step() -> None:
+        # the instance lives and is disposed in this thread (its SQLite connections
+        # belong to the thread that made them)
+        with dg.DagsterInstance.ephemeral() as instance:
+            outcome.append(materialize_on(instance, model, res, ds))
+
     staller = threading.Thread(target=stall_once_running, daemon=True)
-    step = threading.Thread(
-        target=lambda: outcome.append(
-            materialize_on(dg.DagsterInstance.ephemeral(), model, res, ds)
-        ),
-        daemon=True,
-    )
+    step = threading.Thread(target=run_step, daemon=True)
     try:
         staller.start()
         step.start()
