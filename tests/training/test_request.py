@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +22,7 @@ from zipline_dagster.training.request import (
     supersede_previous,
     window_days,
 )
+from zipline_dagster.training.trainer_io import RESULT_PREFIX, TAIL_LINES
 
 
 def test_window_is_exactly_n_days_ending_at_ds() -> None:
@@ -279,3 +283,55 @@ def test_jobs_with_a_pip_env_may_write_bytecode_into_it() -> None:
     assert "PYTHONDONTWRITEBYTECODE" not in no_install.runtime_env(request, ["x"])["env_vars"]
     own = replace(request, env={"PYTHONDONTWRITEBYTECODE": "1"})
     assert runner.runtime_env(own, ["x"])["env_vars"]["PYTHONDONTWRITEBYTECODE"] == "1"
+
+
+def test_a_partition_run_in_the_driver_keeps_only_the_tail_of_its_output(
+    tmp_path: Path,
+) -> None:
+    """A single-partition job runs its trainer in the driver: the output goes to the
+    job's log as it comes, and the driver keeps only its end (for a failure's tail), not
+    everything a trainer prints over hours."""
+    (tmp_path / "chatty.py").write_text(
+        "import sys\nfor i in range(200_000):\n    print(f'line {i} ' + 'x' * 40)\nsys.exit(3)\n"
+    )
+    spec = json.dumps({"2026-07-10": []})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "zipline_dagster.training.trainer_io",
+            "--attempt-id=zd-chatty-1",
+            "--module=chatty",
+            "--in-process",
+            f"--partitions={spec}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode != 0
+    lines = proc.stdout.splitlines()
+    assert sum(line.startswith("line ") for line in lines) == 200_000  # all of it streamed
+    result = json.loads(next(x for x in lines if x.startswith(RESULT_PREFIX))[len(RESULT_PREFIX) :])
+    assert result["exit_code"] == 3
+    tail = result["tail"].splitlines()
+    assert len(tail) == TAIL_LINES and tail[-1].startswith("line 199999 ")
+    assert tail[0].startswith(f"line {200_000 - TAIL_LINES} ")
+
+    # what the driver held: about TAIL_CHARS of the end, not the 10 MB printed
+    held = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from zipline_dagster.training.trainer_io import run_partition; "
+            "r = run_partition('chatty', [], tail_chars=4096); "
+            "sys.stderr.write(f\"{len(r['log'])} {r['log'].splitlines()[-1][:11]}\")",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    size, last = held.stderr.split(" ", 1)
+    assert int(size) <= 4096 and last == "line 199999"

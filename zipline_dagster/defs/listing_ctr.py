@@ -45,7 +45,7 @@ from zipline_dagster.settings import artifact_base_uri
 
 #: Content address of trainers/listing_ctr_model (`zipline-dagster build-trainer` prints
 #: it). A test fails when the trainer changes and this is not updated.
-LISTING_CTR_MODEL_VERSION = "e53adb57f078"
+LISTING_CTR_MODEL_VERSION = "051e6c1a543b"
 
 listing_views = SourceTable(
     table="ctr.listing_views", asset=build_listing_views_asset("ctr.listing_views")

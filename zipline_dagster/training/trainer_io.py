@@ -344,6 +344,11 @@ def write_table_file(warehouse: str, table: str, ds: str, write_id: str, frame: 
 
 #: Prefix of the one line per partition the range driver prints (the platform reads them).
 RESULT_PREFIX = "zipline-partition-result "
+#: Lines of a failed partition's output its result line carries.
+TAIL_LINES = 60
+#: Output a partition run in the driver's own process keeps for that tail: the end of it
+#: only, however much the trainer prints over hours (its stream goes to Ray's log as is).
+TAIL_CHARS = 1 << 20
 #: The driver's last line: the platform stops waiting for Ray's status to catch up.
 DONE_PREFIX = "zipline-partitions-done "
 
@@ -358,7 +363,7 @@ class _Tee:
 
     def __init__(self, real: Any) -> None:
         self.real = real
-        self.captured: list[str] = []
+        self.captured: list[str] | _Tail = []
 
     def write(self, text: str) -> int:
         self.captured.append(text)
@@ -370,6 +375,27 @@ class _Tee:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.real, name)
+
+
+class _Tail:
+    """The end of what was written: whole writes, dropped from the front once they add
+    up to more than ``limit`` characters (the last write is always kept)."""
+
+    def __init__(self, limit: int) -> None:
+        import collections
+
+        self.limit = limit
+        self.parts: collections.deque[str] = collections.deque()
+        self.size = 0
+
+    def append(self, text: str) -> None:
+        self.parts.append(text)
+        self.size += len(text)
+        while self.size > self.limit and len(self.parts) > 1:
+            self.size -= len(self.parts.popleft())
+
+    def __iter__(self) -> Any:
+        return iter(self.parts)
 
 
 #: Each training attempt writes into ``{model-dir}/_attempts/{attempt id}``; the platform
@@ -388,15 +414,18 @@ def attempt_flags(flags: list[str], attempt_id: str) -> list[str]:
     ]
 
 
-def run_partition(module: str, flags: list[str]) -> dict[str, Any]:
+def run_partition(
+    module: str, flags: list[str], *, tail_chars: int | None = None
+) -> dict[str, Any]:
     """Run one partition's trainer (``python -m {module} {flags}``) in this process and
-    return its exit code, seconds and output."""
+    return its exit code, seconds and output (``tail_chars``: only about that much of its
+    end, for a caller that needs the tail only)."""
     import runpy
     import sys
     import time
     import traceback
 
-    out: list[str] = []
+    out: list[str] | _Tail = [] if tail_chars is None else _Tail(tail_chars)
     tees = []
     for name in ("stdout", "stderr"):
         tee = getattr(sys, name)
@@ -460,13 +489,18 @@ def run_partitions(argv: Any = None) -> int:
         result["ds"] = ds
         if result["exit_code"] != 0:
             failed += 1
-            result["tail"] = "\n".join(log.splitlines()[-60:])
+            result["tail"] = "\n".join(log.splitlines()[-TAIL_LINES:])
         print(RESULT_PREFIX + json.dumps(result, sort_keys=True), flush=True)
 
     if args.in_process:
         for ds, flags in partitions.items():
             report(
-                ds, run_partition(args.module, attempt_flags(flags, args.attempt_id)), echo=False
+                ds,
+                # the output went to the job's log as it came: only its tail is kept
+                run_partition(
+                    args.module, attempt_flags(flags, args.attempt_id), tail_chars=TAIL_CHARS
+                ),
+                echo=False,
             )
     else:
         import ray
