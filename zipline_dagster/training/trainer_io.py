@@ -95,6 +95,130 @@ def partition_files(fs: Any, directory: str) -> list[str]:
     )
 
 
+class WindowFiles:
+    """The committed files of a window's partitions, listed once, to read in one go or
+    column by column: a trainer can read a few columns first (say, to size its work and
+    start its workers) and the others after, without listing the table again.
+
+    ``columns`` (the platform's ``--columns``) is the projection: a read asks for it (or
+    part of it), never for more; a projected column the table lacks fails here, naming it
+    and what the table has. The days that have no files are ``missing`` (a read fails
+    naming them)."""
+
+    def __init__(
+        self,
+        warehouse: str,
+        table: str,
+        window: list[str],
+        partition_column: str,
+        columns: list[str],
+    ) -> None:
+        ns, name = table.split(".", 1)
+        self.fs, root = filesystem(join(warehouse, ns, name))
+        self.warehouse, self.table, self.window = warehouse, table, window
+        self.partition_column, self.projection = partition_column, list(columns)
+        self.days: list[tuple[str, list[str]]] = []
+        self.missing: list[str] = []
+        for ds in window:
+            files = partition_files(self.fs, f"{root}/{partition_column}={ds}")
+            if files:
+                self.days.append((ds, files))
+            else:
+                self.missing.append(ds)
+        self._schema: Any = None
+        if self.projection:
+            for ds, files in self.days:
+                for path in files:
+                    self._check(ds, path, self.projection, "--columns")
+
+    def _check(self, ds: str, path: str, columns: list[str], flag: str) -> None:
+        import pyarrow.parquet as pq
+
+        have = pq.read_schema(path, filesystem=self.fs).names
+        absent = [c for c in columns if c not in have]
+        if absent:
+            raise TrainingDataError(
+                f"table {self.table} partition {ds} has no columns {absent} ({flag}); "
+                f"it has {sorted(have)}"
+            )
+
+    @property
+    def schema(self) -> Any:
+        """The columns a read can ask for, as a pyarrow schema: the first file's, limited
+        to the projection when there is one. Fails naming missing days."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if self._schema is None:
+            if self.missing:
+                _check_window(self.warehouse, self.table, self.window, self.missing, 0)
+            schema = pq.read_schema(self.days[0][1][0], filesystem=self.fs)
+            if self.projection:
+                schema = pa.schema([schema.field(c) for c in self.projection])
+            self._schema = schema.remove_metadata()
+        return self._schema
+
+    def tables(
+        self, columns: list[str] | None = None, dictionary: tuple[str, ...] = ()
+    ) -> list[tuple[str, list[Any]]]:
+        """The Arrow tables of each present day, as ``(day, tables)`` (one table per file):
+        ``columns`` (None: the projection, else every column). ``dictionary``: string
+        columns read dictionary-encoded (a segment column of few values, without a Python
+        string per row later)."""
+        import pyarrow.parquet as pq
+
+        cols = self.projection if columns is None else list(columns)
+        outside = [c for c in cols if self.projection and c not in self.projection]
+        if outside:
+            raise TrainingDataError(
+                f"table {self.table}: columns {outside} are not read (--columns="
+                f"{','.join(self.projection)}); add them to the projection"
+            )
+        wanted = [d for d in dictionary if not cols or d in cols] or None
+        parts = []
+        for ds, files in self.days:
+            tables = []
+            for path in files:
+                try:
+                    tables.append(
+                        pq.read_table(
+                            path, filesystem=self.fs, columns=cols or None, read_dictionary=wanted
+                        )
+                    )
+                except FileNotFoundError:  # the day was written again since the listing
+                    raise TrainingDataError(
+                        f"table {self.table} partition {ds} was written again while this "
+                        f"job read it ({path} is gone); run again"
+                    ) from None
+                except Exception:  # a later file without a column the first one has
+                    self._check(ds, path, cols, "asked for by the trainer")
+                    raise
+            parts.append((ds, tables))
+        return parts
+
+    def read_table(self, columns: list[str] | None = None, dictionary: tuple[str, ...] = ()) -> Any:
+        """``columns`` (as ``tables``) of every row of the window as one pyarrow Table,
+        for trainers that go to numpy without a pandas frame: the partition column is
+        dictionary-encoded (a day per partition, not a string per row) and appended, and
+        so are the ``dictionary`` columns; dictionaries are unified across files. Fails
+        naming missing days, or a window without rows. Reads of different columns return
+        the rows in the same order."""
+        import pyarrow as pa
+
+        tables = []
+        for ds, files in self.tables(columns, dictionary):
+            for t in files:
+                if self.partition_column in t.column_names:  # the folder says which day
+                    t = t.drop_columns([self.partition_column])
+                day = pa.DictionaryArray.from_arrays(
+                    pa.repeat(pa.scalar(0, pa.int32()), len(t)), pa.array([ds])
+                )
+                tables.append(t.append_column(self.partition_column, day))
+        rows = sum(len(t) for t in tables)
+        _check_window(self.warehouse, self.table, self.window, self.missing, rows)
+        return pa.concat_tables(tables, promote_options="permissive").unify_dictionaries()
+
+
 def read_partitions(
     warehouse: str,
     table: str,
@@ -105,40 +229,9 @@ def read_partitions(
     dictionary: tuple[str, ...] = (),
 ) -> tuple[list[tuple[str, list[Any]]], list[str]]:
     """The Arrow tables of each present partition of the window, as ``(day, tables)``
-    (one table per file), and the days that are missing. ``columns`` (the platform's
-    ``--columns``) projects the read; a column the table lacks fails, naming it and what
-    the table has. ``dictionary``: string columns read dictionary-encoded (a segment
-    column of few values, without a Python string per row later)."""
-    import pyarrow.parquet as pq
-
-    ns, name = table.split(".", 1)
-    fs, root = filesystem(join(warehouse, ns, name))
-    parts, missing = [], []
-    for ds in window:
-        files = partition_files(fs, f"{root}/{partition_column}={ds}")
-        if not files:
-            missing.append(ds)
-            continue
-        tables = []
-        for path in files:
-            if columns:
-                have = pq.read_schema(path, filesystem=fs).names
-                absent = [c for c in columns if c not in have]
-                if absent:
-                    raise TrainingDataError(
-                        f"table {table} partition {ds} has no columns {absent} (--columns); "
-                        f"it has {sorted(have)}"
-                    )
-            tables.append(
-                pq.read_table(
-                    path,
-                    filesystem=fs,
-                    columns=columns or None,
-                    read_dictionary=list(dictionary) or None,
-                )
-            )
-        parts.append((ds, tables))
-    return parts, missing
+    (one table per file), and the days that are missing (see ``WindowFiles``)."""
+    files = WindowFiles(warehouse, table, window, partition_column, columns)
+    return files.tables(dictionary=dictionary), files.missing
 
 
 def _check_window(
@@ -184,27 +277,9 @@ def read_window_table(
     *,
     dictionary: tuple[str, ...] = (),
 ) -> Any:
-    """``read_window`` as one pyarrow Table, for trainers that go to numpy without a
-    pandas frame: the partition column is dictionary-encoded (a day per partition, not a
-    string per row), and so are the ``dictionary`` columns; dictionaries are unified
-    across files. Fails like ``read_window``."""
-    import pyarrow as pa
-
-    parts, missing = read_partitions(
-        warehouse, table, window, partition_column, columns, dictionary=dictionary
-    )
-    tables = []
-    for ds, files in parts:
-        for t in files:
-            if partition_column in t.column_names:  # the folder says which day it is
-                t = t.drop_columns([partition_column])
-            day = pa.DictionaryArray.from_arrays(
-                pa.repeat(pa.scalar(0, pa.int32()), len(t)), pa.array([ds])
-            )
-            tables.append(t.append_column(partition_column, day))
-    rows = sum(len(t) for t in tables)
-    _check_window(warehouse, table, window, missing, rows)
-    return pa.concat_tables(tables, promote_options="permissive").unify_dictionaries()
+    """``read_window`` as one pyarrow Table (``WindowFiles.read_table``)."""
+    files = WindowFiles(warehouse, table, window, partition_column, columns)
+    return files.read_table(dictionary=dictionary)
 
 
 def read_flags_window(args: argparse.Namespace) -> Any:
@@ -220,13 +295,17 @@ def read_flags_window(args: argparse.Namespace) -> Any:
 
 def read_flags_window_table(args: argparse.Namespace, dictionary: tuple[str, ...] = ()) -> Any:
     """``read_window_table`` of the platform flags."""
-    return read_window_table(
+    return flags_window_files(args).read_table(dictionary=dictionary)
+
+
+def flags_window_files(args: argparse.Namespace) -> WindowFiles:
+    """``WindowFiles`` of the platform flags: the table, its window, the projection."""
+    return WindowFiles(
         args.warehouse,
         args.input_table,
         window_days(args.start_ds, args.end_ds),
         args.partition_column,
         column_list(args.columns),
-        dictionary=dictionary,
     )
 
 

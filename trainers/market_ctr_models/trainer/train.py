@@ -54,18 +54,32 @@ def segment_codes(table: Any, column: str) -> tuple[Any, list[str]]:
 
 
 def split_by_segment(
-    table: Any, codes: Any, names: list[str], args: Any, features: list[str], holdout: list[str]
+    head: Any,
+    body: Any,
+    codes: Any,
+    names: list[str],
+    args: Any,
+    features: list[str],
+    holdout: list[str],
 ) -> dict[str, dict[str, Any]]:
     """One dict of arrays per segment (``x``, ``y`` and ``hold``: its rows of the holdout
-    days), sorted by segment name. Vectorised: each column becomes one array, reordered by
-    segment once, and each segment gets slices of those arrays (a per-group loop costs
-    about 0.5 ms per segment: 5 s at 10k)."""
+    days), sorted by segment name: the label and the day from ``head``, the features from
+    ``body`` (the same rows, in the same order). Vectorised: each column becomes one
+    array, reordered by segment once, and each segment gets slices of those arrays (a
+    per-group loop costs about 0.5 ms per segment: 5 s at 10k)."""
     import numpy as np
 
-    order = np.argsort(codes, kind="stable")
-    x = np.column_stack([table.column(f).to_numpy().astype("float64") for f in features])[order]
-    y = table.column(args.label_column).to_numpy().astype("int64")[order]
-    days = table.column(args.partition_column).combine_chunks()
+    if len(head) != len(body):  # two reads of the same files: a file changed in between
+        raise tio.TrainingDataError(
+            f"table {args.input_table} changed while it was read ({len(head)} rows, then "
+            f"{len(body)}); run again"
+        )
+    # a stable sort of small integers is a radix sort (linear), of int64 a merge sort
+    small = codes.astype("uint16") if len(names) <= 1 << 16 else codes
+    order = np.argsort(small, kind="stable")
+    x = np.column_stack([body.column(f).to_numpy().astype("float64") for f in features])[order]
+    y = head.column(args.label_column).to_numpy().astype("int64")[order]
+    days = head.column(args.partition_column).combine_chunks()
     is_holdout = np.isin(np.array(days.dictionary.to_pylist(), dtype=object), holdout)
     hold = is_holdout[days.indices.to_numpy()][order]
     ends = np.cumsum(np.bincount(codes, minlength=len(names)))
@@ -76,9 +90,9 @@ def split_by_segment(
     return out
 
 
-def check_columns(table: Any, args: Any, features: list[str]) -> None:
-    """The segment, label and feature columns exist, and every row has a label."""
-    have = sorted(c for c in table.column_names if c != args.partition_column)
+def check_columns(schema: Any, args: Any, features: list[str]) -> None:
+    """The segment, label and feature columns exist (in the table's ``schema``)."""
+    have = sorted(c for c in schema.names if c != args.partition_column)
     for column, flag in ((args.segment_column, "segment"), (args.label_column, "label")):
         if column not in have:
             raise tio.TrainingDataError(
@@ -90,7 +104,16 @@ def check_columns(table: Any, args: Any, features: list[str]) -> None:
         raise tio.TrainingDataError(
             f"table {args.input_table} has no columns {absent} (--features); it has {have}"
         )
-    empty = table.column(args.label_column).null_count
+    if not features:
+        raise tio.TrainingDataError(
+            f"table {args.input_table} has no numeric columns to train on besides "
+            f"{args.segment_column!r} and {args.label_column!r}; it has {have}"
+        )
+
+
+def check_labels(head: Any, args: Any) -> None:
+    """Every row has a label."""
+    empty = head.column(args.label_column).null_count
     if empty:
         raise tio.TrainingDataError(
             f"table {args.input_table}: the label column {args.label_column!r} "
@@ -98,14 +121,14 @@ def check_columns(table: Any, args: Any, features: list[str]) -> None:
         )
 
 
-def numeric_columns(table: Any, skip: set[str]) -> list[str]:
-    """The table's numeric columns (integers, floats, booleans) not in ``skip``."""
+def numeric_columns(schema: Any, skip: set[str]) -> list[str]:
+    """The ``schema``'s numeric columns (integers, floats, booleans) not in ``skip``."""
     import pyarrow as pa
 
     def numeric(t: Any) -> bool:
         return bool(pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t))
 
-    return [f.name for f in table.schema if f.name not in skip and numeric(f.type)]
+    return [f.name for f in schema if f.name not in skip and numeric(f.type)]
 
 
 def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -117,19 +140,26 @@ def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
     pool = PoolStart(args.num_workers, args.task_retries) if use_ray else None
     window = tio.window_days(args.start_ds, args.end_ds)
     holdout = window[len(window) - args.eval_days :] if args.eval_days else []
-    table = tio.read_flags_window_table(args, dictionary=(args.segment_column,))
+    # The window's files are listed once and read in two steps: the segment and label
+    # columns first, which say how many models there are, so that the workers (when
+    # wanted) start while the features are read and split, not after.
+    files = tio.flags_window_files(args)
+    schema = files.schema
     skip = {args.segment_column, args.label_column, args.partition_column}
     features = (
         [f.strip() for f in args.features.split(",") if f.strip()]
         if args.features
-        else numeric_columns(table, skip)
+        else numeric_columns(schema, skip)
     )
-    check_columns(table, args, features)  # before any worker is asked for
-    codes, names = segment_codes(table, args.segment_column)
+    check_columns(schema, args, features)  # before any worker is asked for
+    head = files.read_table([args.segment_column, args.label_column], (args.segment_column,))
+    check_labels(head, args)
+    codes, names = segment_codes(head, args.segment_column)
     if pool is not None and pool_wanted(len(names), args.min_pool_seconds):
-        pool.start()  # the workers start while the data is split, not after
-    segments = split_by_segment(table, codes, names, args, features, holdout)
-    del table, codes
+        pool.start()  # the workers start while the features are read and split
+    body = files.read_table(features)
+    segments = split_by_segment(head, body, codes, names, args, features, holdout)
+    del head, body, codes
     conf = {"max_depth": args.max_depth, "num_rounds": args.num_rounds}
     load_seconds = time.monotonic() - started
     t0 = time.monotonic()
