@@ -135,3 +135,45 @@ def test_down_never_signals_a_reused_pid(tmp_path: Path) -> None:
     finally:
         other.kill()
         other.wait()
+
+
+def head_processes(head_pid: int) -> dict[int, str]:
+    """The processes of the head's session (the head, its daemons, the workers its raylet
+    started), by PID, with the title each shows in ``ps``."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            title = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+        except OSError:  # ended meanwhile
+            continue
+        if int(stat[stat.rindex(")") + 2 :].split()[3]) == head_pid:  # its session id
+            out[int(entry.name)] = title
+    return out
+
+
+@pytest.mark.ray
+def test_the_embedded_head_keeps_no_idle_worker_after_a_job(tmp_path: Path) -> None:
+    """The embedded head starts no spare worker for its job manager: no job could use it
+    (each job has its own runtime_env) and it would idle at a hundredth of a core for the
+    head's life, CPU the next job's workers need on a small machine."""
+    import time
+
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    from tests.conftest import running_head
+
+    for head in running_head(tmp_path / "ray", "Ray head (idle worker test)"):
+        client = JobSubmissionClient(head.dashboard_url)
+        job = client.submit_job(entrypoint="python -c 'print(1)'")
+        deadline = time.monotonic() + 120
+        while client.get_job_status(job) not in {JobStatus.SUCCEEDED, JobStatus.FAILED}:
+            assert time.monotonic() < deadline, "the job did not end"
+            time.sleep(0.2)
+        assert client.get_job_status(job) == JobStatus.SUCCEEDED
+        time.sleep(3)  # the job's own processes end with it
+        titles = head_processes(head.pid).values()
+        assert any("raylet" in t for t in titles)  # the head's session, as expected
+        assert not [t for t in titles if t.startswith("ray::IDLE")], sorted(titles)
