@@ -218,20 +218,19 @@ class WindowFiles:
         _check_window(self.warehouse, self.table, self.window, self.missing, rows)
         return pa.concat_tables(tables, promote_options="permissive").unify_dictionaries()
 
+    def read_frame(self) -> Any:
+        """All rows (of the projection) as one pandas frame, the partition column a string
+        per row; fails naming missing days, or a window without rows."""
+        import pandas as pd
 
-def read_partitions(
-    warehouse: str,
-    table: str,
-    window: list[str],
-    partition_column: str,
-    columns: list[str],
-    *,
-    dictionary: tuple[str, ...] = (),
-) -> tuple[list[tuple[str, list[Any]]], list[str]]:
-    """The Arrow tables of each present partition of the window, as ``(day, tables)``
-    (one table per file), and the days that are missing (see ``WindowFiles``)."""
-    files = WindowFiles(warehouse, table, window, partition_column, columns)
-    return files.tables(dictionary=dictionary), files.missing
+        frames = []
+        for ds, tables in self.tables():
+            frame = pd.concat([t.to_pandas() for t in tables], ignore_index=True)
+            frame[self.partition_column] = ds
+            frames.append(frame)
+        data = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+        _check_window(self.warehouse, self.table, self.window, self.missing, len(data))
+        return data
 
 
 def _check_window(
@@ -252,50 +251,13 @@ def _check_window(
 def read_window(
     warehouse: str, table: str, window: list[str], partition_column: str, columns: list[str]
 ) -> Any:
-    """All rows of the window's partitions as one pandas frame, the partition column a
-    string per row; fails naming missing partitions (and what is asked for) or a window
-    without rows."""
-    import pandas as pd
-
-    parts, missing = read_partitions(warehouse, table, window, partition_column, columns)
-    frames = []
-    for ds, tables in parts:
-        frame = pd.concat([t.to_pandas() for t in tables], ignore_index=True)
-        frame[partition_column] = ds
-        frames.append(frame)
-    data = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-    _check_window(warehouse, table, window, missing, len(data))
-    return data
-
-
-def read_window_table(
-    warehouse: str,
-    table: str,
-    window: list[str],
-    partition_column: str,
-    columns: list[str],
-    *,
-    dictionary: tuple[str, ...] = (),
-) -> Any:
-    """``read_window`` as one pyarrow Table (``WindowFiles.read_table``)."""
-    files = WindowFiles(warehouse, table, window, partition_column, columns)
-    return files.read_table(dictionary=dictionary)
+    """``WindowFiles.read_frame`` of the window's partitions."""
+    return WindowFiles(warehouse, table, window, partition_column, columns).read_frame()
 
 
 def read_flags_window(args: argparse.Namespace) -> Any:
-    """``read_window`` of the platform flags: the table, its window, the projection."""
-    return read_window(
-        args.warehouse,
-        args.input_table,
-        window_days(args.start_ds, args.end_ds),
-        args.partition_column,
-        column_list(args.columns),
-    )
-
-
-def read_flags_window_table(args: argparse.Namespace, dictionary: tuple[str, ...] = ()) -> Any:
-    """``read_window_table`` of the platform flags."""
-    return flags_window_files(args).read_table(dictionary=dictionary)
+    """``WindowFiles.read_frame`` of the platform flags."""
+    return flags_window_files(args).read_frame()
 
 
 def flags_window_files(args: argparse.Namespace) -> WindowFiles:

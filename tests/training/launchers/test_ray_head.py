@@ -160,12 +160,13 @@ def test_the_embedded_head_keeps_no_idle_worker_after_a_job(tmp_path: Path) -> N
     (each job has its own runtime_env) and it would idle at a hundredth of a core for the
     head's life, CPU the next job's workers need on a small machine."""
     import time
+    from contextlib import contextmanager
 
     from ray.job_submission import JobStatus, JobSubmissionClient
 
     from tests.conftest import running_head
 
-    for head in running_head(tmp_path / "ray", "Ray head (idle worker test)"):
+    with contextmanager(running_head)(tmp_path / "ray", "Ray head (idle worker test)") as head:
         client = JobSubmissionClient(head.dashboard_url)
         job = client.submit_job(entrypoint="python -c 'print(1)'")
         deadline = time.monotonic() + 120

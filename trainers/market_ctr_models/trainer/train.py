@@ -35,7 +35,7 @@ def segment_codes(table: Any, column: str) -> tuple[Any, list[str]]:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    col = table.column(column).combine_chunks()  # one dictionary (read_window_table unifies)
+    col = table.column(column).combine_chunks()  # one dictionary (WindowFiles.read_table unifies)
     if not pa.types.is_dictionary(col.type):  # e.g. integer ids (parquet dictionary-reads
         col = pc.dictionary_encode(col)  # strings only)
     names = [str(v) for v in col.dictionary.to_pylist()]
