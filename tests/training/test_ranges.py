@@ -4,6 +4,7 @@ failing partition fails only itself."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import dagster as dg
@@ -11,6 +12,7 @@ import pytest
 from dagster._core.storage.tags import (
     ASSET_PARTITION_RANGE_END_TAG,
     ASSET_PARTITION_RANGE_START_TAG,
+    RESUME_RETRY_TAG,
 )
 
 from tests.conftest import TRAINERS
@@ -48,17 +50,22 @@ def materializations(instance: dg.DagsterInstance, result: Any) -> dict[str, Any
     }
 
 
-def test_range_trains_in_one_ray_job_and_a_failing_partition_fails_only_itself(
-    ray_head: Any, file_base: str
-) -> None:
+def table_with_a_bad_last_day(file_base: str) -> str:
+    """The training table up to DAYS[-1], whose price_log that day is text: only the
+    window that reads it (ds 08-09) fails. Publishes the trainer; its version."""
     write_table(file_base, TABLE, days_ending(DAYS[-1], 8)[:-1], rows=300)
-    # The last day's price_log is text: only the window that reads it (ds 08-09) fails.
     bad = ctr_rows(DAYS[-1], 300)
     bad["price_log"] = bad["price_log"].map(lambda v: f"x{v:.2f}")
     write_partition(file_base, TABLE, DAYS[-1], bad)
-    version = publish_trainer_archive(
+    return publish_trainer_archive(
         TRAINERS / "listing_ctr_model", model_name="listing_ctr_model", base=file_base
     ).version
+
+
+def test_range_trains_in_one_ray_job_and_a_failing_partition_fails_only_itself(
+    ray_head: Any, file_base: str
+) -> None:
+    version = table_with_a_bad_last_day(file_base)
     model = make_model(version, file_base)
     defs = dg.Definitions(
         assets=[build_model_asset(model=model)],
@@ -119,3 +126,94 @@ def test_range_trains_in_one_ray_job_and_a_failing_partition_fails_only_itself(
     )
     assert all(e.passed and e.target_materialization_data is not None for e in evaluations)
     assert instance.get_materialized_partitions(KEY) == set(DAYS)
+
+
+def range_job(base: str, dashboard_url: str, version: str) -> dg.JobDefinition:
+    """The model's asset job, built by name (``dg.build_reconstructable_job``) so that
+    Dagster can re-execute its runs; in-process, like the tests' other runs."""
+    model = make_model(version, base)
+    return dg.Definitions(
+        assets=[build_model_asset(model=model)],
+        asset_checks=build_model_checks(model, daily_partitions),
+        jobs=[dg.define_asset_job("train_listing_ctr_model", selection=dg.AssetSelection.all())],
+        resources=resources(dashboard_url, base),
+        executor=dg.in_process_executor,
+    ).resolve_job_def("train_listing_ctr_model")
+
+
+def test_a_retry_from_failure_trains_only_what_failed_or_changed(
+    ray_head: Any, file_base: str
+) -> None:
+    days = DAYS[-3:]  # windows: 08-04..08-07, 08-05..08-08, 08-06..08-09
+    version = table_with_a_bad_last_day(file_base)
+    job = dg.build_reconstructable_job(
+        "tests.training.test_ranges",
+        "range_job",
+        reconstructable_args=(file_base, ray_head.dashboard_url, version),
+    )
+    tags = {ASSET_PARTITION_RANGE_START_TAG: days[0], ASSET_PARTITION_RANGE_END_TAG: days[-1]}
+    store = blob_store(file_base)
+
+    def manifest(ds: str) -> dict[str, Any]:
+        uri = f"{file_base}/models/listing_ctr_model/{version}/{ds}/{MANIFEST_NAME}"
+        return json.loads(store.read_bytes(uri))
+
+    with dg.instance_for_test() as instance:
+        first = dg.execute_job(job, instance, tags=tags, raise_on_error=False)
+        assert not first.success
+        trained = materializations(instance, first)
+        assert sorted(trained) == days[:2]
+        before = {ds: manifest(ds) for ds in days[:2]}
+        # Mend the failing day, and write again a day only the first partition reads.
+        write_partition(file_base, TABLE, DAYS[-1], ctr_rows(DAYS[-1], 300))
+        write_partition(file_base, TABLE, "2026-08-04", ctr_rows("2026-08-04", 300))
+
+        # As the UI's (and the run retry daemon's) "from failure" re-execution runs it: the
+        # parent's partition range, tagged a resume retry (execute_job adds neither).
+        retry = dg.execute_job(
+            job,
+            instance,
+            tags={**tags, RESUME_RETRY_TAG: "true"},
+            reexecution_options=dg.ReexecutionOptions.from_failure(first.run_id, instance),
+            raise_on_error=False,
+        )
+        assert retry.success
+        mats = materializations(instance, retry)
+        assert sorted(mats) == days  # every partition of the range, for the run's checks
+        md = {ds: {k: v.value for k, v in m.metadata.items()} for ds, m in mats.items()}
+
+        # 08-08: trained by the first run, nothing it reads changed: not trained again
+        kept = days[1]
+        assert md[kept]["reused_from_run"] == first.run_id
+        assert md[kept]["attempt"] == before[kept]["attempt"]
+        assert md[kept]["holdout/auc"] == trained[kept].metadata["holdout/auc"].value
+        assert manifest(kept) == before[kept]  # storage untouched
+        # 08-07: its input was written again after it trained; 08-09: it failed
+        for ds in (days[0], days[2]):
+            assert "reused_from_run" not in md[ds]
+            assert md[ds]["attempt"] == manifest(ds)["attempt"]
+            assert manifest(ds)["dagster_run_id"] == retry.run_id
+        assert manifest(days[0])["attempt"] != before[days[0]]["attempt"]
+        # the gates ran for every partition of the range, the reused one included
+        evaluations = [
+            e.event_specific_data
+            for e in retry.all_events
+            if e.event_type_value == "ASSET_CHECK_EVALUATION"
+        ]
+        assert {(e.partition, e.check_name) for e in evaluations} >= {
+            (ds, "manifest_verifies") for ds in days
+        }
+        assert all(e.passed for e in evaluations)
+
+        # Re-executing every step of the failed run is a new training: nothing is reused.
+        again = dg.execute_job(
+            job,
+            instance,
+            tags=tags,
+            reexecution_options=dg.ReexecutionOptions(parent_run_id=retry.run_id),
+            raise_on_error=False,
+        )
+        assert again.success
+        assert all(
+            "reused_from_run" not in m.metadata for m in materializations(instance, again).values()
+        )

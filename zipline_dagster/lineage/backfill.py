@@ -61,7 +61,9 @@ class FreshnessResolver:
         self._artifacts: dict[dg.AssetKey, dict[str, str]] = {}
         self._memo: dict[tuple[dg.AssetKey, str], str] = {}
 
-    def _latest_ids(self, key: dg.AssetKey) -> dict[str, int]:
+    def latest_ids(self, key: dg.AssetKey) -> dict[str, int]:
+        """{partition: storage id of its latest materialization (observation, for a
+        source)} of ``key``."""
         if key not in self._ids:
             node = self.graph.get(key)
             event = (
@@ -76,7 +78,7 @@ class FreshnessResolver:
 
     def _code_versions(self, key: dg.AssetKey) -> dict[str, str]:
         if key not in self._versions:
-            ids = self._latest_ids(key)
+            ids = self.latest_ids(key)
             versions: dict[str, str] = {}
             artifacts: dict[str, str] = {}
             if ids:
@@ -147,7 +149,7 @@ class FreshnessResolver:
         if memo_key in self._memo:
             return self._memo[memo_key]
         node = self.graph.get(key)
-        ids = self._latest_ids(key)
+        ids = self.latest_ids(key)
         if not node.is_materializable:
             result = "fresh"  # observed from outside; the run-time checks see what exists
         elif partition not in ids:
@@ -165,7 +167,7 @@ class FreshnessResolver:
                     if pstatus != "fresh":
                         result = f"stale: upstream {pkey.to_user_string()} {ppart} is {pstatus.split(':')[0]}"
                         break
-                    if self._latest_ids(pkey).get(ppart, 0) > ids[partition]:
+                    if self.latest_ids(pkey).get(ppart, 0) > ids[partition]:
                         result = (
                             f"stale: upstream {pkey.to_user_string()} {ppart} was updated after it"
                         )

@@ -31,6 +31,7 @@ from zipline_dagster.training.request import (
     traceback_tail,
 )
 from zipline_dagster.training.resources import TrainingLauncher
+from zipline_dagster.training.retries import reusable_partitions
 
 #: Most model partitions one backfill run trains (on Ray: one job, one task each).
 PARTITIONS_PER_RUN = 30
@@ -298,7 +299,9 @@ def train_range(
     On Ray (a model without Ray Train workers) the partitions train together in one job,
     one task each, as many at once as the cluster has CPUs for; otherwise one after
     another. A partition that fails (its window, its trainer, its artifacts) fails only
-    itself: the others are promoted and materialized, then the step fails naming it.
+    itself: the others are promoted and materialized, then the step fails naming it. A
+    re-execution of the run from its failure does not train again what the failed run
+    trained when nothing has changed since (``reusable_partitions``).
     """
     from zipline_dagster.training.resources import RayJobsResource
 
@@ -315,6 +318,9 @@ def train_range(
             ready.append(prepare(model, ds, warehouse, have=have)[0])
         except TrainingDataError as exc:
             errors[ds] = str(exc)
+    # A re-execution from failure trains only what the runs it resumes left undone.
+    done.update(reusable_partitions(context, ready, warehouse))
+    ready = [r for r in ready if r.ds not in done]
     together = (
         isinstance(launcher, RayJobsResource)
         and model.training_conf.resource_config.workers == 0
