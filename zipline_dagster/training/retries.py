@@ -31,8 +31,8 @@ def earlier_attempt_runs(context: dg.AssetExecutionContext) -> set[str]:
     every step (which trains again)."""
     run = context.run
     runs: set[str] = set()
-    # what Dagster's re-execution from (asset) failure tags its run with: the UI, the
-    # CLI and the run retry daemon
+    # what Dagster's re-execution from (asset) failure tags its run with (the UI, the run
+    # retry daemon)
     if "true" in (run.tags.get(RESUME_RETRY_TAG), run.tags.get(ASSET_RESUME_RETRY_TAG)):
         parent_id = run.parent_run_id
         while parent_id and parent_id not in runs:
@@ -120,7 +120,7 @@ def reusable_partitions(
         out[request.ds] = {**mat.metadata, "reused_from_run": record.run_id}
     if out:
         context.log.info(
-            f"{len(out)} of {len(requests)} partitions were trained by an earlier attempt of "
-            f"this step and are unchanged since: not trained again ({', '.join(sorted(out))})"
+            f"{len(out)} of {len(requests)} partitions were trained by the run this one "
+            f"re-executes and are unchanged since: not trained again ({', '.join(sorted(out))})"
         )
     return out
