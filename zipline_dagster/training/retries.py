@@ -51,8 +51,10 @@ def changed_on_storage(
     manifest_uri = join_uri(request.canonical_dir, MANIFEST_NAME)
     try:
         manifest = json.loads(warehouse.store(manifest_uri).read_bytes(manifest_uri))
-    except (FileNotFoundError, ValueError, BlobStorageError) as exc:
+    except (ValueError, BlobStorageError, FileNotFoundError) as exc:
         return f"its manifest {manifest_uri} cannot be read ({type(exc).__name__})"
+    if not isinstance(manifest, dict):
+        return f"its manifest {manifest_uri} is not a JSON object"
     if manifest.get("dagster_run_id") != run_id or manifest.get("attempt") != attempt:
         return (
             f"{manifest_uri} now holds attempt {manifest.get('attempt')} of run "
@@ -64,10 +66,13 @@ def changed_on_storage(
             table_partition_uri(request.warehouse, request.model.table, day), COMMIT_NAME
         )
         try:
-            committed = json.loads(warehouse.store(marker).read_bytes(marker)).get("committed_at")
-        except (FileNotFoundError, ValueError, BlobStorageError):
-            committed = None
-        if committed is None or float(committed) > trained_at:
+            body = json.loads(warehouse.store(marker).read_bytes(marker))
+        except (ValueError, BlobStorageError, FileNotFoundError):
+            body = None
+        committed = body.get("committed_at") if isinstance(body, dict) else None
+        if not isinstance(committed, (int, float)):
+            return f"its input {request.model.table} {day} has no commit time ({marker})"
+        if committed > trained_at:
             return f"its input {request.model.table} {day} was written after it was trained"
     return None
 
