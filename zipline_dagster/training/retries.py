@@ -42,6 +42,15 @@ def earlier_attempt_runs(context: dg.AssetExecutionContext) -> set[str]:
     return runs
 
 
+def _json_object(warehouse: WarehouseResource, uri: str) -> dict[str, Any] | None:
+    """The JSON object stored at ``uri``; None when it is missing, unreadable or not one."""
+    try:
+        value = json.loads(warehouse.store(uri).read_bytes(uri))
+    except (ValueError, BlobStorageError, FileNotFoundError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def changed_on_storage(
     warehouse: WarehouseResource, request: TrainingRequest, run_id: str, attempt: str
 ) -> str | None:
@@ -49,12 +58,9 @@ def changed_on_storage(
     or was trained on input that has been written again since (None: it is, and it was
     not)."""
     manifest_uri = join_uri(request.canonical_dir, MANIFEST_NAME)
-    try:
-        manifest = json.loads(warehouse.store(manifest_uri).read_bytes(manifest_uri))
-    except (ValueError, BlobStorageError, FileNotFoundError) as exc:
-        return f"its manifest {manifest_uri} cannot be read ({type(exc).__name__})"
-    if not isinstance(manifest, dict):
-        return f"its manifest {manifest_uri} is not a JSON object"
+    manifest = _json_object(warehouse, manifest_uri)
+    if manifest is None:
+        return f"its manifest {manifest_uri} cannot be read"
     if manifest.get("dagster_run_id") != run_id or manifest.get("attempt") != attempt:
         return (
             f"{manifest_uri} now holds attempt {manifest.get('attempt')} of run "
@@ -65,11 +71,7 @@ def changed_on_storage(
         marker = join_uri(
             table_partition_uri(request.warehouse, request.model.table, day), COMMIT_NAME
         )
-        try:
-            body = json.loads(warehouse.store(marker).read_bytes(marker))
-        except (ValueError, BlobStorageError, FileNotFoundError):
-            body = None
-        committed = body.get("committed_at") if isinstance(body, dict) else None
+        committed = (_json_object(warehouse, marker) or {}).get("committed_at")
         if not isinstance(committed, (int, float)):
             return f"its input {request.model.table} {day} has no commit time ({marker})"
         if committed > trained_at:
@@ -110,13 +112,12 @@ def reusable_partitions(
             continue
         status = resolver.status(key, request.ds)
         attempt = mat.metadata.get("attempt")
-        why = (
-            status
-            if status != "fresh"
-            else "its materialization names no attempt"
-            if attempt is None
-            else changed_on_storage(warehouse, request, record.run_id, str(attempt.value))
-        )
+        if status != "fresh":
+            why: str | None = status
+        elif attempt is None:
+            why = "its materialization names no attempt"
+        else:
+            why = changed_on_storage(warehouse, request, record.run_id, str(attempt.value))
         if why is not None:
             context.log.info(
                 f"{request.ds} trains again although run {record.run_id} trained it: {why}"
