@@ -421,7 +421,9 @@ class Promotion:
     report: dict[str, Any] | None = None
 
 
-def _read_json(store: BlobStore, uri: str) -> dict[str, Any] | None:
+def read_json_object(store: BlobStore, uri: str) -> dict[str, Any] | None:
+    """The JSON object stored at ``uri``; None when there is none, or it holds another
+    JSON value (invalid JSON raises ValueError)."""
     try:
         value = json.loads(store.read_bytes(uri))
     except FileNotFoundError:
@@ -446,7 +448,7 @@ def promote_attempt(
     adir = attempt_dir(model_dir, attempt_id)
     manifest_uri = join_uri(model_dir, MANIFEST_NAME)
     with promotion_lock(store, model_dir):
-        current = _read_json(store, manifest_uri)
+        current = read_json_object(store, manifest_uri)
         if current and current.get("attempt") == attempt_id and is_committed(store, model_dir):
             return Promotion(manifest=current, superseded=None, already=True)
         if store.exists(join_uri(adir, PROMOTED_NAME)):
@@ -503,7 +505,7 @@ def is_committed(store: BlobStore, model_dir: str, *, checksums: bool = True) ->
 
     ``checksums=False`` checks that every listed file exists (one listing, no reads).
     """
-    manifest = _read_json(store, join_uri(model_dir, MANIFEST_NAME))
+    manifest = read_json_object(store, join_uri(model_dir, MANIFEST_NAME))
     if manifest is None:
         return False
     entries = manifest.get("files", [])

@@ -11,7 +11,6 @@ see every partition of the range.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import dagster as dg
@@ -22,7 +21,7 @@ from zipline_dagster.storage.blobs import BlobStorageError
 from zipline_dagster.storage.paths import MANIFEST_NAME, join_uri, table_partition_uri
 from zipline_dagster.storage.resources import WarehouseResource
 from zipline_dagster.storage.tables import COMMIT_NAME
-from zipline_dagster.training.request import TrainingRequest
+from zipline_dagster.training.request import TrainingRequest, read_json_object
 
 
 def earlier_attempt_runs(context: dg.AssetExecutionContext) -> set[str]:
@@ -45,10 +44,9 @@ def earlier_attempt_runs(context: dg.AssetExecutionContext) -> set[str]:
 def _json_object(warehouse: WarehouseResource, uri: str) -> dict[str, Any] | None:
     """The JSON object stored at ``uri``; None when it is missing, unreadable or not one."""
     try:
-        value = json.loads(warehouse.store(uri).read_bytes(uri))
-    except (ValueError, BlobStorageError, FileNotFoundError):
+        return read_json_object(warehouse.store(uri), uri)
+    except (ValueError, BlobStorageError):
         return None
-    return value if isinstance(value, dict) else None
 
 
 def changed_on_storage(
