@@ -72,6 +72,7 @@ def run_fanout(
             "workers": report["pool_workers"],
             "up": report["pool_first_up_seconds"],
             "before_up": report["segments_before_pool_up"],
+            "threads": report["driver_threads"],
         }
 
     if warm_up:  # the cluster caches the pip env (per requirement set); workers stay cold
@@ -125,12 +126,14 @@ def run_fanout(
                 "trained by the driver (one of the 2 slots; a pool worker, when one was "
                 "started, trains the rest): "
                 + " / ".join(
-                    f"{r['by_driver']:,} ({r['workers']} worker{'s' * (r['workers'] != 1)})"
+                    f"{r['by_driver']:,} ({r['workers']} worker{'s' * (r['workers'] != 1)}, "
+                    f"{r['threads']} thread{'s' * (r['threads'] != 1)})"
                     for r in runs["ray"]
                 )
                 + f" of {models + 1:,} segments; workers start only when the work outlasts "
                 "--min-pool-seconds (10 s): from the segment count (at least 1 ms each), else "
-                "timed on a first batch of 16",
+                "timed on a first batch of 16; a driver training alone does so on the 2 slots "
+                "as threads",
                 *steady,
             ],
         )
@@ -138,8 +141,8 @@ def run_fanout(
 
 
 def test_fanout_1000_models_cold(ray_head: Any, tmp_path: Path) -> None:
-    # 5 repeats: runs of 6-8 s vary by a second or more on this machine, and the goal is
-    # a ratio close to 1; the medians need the extra samples (each pair costs ~25 s)
+    # 5 repeats: runs of 6-8 s vary by a second or more on this machine; the medians
+    # need the extra samples (each pair costs ~25 s)
     run_fanout(
         ray_head,
         tmp_path,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 import zipfile
@@ -125,6 +126,91 @@ def test_pool_workers_share_the_work_with_the_driver(ray_head: Any, file_base: s
     assert list(compiled), "no bytecode in Ray's pip env"
 
 
+@pytest.mark.ray
+def test_a_driver_training_alone_uses_the_jobs_slots_as_threads(
+    ray_head: Any, file_base: str
+) -> None:
+    """A job too short for a worker's start (300 segments, about a second): the driver
+    trains it alone on the model's 2 slots as threads, and the models are exactly those
+    of the serial loop, byte for byte, the failing segment reported the same way."""
+    from ray.job_submission import JobSubmissionClient
+
+    write_market_table(file_base, SEGMENTS)
+    version = publish_market_trainer(file_base)
+    out = {}
+    for executor in ("serial", "ray"):
+        jc = {"segment-column": "market", "features": "price,noise", "executor": executor}
+        model = make_model(version, file_base, name="market_ctr_models", job_configs=jc, replicas=2)
+        md = only_materialization(materialize(model, resources(ray_head.dashboard_url, file_base)))
+        model_dir = str(md.metadata["artifact_uri"].value)
+        store = blob_store(model_dir)
+        report = json.loads(store.read_bytes(f"{model_dir}/metrics.json"))
+        with zipfile.ZipFile(io.BytesIO(store.read_bytes(f"{model_dir}/segment_models.zip"))) as zf:
+            models = {n: zf.read(n) for n in zf.namelist()}
+        logs = JobSubmissionClient(ray_head.dashboard_url).get_job_logs(
+            str(md.metadata["ray_job_id"].value)
+        )
+        out[executor] = (report, models, logs)
+    (serial, serial_models, _), (ray, ray_models, logs) = out["serial"], out["ray"]
+    assert serial["driver_threads"] == 1
+    assert ray["driver_threads"] == 2 and ray["pool_workers"] == 0
+    assert "no workers started; it trains them on 2 threads" in logs
+    assert len(ray_models) == SEGMENTS and ray_models == serial_models
+    assert ray["segments"] == serial["segments"]  # every segment's metrics, in order
+    assert ray["segments_failed"] == serial["segments_failed"]
+    assert "empty split" in ray["segments_failed"]["zz_new_market"]
+
+
+def test_driver_threads_follow_the_slots_or_the_cpus_ray_reserved() -> None:
+    """Without --driver-threads the driver's threads are the job's slots (--num-workers)
+    when given, else the CPUs Ray reserved for the driver (OMP_NUM_THREADS, which Ray sets
+    for a job's entrypoint); never more than the node's CPUs. A consumer that stops
+    reading the results stops the training: the batches not begun are dropped."""
+    code = (
+        "import numpy as np\n"
+        "from trainer.fanout import driver_threads, local_cpus, train_threaded\n"
+        "print(local_cpus(), driver_threads(0, 0), driver_threads(0, 2), driver_threads(0, 64),"
+        " driver_threads(3, 2))\n"
+        "class Counted(dict):\n"
+        "    reads = 0\n"
+        "    def __getitem__(self, key):\n"
+        "        Counted.reads += 1\n"
+        "        return super().__getitem__(key)\n"
+        "arrays = {'x': np.arange(40.0).reshape(20, 2), 'y': np.arange(20) % 2,"
+        " 'hold': np.arange(20) >= 15}\n"
+        "data = Counted((f's{i:04d}', arrays) for i in range(2000))\n"
+        "results = train_threaded(sorted(data), data, {'max_depth': 2, 'num_rounds': 2}, 2)\n"
+        "first = next(results)\n"
+        "results.close()\n"
+        "print(first['segment'], Counted.reads < 2000)\n"
+    )
+
+    def run(omp: str) -> list[str]:
+        env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+        env.update({"OMP_NUM_THREADS": omp} if omp else {})
+        res = subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=TRAINERS / "market_ctr_models",
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert res.returncode == 0, res.stderr
+        return res.stdout.split()
+
+    cpus, alone, two, many, given, first, stopped = run("2")
+    assert int(cpus) == len(os.sched_getaffinity(0))
+    assert (alone, two, many, given) == (
+        str(min(2, int(cpus))),
+        str(min(2, int(cpus))),
+        str(min(4, int(cpus))),
+        "3",
+    )
+    assert (first, stopped) == ("s0000", "True")
+    assert run("")[1] == "1"  # no reservation said: one thread
+
+
 def test_xgboost_is_imported_without_scikit_learn() -> None:
     """The trainer's processes import xgboost without the scikit-learn API it would pull in
     (about 3 s of CPU each); scikit-learn itself still imports afterwards."""
@@ -151,6 +237,7 @@ def test_xgboost_is_imported_without_scikit_learn() -> None:
     ("flag", "message"),
     [
         ("--max-in-flight=0", "--max-in-flight=0 is invalid; expected a whole number >= 1"),
+        ("--driver-threads=-1", "--driver-threads=-1 is invalid; expected a whole number >= 0"),
         ("--min-pool-seconds=-1", "--min-pool-seconds=-1.0 is invalid; expected seconds >= 0"),
         ("--min-pool-seconds=nan", "--min-pool-seconds=nan is invalid; expected seconds >= 0"),
     ],

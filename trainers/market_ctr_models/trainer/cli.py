@@ -35,6 +35,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "(from the segment count, at least 1 ms each, else timed on a first batch of 16): "
         "a cold worker takes seconds to start; 0: always",
     )
+    p.add_argument(
+        "--driver-threads",
+        type=int,
+        default=0,
+        help="threads the driver trains on when no workers are started (0: --num-workers when "
+        "given, else the CPUs Ray reserved for the job's driver; at most this node's CPUs "
+        "and 4); 1: one model at a time, as the serial loop",
+    )
     p.add_argument("--batch-size", type=int, default=0, help="segments per batch (0: auto)")
     p.add_argument(
         "--num-workers",
@@ -55,6 +63,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not args.min_pool_seconds >= 0:  # also refuses nan
         p.error(f"--min-pool-seconds={args.min_pool_seconds} is invalid; expected seconds >= 0")
+    if args.driver_threads < 0:
+        p.error(f"--driver-threads={args.driver_threads} is invalid; expected a whole number >= 0")
     if args.max_in_flight < 1:
         p.error(f"--max-in-flight={args.max_in_flight} is invalid; expected a whole number >= 1")
     return tio.check_window(p, args)

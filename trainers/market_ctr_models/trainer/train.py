@@ -171,6 +171,7 @@ def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 conf,
                 pool=pool,
                 min_pool_seconds=args.min_pool_seconds,
+                threads=args.driver_threads,
                 batch_size=args.batch_size,
                 max_in_flight=args.max_in_flight,
                 task_retries=args.task_retries,
@@ -241,6 +242,8 @@ def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
             else None
         ),
         "segments_before_pool_up": pool_stats.get("done_before_up", 0),
+        # threads the driver trained on: more than one only when it trained alone
+        "driver_threads": pool_stats.get("driver_threads", 1),
         "segments": [
             {"segment": r["segment"], **r["metrics"], "status": r["status"]} for r in trained
         ],
