@@ -194,6 +194,12 @@ def test_a_retry_from_failure_trains_only_what_failed_or_changed(
             assert md[ds]["attempt"] == manifest(ds)["attempt"]
             assert manifest(ds)["dagster_run_id"] == retry.run_id
         assert manifest(days[0])["attempt"] != before[days[0]]["attempt"]
+        # one job trains those two days, named by its span and a hash of its days: never
+        # the first run's job for the whole span (a live one would be followed)
+        first_job = before[days[0]]["attempt"].removesuffix("-1")
+        assert md[days[0]]["attempt"] == md[days[2]]["attempt"]
+        assert md[days[0]]["attempt"].startswith(f"{first_job}-")
+        assert md[days[0]]["attempt"].endswith("-1")
         # the gates ran for every partition of the range, the reused one included
         evaluations = [
             e.event_specific_data

@@ -90,6 +90,28 @@ def _attempt(store: object, d: str, attempt: str, files: dict[str, bytes]) -> No
         store.write_bytes(f"{attempt_dir(d, attempt)}/{name}", data)  # type: ignore[attr-defined]
 
 
+def test_a_range_job_is_named_by_its_span_and_by_its_days_when_some_are_left_out() -> None:
+    """Every day of a span: the job is named by its first and last day. Some days only (a
+    backfill of chosen days, a retry that reuses some): a hash of the days is added, so a
+    run never re-attaches to a live job that trains another set of partitions."""
+    from zipline_dagster.training.request import build_range_request
+
+    model = make_model("a" * 12, "s3://b/wh")
+
+    def key(*days: str) -> str:
+        return build_range_request(
+            [build_training_request(model, d, warehouse="s3://b/tables") for d in days]
+        ).job_key
+
+    span = f"listing_ctr_model-{'a' * 12}-2026-07-10_2026-07-12"
+    every = key("2026-07-10", "2026-07-11", "2026-07-12")
+    ends = key("2026-07-10", "2026-07-12")
+    assert every == span
+    assert ends.startswith(f"{span}-") and len(ends) == len(span) + 9
+    assert ends == key("2026-07-10", "2026-07-12")  # the same days: the same job
+    assert key("2026-07-10", "2026-07-12") != key("2026-07-10", "2026-07-11", "2026-07-12")
+
+
 def test_promotion_commits_with_the_manifest_last(file_base: str) -> None:
     d = f"{file_base}/models/m/{'a' * 12}/2026-07-10"
     store = blob_store(d)

@@ -269,10 +269,17 @@ def build_range_request(requests: list[TrainingRequest]) -> TrainingRequest:
     Its entrypoint is the archive's ``zipline_trainer_io`` range driver; each partition
     keeps exactly its single-partition flags (``--model-dir`` pointed at its own attempt
     folder, named after this job's submission id), so the trainer cannot tell the two
-    apart. The job key covers the range, so a retried step re-attaches to it.
+    apart. The job key covers the range, so a retried step re-attaches to it: its first
+    and last day, plus a hash of the days when they are not every day in between (a
+    backfill of chosen days, or a retry that reuses some), so that a run never follows a
+    job that trains another set of partitions.
     """
     first, last = requests[0], requests[-1]
     model = first.model
+    key = f"{model.name}-{model.version}-{first.ds}_{last.ds}"
+    days = [r.ds for r in requests]
+    if days != days_between(first.ds, last.ds):
+        key += "-" + hashlib.sha256(",".join(days).encode()).hexdigest()[:8]
     spec = json.dumps({r.ds: list(r.flags) for r in requests}, separators=(",", ":"))
     cpus = model.training_conf.resource_config.cpus_per_replica
     return TrainingRequest(
@@ -291,7 +298,7 @@ def build_range_request(requests: list[TrainingRequest]) -> TrainingRequest:
         env=dict(first.env),
         module="zipline_trainer_io",
         attempt_flag="attempt-id",
-        job_key_override=f"{model.name}-{model.version}-{first.ds}_{last.ds}",
+        job_key_override=key,
         driver_cpus=0,
     )
 
