@@ -57,9 +57,12 @@ def test_only_settings_reads_the_environment() -> None:
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
                 target = ast.unparse(node.func)
                 if target in ("os.environ.get", "os.getenv"):
-                    # Except RAY_ADDRESS, Ray's own marker of a job driver (the fan-out
-                    # trainer's --executor=auto), which ray.init reads the same way.
+                    # Except what Ray sets for a job's driver: RAY_ADDRESS, its marker of
+                    # a job driver (the fan-out trainer's --executor=auto), which ray.init
+                    # reads the same way, and OMP_NUM_THREADS, the CPUs it reserved for
+                    # the driver (the fan-out driver's threads), which OpenMP reads too.
                     arg = node.args[0] if node.args else None
-                    if not (isinstance(arg, ast.Constant) and arg.value == "RAY_ADDRESS"):
+                    ray_set = ("RAY_ADDRESS", "OMP_NUM_THREADS")
+                    if not (isinstance(arg, ast.Constant) and arg.value in ray_set):
                         readers.append(f"{rel}:{node.lineno}")
     assert readers == []
