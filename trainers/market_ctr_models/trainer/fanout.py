@@ -272,8 +272,17 @@ def driver_threads(threads: int, slots: int) -> int:
     return max(1, min(slots, local_cpus(), MAX_AUTO_THREADS))
 
 
+def share_batch(segments: int, slots: int) -> int:
+    """Automatic batch size: about 1/16 of a slot's share of ``segments``, at most 100."""
+    return max(1, min(100, math.ceil(segments / (slots * 16))))
+
+
 def train_threaded(
-    segments: list[str], data: dict[str, dict[str, Any]], conf: dict[str, Any], threads: int
+    segments: list[str],
+    data: dict[str, dict[str, Any]],
+    conf: dict[str, Any],
+    threads: int,
+    batch_size: int = 0,
 ) -> Iterable[dict[str, Any]]:
     """Train ``segments`` on ``threads`` threads of this process, results in segment order.
     xgboost trains, predicts and builds its matrices in native code with the GIL released
@@ -285,7 +294,7 @@ def train_threaded(
     if threads <= 1 or len(segments) < 2:
         yield from train_batch(segments, data, conf)
         return
-    size = max(1, min(100, math.ceil(len(segments) / (threads * 16))))
+    size = batch_size or share_batch(len(segments), threads)
     batches = [segments[i : i + size] for i in range(0, len(segments), size)]
     pool = ThreadPoolExecutor(threads, thread_name_prefix="fan-out driver")
     try:
@@ -343,14 +352,13 @@ def run_ray(
     workers: list[Any] | None = None  # known once the pool's start is done
 
     def next_batch(n: int = 0) -> list[str]:
-        # Auto size: about 1/16 of a slot's share, at most 100, and at most a quarter of
-        # what is left per slot, so that towards the end batches shrink and every slot
-        # finishes at about the same time.
+        # Auto size: a slot's share's batch, and at most a quarter of what is left per
+        # slot, so that towards the end batches shrink and every slot finishes at about
+        # the same time.
         if not n:
             slots = len(active) + 1
-            share = math.ceil(len(segments) / (slots * 16))
             tail = math.ceil(len(todo) / (slots * 4))
-            n = batch_size or max(1, min(100, share, tail))
+            n = batch_size or min(share_batch(len(segments), slots), tail)
         return [todo.popleft() for _ in range(min(n, len(todo)))]
 
     t0 = time.monotonic()
@@ -375,7 +383,7 @@ def run_ray(
                     f"started; it trains them on {threads} thread{'s' * (threads != 1)}"
                 )
                 yield from first
-                yield from train_threaded(list(todo), data, conf, threads)
+                yield from train_threaded(list(todo), data, conf, threads, batch_size)
                 return
             yield from first
 
