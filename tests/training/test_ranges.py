@@ -17,7 +17,7 @@ from dagster._core.storage.tags import (
 
 from tests.conftest import TRAINERS
 from tests.helpers import ctr_rows, days_ending, write_partition, write_table
-from tests.training.test_assets import TABLE, make_model, resources
+from tests.training.test_assets import DS, TABLE, make_model, resources
 from zipline_dagster.lineage.partitions import daily_partitions
 from zipline_dagster.rollout.assets import build_model_checks
 from zipline_dagster.storage.blobs import blob_store
@@ -223,3 +223,46 @@ def test_a_retry_from_failure_trains_only_what_failed_or_changed(
         assert all(
             "reused_from_run" not in m.metadata for m in materializations(instance, again).values()
         )
+
+
+def test_what_on_storage_makes_a_retry_train_again(file_base: str) -> None:
+    """Each reason a partition the failed run trained is trained again on the retry, read
+    from the files themselves: the manifest unreadable, naming another attempt, or without
+    a commit time; an input day without a commit time, or committed after the model."""
+    from zipline_dagster.storage.paths import join_uri, table_partition_uri
+    from zipline_dagster.storage.resources import WarehouseResource
+    from zipline_dagster.storage.tables import COMMIT_NAME
+    from zipline_dagster.training.request import build_training_request
+    from zipline_dagster.training.retries import changed_on_storage
+
+    store = blob_store(file_base)
+    request = build_training_request(make_model("a" * 12, file_base), DS, warehouse=file_base)
+    manifest_uri = join_uri(request.canonical_dir, MANIFEST_NAME)
+    first_day = table_partition_uri(file_base, TABLE, request.days[0])
+
+    def commit(uri: str, data: object) -> None:
+        store.write_bytes(uri, json.dumps(data).encode())
+
+    for day in request.days:
+        commit(
+            join_uri(table_partition_uri(file_base, TABLE, day), COMMIT_NAME),
+            {"committed_at": 100.0},
+        )
+
+    def why() -> str | None:
+        return changed_on_storage(WarehouseResource(uri=file_base), request, "run-1", "zd-x-1")
+
+    assert why() == f"its manifest {manifest_uri} cannot be read"
+    commit(manifest_uri, {"dagster_run_id": "run-1", "attempt": "zd-x-2", "committed_at": 200})
+    assert why() == f"{manifest_uri} now holds attempt zd-x-2 of run run-1"
+    commit(manifest_uri, {"dagster_run_id": "run-1", "attempt": "zd-x-1", "committed_at": "late"})
+    assert why() == f"its manifest {manifest_uri} has no commit time"
+    commit(manifest_uri, {"dagster_run_id": "run-1", "attempt": "zd-x-1", "committed_at": 200})
+    assert why() is None  # the model of that run, trained after its input
+    commit(join_uri(first_day, COMMIT_NAME), {"committed_at": 300.0})
+    assert why() == (f"its input {TABLE} {request.days[0]} was written after it was trained")
+    commit(join_uri(first_day, COMMIT_NAME), ["not", "an", "object"])
+    assert why() == (
+        f"its input {TABLE} {request.days[0]} has no commit time "
+        f"({join_uri(first_day, COMMIT_NAME)})"
+    )

@@ -64,7 +64,9 @@ def changed_on_storage(
             f"{manifest_uri} now holds attempt {manifest.get('attempt')} of run "
             f"{manifest.get('dagster_run_id')}"
         )
-    trained_at = float(manifest.get("committed_at") or 0)
+    trained_at = manifest.get("committed_at")
+    if not isinstance(trained_at, (int, float)):
+        return f"its manifest {manifest_uri} has no commit time"
     for day in request.days:
         marker = join_uri(
             table_partition_uri(request.warehouse, request.model.table, day), COMMIT_NAME
