@@ -25,7 +25,6 @@ from zipline_dagster.storage.paths import MANIFEST_NAME
 from zipline_dagster.training.archive import publish_trainer_archive
 from zipline_dagster.training.assets import build_model_asset
 
-pytestmark = pytest.mark.ray
 KEY = dg.AssetKey(["models", "listing_ctr_model"])
 DAYS = ["2026-08-05", "2026-08-06", "2026-08-07", "2026-08-08", "2026-08-09"]
 
@@ -62,6 +61,7 @@ def table_with_a_bad_last_day(file_base: str) -> str:
     ).version
 
 
+@pytest.mark.ray
 def test_range_trains_in_one_ray_job_and_a_failing_partition_fails_only_itself(
     ray_head: Any, file_base: str
 ) -> None:
@@ -141,6 +141,7 @@ def range_job(base: str, dashboard_url: str, version: str) -> dg.JobDefinition:
     ).resolve_job_def("train_listing_ctr_model")
 
 
+@pytest.mark.ray
 def test_a_retry_from_failure_trains_only_what_failed_or_changed(
     ray_head: Any, file_base: str
 ) -> None:
