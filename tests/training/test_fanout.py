@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import socket
 import subprocess
 import sys
 import zipfile
@@ -249,8 +250,11 @@ def test_bad_pool_flags_are_refused_by_name(tmp_path: Path, flag: str, message: 
     assert not (tmp_path / "model").exists()  # nothing written
 
 
-def run_trainer(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess[str]:
-    """The fan-out trainer run by hand (serial) on the table under ``tmp_path``."""
+def run_trainer(
+    tmp_path: Path, *flags: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The fan-out trainer run by hand (serial unless ``flags`` say otherwise) on the table
+    under ``tmp_path``, with ``env`` added to this process's environment."""
     return subprocess.run(
         [
             sys.executable,
@@ -265,10 +269,44 @@ def run_trainer(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess[str]
             *flags,
         ],
         cwd=TRAINERS / "market_ctr_models",
+        env={**os.environ, **(env or {})},
         capture_output=True,
         text=True,
         timeout=120,
     )
+
+
+@pytest.mark.parametrize(
+    ("address", "reason"),
+    [
+        ("closed port", "the Ray worker pool was still starting 10s after the driver had trained"),
+        ("nonsense", "could not start the Ray worker pool: Invalid address format: nonsense"),
+    ],
+)
+def test_a_pool_that_cannot_start_leaves_the_driver_training_alone(
+    tmp_path: Path, address: str, reason: str
+) -> None:
+    """Workers asked for (--executor=ray, --min-pool-seconds=0) where no Ray answers: at a
+    closed loopback port ray.init retries for ever, a malformed address fails it at once.
+    Either way the driver trains every segment itself and the run ends, the reason in its
+    log and report: not a run that hangs on the pool's start, nor one that fails although
+    every model could be trained."""
+    if address == "closed port":
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            address = f"127.0.0.1:{sock.getsockname()[1]}"
+    segments = 200
+    write_market_table(tmp_path.as_uri(), segments)
+    res = run_trainer(
+        tmp_path, "--executor=ray", "--min-pool-seconds=0", env={"RAY_ADDRESS": address}
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    report = json.loads((tmp_path / "model" / "metrics.json").read_text())
+    assert report["segments_trained"] == segments
+    assert list(report["segments_failed"]) == ["zz_new_market"]
+    assert report["pool_workers"] == 0 and report["segments_by_driver"] == segments + 1
+    assert report["pool_error"].startswith(reason)
+    assert f"fan-out: {reason}" in res.stdout
 
 
 @pytest.mark.parametrize(

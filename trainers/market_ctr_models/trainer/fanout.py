@@ -214,7 +214,9 @@ class PoolStart:
             # ray.init sets only when called from the main thread.
             signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))
             logging.getLogger("ray._private.worker").addFilter(_NoMainThreadWarning())
-        self._thread = threading.Thread(target=self._start, name="fan-out pool start")
+        # a daemon: a cluster that does not answer (ray.init retries for as long as it
+        # takes) must never keep the trainer's process from ending once it is done
+        self._thread = threading.Thread(target=self._start, name="fan-out pool start", daemon=True)
         self._thread.start()
 
     def skip(self) -> None:
@@ -226,13 +228,13 @@ class PoolStart:
         except BaseException as exc:  # raised on the driver by poll()
             self.error = exc
 
-    def poll(self, wait: bool = False) -> list[Any] | None:
-        """The workers once they have been asked for (None until then, unless ``wait``);
-        raises what stopped the start."""
+    def poll(self, wait: float = 0.0) -> list[Any] | None:
+        """The workers once they have been asked for (None until then, after waiting up to
+        ``wait`` seconds for the start); raises what stopped the start."""
         if self._thread is None:
             return self.workers
         if wait:
-            self._thread.join()
+            self._thread.join(wait)
         if self._thread.is_alive():
             return None
         if self.error is not None:
@@ -249,6 +251,11 @@ def local_cpus() -> int:
     import os
 
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+#: How long the driver, done with every segment, waits for a pool start still under way
+#: (connecting to a healthy cluster takes about a second; one that does not answer, forever).
+POOL_START_WAIT_AT_END = 10.0
 
 
 #: Threads share the GIL over the Python between xgboost's native calls (about 40% of a
@@ -334,7 +341,10 @@ def run_ray(
     on workers not yet up (a worker that cannot be placed would hold them forever), and
     a worker that fails to start is left out, its batches going back to the driver. A
     batch whose worker died past its retries is reported failed, segment by segment, and
-    that worker gets no more batches.
+    that worker gets no more batches. A pool that cannot start (Ray not reachable, say)
+    leaves the driver to train the rest alone; one still starting when the driver has
+    trained everything is waited for ``POOL_START_WAIT_AT_END`` at most. Either is said in
+    the log and in ``stats["pool_error"]``, never a failed or hanging job.
 
     When it trains alone, the driver trains on ``threads`` threads (0: ``driver_threads``),
     xgboost releasing the GIL in its native code; with workers it trains on one, a worker
@@ -346,7 +356,7 @@ def run_ray(
     ``driver_threads``: the threads the driver trained on.
     """
     stats = {} if stats is None else stats
-    stats.update(first_up_seconds=None, done_before_up=0, driver_threads=1)
+    stats.update(first_up_seconds=None, done_before_up=0, driver_threads=1, pool_error=None)
     segments = sorted(data)
     todo = collections.deque(segments)
     workers: list[Any] | None = None  # known once the pool's start is done
@@ -431,7 +441,19 @@ def run_ray(
 
     while todo or running:
         if workers is None:
-            workers = pool.poll()  # no Ray call on the driver before its start is done
+            try:
+                workers = pool.poll()  # no Ray call on the driver before its start is done
+            except RuntimeError as exc:  # no workers: the driver trains the rest alone
+                threads = stats["driver_threads"] = driver_threads(threads, pool.slots)
+                stats["pool_error"] = str(exc)
+                log(
+                    f"fan-out: {exc}; the driver trains the {len(todo)} segments left alone, "
+                    f"on {threads} thread{'s' * (threads != 1)}"
+                )
+                rest = list(todo)
+                todo.clear()
+                yield from train_threaded(rest, data, conf, threads, batch_size)
+                break
             if workers is not None:
                 starting = {w.ready.remote(): w for w in workers}
                 active = list(workers)
@@ -497,4 +519,14 @@ def run_ray(
                 f"({by_driver} by the driver, {len(up)} of "
                 f"{'?' if workers is None else len(workers)} workers up)"
             )
-    pool.poll(wait=True)  # a start still under way when the driver finished everything
+    try:  # a start still under way when the driver has trained everything
+        if stats["pool_error"] is None and pool.poll(wait=POOL_START_WAIT_AT_END) is None:
+            stats["pool_error"] = (
+                f"the Ray worker pool was still starting {POOL_START_WAIT_AT_END:g}s after "
+                "the driver had trained every segment (does the cluster at RAY_ADDRESS "
+                "answer?); the driver did not wait for it"
+            )
+            log(f"fan-out: {stats['pool_error']}")
+    except RuntimeError as exc:  # it failed: nothing was waiting for it
+        stats["pool_error"] = str(exc)
+        log(f"fan-out: {exc}; the driver had trained every segment")

@@ -244,6 +244,8 @@ def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "segments_before_pool_up": pool_stats.get("done_before_up", 0),
         # threads the driver trained on: more than one only when it trained alone
         "driver_threads": pool_stats.get("driver_threads", 1),
+        # why no worker trained although they were asked for (null: none asked, or fine)
+        "pool_error": pool_stats.get("pool_error"),
         "segments": [
             {"segment": r["segment"], **r["metrics"], "status": r["status"]} for r in trained
         ],
