@@ -524,7 +524,7 @@ def run_ray(
             stats["pool_error"] = (
                 f"the Ray worker pool was still starting {POOL_START_WAIT_AT_END:g}s after "
                 "the driver had trained every segment (does the cluster at RAY_ADDRESS "
-                "answer?); the driver did not wait for it"
+                "answer?); the run ends without it"
             )
             log(f"fan-out: {stats['pool_error']}")
     except RuntimeError as exc:  # it failed: nothing was waiting for it
