@@ -371,6 +371,14 @@ def run_ray(
             n = batch_size or min(share_batch(len(segments), slots), tail)
         return [todo.popleft() for _ in range(min(n, len(todo)))]
 
+    def train_alone(why: str) -> Iterable[dict[str, Any]]:
+        """The segments left, on the driver's threads: no worker will train any."""
+        n = stats["driver_threads"] = driver_threads(threads, pool.slots)
+        log(f"fan-out: {why}; it trains them on {n} thread{'s' * (n != 1)}")
+        rest = list(todo)
+        todo.clear()
+        yield from train_threaded(rest, data, conf, n, batch_size)
+
     t0 = time.monotonic()
     first: list[dict[str, Any]] = []
     active: list[Any] = []  # workers asked for that get batches (not failed, not given up)
@@ -386,14 +394,11 @@ def run_ray(
                 pool.start()
             else:
                 pool.skip()
-                threads = stats["driver_threads"] = driver_threads(threads, pool.slots)
-                log(
-                    f"fan-out: the driver alone needs about {left:.1f}s for the {len(todo)} "
-                    f"segments left (--min-pool-seconds={min_pool_seconds:g}): no workers "
-                    f"started; it trains them on {threads} thread{'s' * (threads != 1)}"
-                )
                 yield from first
-                yield from train_threaded(list(todo), data, conf, threads, batch_size)
+                yield from train_alone(
+                    f"the driver alone needs about {left:.1f}s for the {len(todo)} segments "
+                    f"left (--min-pool-seconds={min_pool_seconds:g}): no workers started"
+                )
                 return
             yield from first
 
@@ -444,15 +449,8 @@ def run_ray(
             try:
                 workers = pool.poll()  # no Ray call on the driver before its start is done
             except RuntimeError as exc:  # no workers: the driver trains the rest alone
-                threads = stats["driver_threads"] = driver_threads(threads, pool.slots)
                 stats["pool_error"] = str(exc)
-                log(
-                    f"fan-out: {exc}; the driver trains the {len(todo)} segments left alone, "
-                    f"on {threads} thread{'s' * (threads != 1)}"
-                )
-                rest = list(todo)
-                todo.clear()
-                yield from train_threaded(rest, data, conf, threads, batch_size)
+                yield from train_alone(f"{exc}; the driver has {len(todo)} segments left")
                 break
             if workers is not None:
                 starting = {w.ready.remote(): w for w in workers}
