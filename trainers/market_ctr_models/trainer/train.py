@@ -77,8 +77,19 @@ def split_by_segment(
     # a stable sort of small integers is a radix sort (linear), of int64 a merge sort
     small = codes.astype("uint16") if len(names) <= 1 << 16 else codes
     order = np.argsort(small, kind="stable")
-    x = np.column_stack([body.column(f).to_numpy().astype("float64") for f in features])[order]
-    y = head.column(args.label_column).to_numpy().astype("int64")[order]
+    # The matrix is filled column by column, each column gathered straight into place:
+    # one matrix in memory besides the table, where stacking the columns and then
+    # reordering the rows made two more (80 MB each at 10k models of 500 rows and 2
+    # features), and a third of the time.
+    x = np.empty((len(order), len(features)), dtype="float64")
+    for j, f in enumerate(features):
+        column = body.column(f).to_numpy()
+        if column.dtype == x.dtype:
+            np.take(column, order, out=x[:, j], mode="clip")  # "clip": no buffered copy
+        else:  # integers, booleans: cast as they are copied
+            x[:, j] = column[order]
+        del column
+    y = head.column(args.label_column).to_numpy().astype("int64", copy=False)[order]
     days = head.column(args.partition_column).combine_chunks()
     is_holdout = np.isin(np.array(days.dictionary.to_pylist(), dtype=object), holdout)
     hold = is_holdout[days.indices.to_numpy()][order]
