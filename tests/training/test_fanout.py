@@ -162,6 +162,21 @@ def test_a_driver_training_alone_uses_the_jobs_slots_as_threads(
     assert "empty split" in ray["segments_failed"]["zz_new_market"]
 
 
+def run_in_trainer(
+    code: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``code`` run by Python in the fan-out trainer's folder (its ``trainer`` package
+    importable), with ``env`` (default: this process's environment)."""
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=TRAINERS / "market_ctr_models",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
 def test_driver_threads_follow_the_slots_or_the_cpus_ray_reserved() -> None:
     """Without --driver-threads the driver's threads are the job's slots (--num-workers)
     when given, else the CPUs Ray reserved for the driver (OMP_NUM_THREADS, which Ray sets
@@ -188,15 +203,7 @@ def test_driver_threads_follow_the_slots_or_the_cpus_ray_reserved() -> None:
 
     def run(omp: str) -> list[str]:
         env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-        env.update({"OMP_NUM_THREADS": omp} if omp else {})
-        res = subprocess.run(
-            [sys.executable, "-c", code],
-            cwd=TRAINERS / "market_ctr_models",
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        res = run_in_trainer(code, {**env, **({"OMP_NUM_THREADS": omp} if omp else {})})
         assert res.returncode == 0, res.stderr
         return res.stdout.split()
 
@@ -223,13 +230,7 @@ def test_xgboost_is_imported_without_scikit_learn() -> None:
         "import sklearn.base\n"
         "print(xgb.__version__, sklearn.base.BaseEstimator.__name__)\n"
     )
-    res = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=TRAINERS / "market_ctr_models",
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    res = run_in_trainer(code)
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["3.2.0", "BaseEstimator"]
 
@@ -272,13 +273,7 @@ def test_the_split_gives_each_segment_its_rows_without_copying_the_table_twice()
         "assert sorted(out) == names == sorted(set(market.tolist()))\n"
         "print(peak - held, full.nbytes)\n"
     )
-    res = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=TRAINERS / "market_ctr_models",
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    res = run_in_trainer(code)
     assert res.returncode == 0, res.stderr
     extra, matrix = map(int, res.stdout.split())
     # the row order (8 bytes a row) and the sort's keys (2) against the matrix's 128:
