@@ -13,7 +13,15 @@ export UV_COMPILE_BYTECODE := 1
 export UV_PROJECT_ENVIRONMENT := $(VENV)
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: demo test lint fmt dev bench env ray-up ray-down clean
+.PHONY: demo test lint fmt dev bench env ray-up ray-down clean system-deps test-system-deps
+
+# System packages (scripts/system-deps installs the missing ones with apt-get): Java for
+# Spark; for the tests also Debian's chromium (the UI test) and npm (Azurite).
+system-deps:
+	@scripts/system-deps java
+
+test-system-deps:
+	@scripts/system-deps java chromium npm
 
 $(UV):
 	$(PYTHON) -m venv .tools
@@ -37,10 +45,10 @@ $(DAGSTER_HOME)/dagster.yaml:
 	@mkdir -p $(DAGSTER_HOME)
 	@printf 'telemetry:\n  enabled: false\n' > $@
 
-demo: $(SYNCED) $(DAGSTER_HOME)/dagster.yaml
+demo: system-deps $(SYNCED) $(DAGSTER_HOME)/dagster.yaml
 	$(VENV)/bin/python -m zipline_dagster.defs.demo
 
-test: $(SYNCED) $(AZURITE)
+test: test-system-deps $(SYNCED) $(AZURITE)
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 lint: $(SYNCED)
@@ -52,10 +60,10 @@ fmt: $(SYNCED)
 	$(VENV)/bin/ruff format zipline_dagster tests trainers
 	$(VENV)/bin/ruff check --fix zipline_dagster tests trainers
 
-dev: $(SYNCED) $(DAGSTER_HOME)/dagster.yaml
+dev: system-deps $(SYNCED) $(DAGSTER_HOME)/dagster.yaml
 	$(VENV)/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
-bench: $(SYNCED)
+bench: system-deps $(SYNCED)
 	$(VENV)/bin/pytest tests/bench -m bench -s -p no:cacheprovider $(PYTEST_ARGS)
 	$(VENV)/bin/python -m tests.bench.report
 

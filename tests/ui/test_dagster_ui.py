@@ -43,7 +43,10 @@ def dagster_dev(
 ) -> Iterator[dict[str, str]]:
     """`dagster dev` with the demo code location; its upstream tables already built."""
     if not os.path.exists(CHROMIUM):
-        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (.ci/run does)")
+        pytest.fail(
+            f"{CHROMIUM} is missing: install Debian's chromium (`make test` does, with "
+            "scripts/system-deps)"
+        )
     tmp = tmp_path_factory.mktemp("ui")
     home = tmp / "dagster_home"
     home.mkdir()
