@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -26,6 +27,7 @@ from tests.training.test_assets import (
     only_materialization,
     resources,
 )
+from zipline_dagster.declarations.model import ResourceConfig
 from zipline_dagster.storage.blobs import blob_store
 from zipline_dagster.training.archive import publish_trainer_archive
 
@@ -100,12 +102,13 @@ def test_pool_workers_share_the_work_with_the_driver(ray_head: Any, file_base: s
     """With the pool forced on (--min-pool-seconds=0) and about 20 s of training for the
     driver alone (a worker starts in about 5 s here), a pool worker comes up while the
     driver trains and takes part of the segments; every segment still gets its model or
-    its reported failure, whoever trained it."""
+    its reported failure, whoever trained it. The model declares no replicas (the
+    default): its driver holds one of the head's 2 CPUs and a worker gets the other."""
     segments = 3000
     write_market_table(file_base, segments)
     version = publish_market_trainer(file_base)
     jc = {"segment-column": "market", "features": "price,noise", "min-pool-seconds": "0"}
-    model = make_model(version, file_base, name="market_ctr_models", job_configs=jc, replicas=2)
+    model = make_model(version, file_base, name="market_ctr_models", job_configs=jc)
     result = materialize(model, resources(ray_head.dashboard_url, file_base))
     assert result.success
     md = {k: v.value for k, v in only_materialization(result).metadata.items()}
@@ -354,6 +357,56 @@ def test_a_pool_that_cannot_start_leaves_the_driver_training_alone(
     assert report["pool_workers"] == 0 and report["segments_by_driver"] == segments + 1
     assert report["pool_error"].startswith(reason)
     assert f"fan-out: {reason}" in res.stdout
+
+
+def test_a_pool_of_one_slot_leaves_the_driver_training_alone(tmp_path: Path) -> None:
+    """--num-workers=1: the driver is the only slot, so no worker is started (nor Ray
+    asked for one) and the log says why, not a fan-out with "0 of 0 workers up"."""
+    segments = 200
+    write_market_table(tmp_path.as_uri(), segments)
+    env = {"RAY_ADDRESS": "nonsense"}  # never used: nothing connects to Ray
+    res = run_trainer(
+        tmp_path, "--executor=ray", "--min-pool-seconds=0", "--num-workers=1", env=env
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    report = json.loads((tmp_path / "model" / "metrics.json").read_text())
+    assert report["segments_trained"] == segments and report["pool_error"] is None
+    assert report["pool_workers"] == 0 and report["segments_by_driver"] == segments + 1
+    assert (
+        "fan-out: one training slot (--num-workers=1): no workers started; the driver has "
+        in res.stdout
+    )
+
+
+@pytest.mark.ray
+def test_a_driver_holding_the_whole_cluster_trains_alone_on_its_cpus(
+    ray_head: Any, file_base: str
+) -> None:
+    """A model whose driver asks for both of the head's CPUs (cpus_per_replica=2, no
+    replicas) leaves no CPU for a worker: none is started (one would wait for a CPU for
+    ever) and the driver trains on the 2 CPUs it holds, as threads."""
+    from ray.job_submission import JobSubmissionClient
+
+    write_market_table(file_base, SEGMENTS)
+    version = publish_market_trainer(file_base)
+    jc = {"segment-column": "market", "features": "price,noise", "min-pool-seconds": "0"}
+    model = make_model(version, file_base, name="market_ctr_models", job_configs=jc)
+    model = dataclasses.replace(
+        model,
+        training_conf=dataclasses.replace(
+            model.training_conf, resource_config=ResourceConfig(cpus_per_replica=2)
+        ),
+    )
+    md = only_materialization(materialize(model, resources(ray_head.dashboard_url, file_base)))
+    model_dir = str(md.metadata["artifact_uri"].value)
+    report = json.loads(blob_store(model_dir).read_bytes(f"{model_dir}/metrics.json"))
+    assert report["segments_trained"] == SEGMENTS and report["pool_error"] is None
+    assert report["pool_workers"] == 0 and report["driver_threads"] == 2
+    logs = JobSubmissionClient(ray_head.dashboard_url).get_job_logs(
+        str(md.metadata["ray_job_id"].value)
+    )
+    assert "one training slot (the cluster has no CPU free besides the driver's)" in logs
+    assert "it trains them on 2 threads" in logs
 
 
 @pytest.mark.parametrize(

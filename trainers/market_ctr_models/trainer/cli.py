@@ -48,7 +48,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--num-workers",
         type=int,
         default=0,
-        help="parallel training slots, the driver being one (0: the cluster's free CPUs)",
+        help="parallel training slots, the driver being one (0: the driver and a worker per "
+        "CPU free on the cluster)",
     )
     p.add_argument("--max-in-flight", type=int, default=2, help="batches in flight per worker")
     p.add_argument(

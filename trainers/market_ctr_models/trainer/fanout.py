@@ -144,23 +144,42 @@ class SegmentTrainer:
 
 
 def cluster_cpus() -> int:
-    """CPUs free on the cluster now (connecting to it first)."""
+    """Whole CPUs free on the cluster now (connecting to it first)."""
     import ray
 
     if not ray.is_initialized():
         ray.init(address="auto", log_to_driver=False)
-    return max(1, int(ray.available_resources().get("CPU", 1)))
+    return int(ray.available_resources().get("CPU", 0))
+
+
+def driver_cpus() -> int:
+    """The CPUs Ray reserved for this job's driver: Ray passes them to the entrypoint as
+    ``OMP_NUM_THREADS`` (whole CPUs, at least 1); 0 when it is not set (the trainer run by
+    hand holds none of the cluster's CPUs). At most the CPUs this process may run on."""
+    import os
+
+    omp = os.environ.get("OMP_NUM_THREADS", "")
+    return min(int(omp), local_cpus()) if omp.isdigit() else 0
+
+
+def auto_slots() -> int:
+    """The pool's slots when the model does not say (``--num-workers=0``): the driver and
+    a worker per CPU free on the cluster. A job's driver trains on the CPUs Ray reserved
+    for it, which are not free (counting the driver as one of the free ones would leave a
+    2-CPU cluster's second CPU idle); a driver run by hand holds none, and takes one."""
+    return 1 + max(0, cluster_cpus() - (0 if driver_cpus() else 1))
 
 
 def start_workers(slots: int = 0, task_retries: int = 2) -> list[Any]:
     """Start the pool's workers now. The driver trains too, so it is one of the ``slots``
-    (0: the cluster's free CPUs) and ``slots - 1`` workers start, each a Ray actor holding
-    one CPU, so exactly that many processes train (tasks would let Ray start one more
-    process per free CPU for a queued task). A worker that dies is restarted and its batch
-    retried, up to ``task_retries`` times. Returns the workers (perhaps still starting)."""
+    (0: ``auto_slots``) and ``slots - 1`` workers start, each a Ray actor holding one CPU,
+    so exactly that many processes train (tasks would let Ray start one more process per
+    free CPU for a queued task). A worker that dies is restarted and its batch retried, up
+    to ``task_retries`` times. Returns the workers (perhaps still starting; none when the
+    driver is the only slot)."""
     import ray
 
-    workers = (slots or cluster_cpus()) - 1
+    workers = (slots or auto_slots()) - 1
     cls = ray.remote(num_cpus=1, max_restarts=task_retries, max_task_retries=task_retries)(
         SegmentTrainer
     )
@@ -266,17 +285,12 @@ MAX_AUTO_THREADS = 4
 def driver_threads(threads: int, slots: int) -> int:
     """The driver's training threads when it trains alone: ``threads`` if given; else the
     job's ``slots`` when given (the model's declared parallelism, the driver being one);
-    else the CPUs Ray reserved for the job's driver (Ray sets ``OMP_NUM_THREADS`` to them
-    for the entrypoint, 1 when none), so the driver uses no CPU the job did not ask for.
-    Automatic counts are at most the CPUs this process may run on and ``MAX_AUTO_THREADS``."""
-    import os
-
+    else the CPUs Ray reserved for the job's driver (``driver_cpus``, 1 when none), so the
+    driver uses no CPU the job did not ask for. Automatic counts are at most the CPUs this
+    process may run on and ``MAX_AUTO_THREADS``."""
     if threads:
         return threads
-    if not slots:
-        omp = os.environ.get("OMP_NUM_THREADS", "")
-        slots = int(omp) if omp.isdigit() else 1
-    return max(1, min(slots, local_cpus(), MAX_AUTO_THREADS))
+    return max(1, min(slots or driver_cpus() or 1, local_cpus(), MAX_AUTO_THREADS))
 
 
 def share_batch(segments: int, slots: int) -> int:
@@ -451,6 +465,17 @@ def run_ray(
             except RuntimeError as exc:  # no workers: the driver trains the rest alone
                 stats["pool_error"] = str(exc)
                 yield from train_alone(f"{exc}; the driver has {len(todo)} segments left")
+                break
+            if workers == []:  # the driver is the pool's one slot
+                why = (
+                    f"--num-workers={pool.slots}"
+                    if pool.slots
+                    else "the cluster has no CPU free besides the driver's"
+                )
+                yield from train_alone(
+                    f"one training slot ({why}): no workers started; the driver has "
+                    f"{len(todo)} segments left"
+                )
                 break
             if workers is not None:
                 starting = {w.ready.remote(): w for w in workers}
