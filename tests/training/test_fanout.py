@@ -409,6 +409,34 @@ def test_a_driver_holding_the_whole_cluster_trains_alone_on_its_cpus(
     assert "it trains them on 2 threads" in logs
 
 
+@pytest.mark.ray
+def test_a_driver_holding_two_cpus_trains_on_both_beside_its_workers(
+    ray_head: Any, tmp_path: Path
+) -> None:
+    """A driver that holds two CPUs (Ray passes them as OMP_NUM_THREADS; here by hand,
+    so the 2-CPU head has room for its worker) trains beside the pool's worker on two
+    threads, not on one with the other CPU idle; the models are those of the serial loop,
+    byte for byte."""
+    write_market_table(tmp_path.as_uri(), SEGMENTS)
+    env = {"RAY_ADDRESS": ray_head.gcs_address, "RAY_AUTH_MODE": "disabled"}
+    fanned = run_trainer(
+        tmp_path,
+        "--executor=ray",
+        "--min-pool-seconds=0",
+        "--num-workers=2",
+        env={**env, "OMP_NUM_THREADS": "2"},
+    )
+    assert fanned.returncode == 0, fanned.stdout + fanned.stderr
+    report = json.loads((tmp_path / "model" / "metrics.json").read_text())
+    assert report["pool_workers"] == 1 and report["driver_threads"] == 2
+    assert report["segments_trained"] == SEGMENTS and report["pool_error"] is None
+    assert 0 < report["segments_by_driver"] <= SEGMENTS + 1
+    serial = run_trainer(tmp_path, f"--model-dir={tmp_path.as_uri()}/serial")
+    assert serial.returncode == 0, serial.stdout + serial.stderr
+    zips = [(tmp_path / d / "segment_models.zip").read_bytes() for d in ("model", "serial")]
+    assert zips[0] == zips[1]
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [

@@ -39,9 +39,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--driver-threads",
         type=int,
         default=0,
-        help="threads the driver trains on when no workers are started (0: --num-workers when "
-        "given, else the CPUs Ray reserved for the job's driver; at most this node's CPUs "
-        "and 4); 1: one model at a time, as the serial loop",
+        help="threads the driver trains on (0: alone, --num-workers when given, else the CPUs "
+        "Ray reserved for the job's driver; beside workers, those CPUs; at most this node's "
+        "CPUs and 4); 1: one model at a time, as the serial loop",
     )
     p.add_argument("--batch-size", type=int, default=0, help="segments per batch (0: auto)")
     p.add_argument(

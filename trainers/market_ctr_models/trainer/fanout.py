@@ -293,6 +293,14 @@ def driver_threads(threads: int, slots: int) -> int:
     return max(1, min(slots or driver_cpus() or 1, local_cpus(), MAX_AUTO_THREADS))
 
 
+def side_threads(threads: int) -> int:
+    """The driver's training threads beside the pool's workers: ``threads`` if given, else
+    the CPUs Ray reserved for the job's driver (``driver_cpus``; 1 when none), at most the
+    CPUs this process may run on and ``MAX_AUTO_THREADS``. A driver that holds more than
+    one CPU (``cpus_per_replica``) trains on all of them rather than leave them idle."""
+    return threads or max(1, min(driver_cpus() or 1, local_cpus(), MAX_AUTO_THREADS))
+
+
 def share_batch(segments: int, slots: int) -> int:
     """Automatic batch size: about 1/16 of a slot's share of ``segments``, at most 100."""
     return max(1, min(100, math.ceil(segments / (slots * 16))))
@@ -361,8 +369,10 @@ def run_ray(
     the log and in ``stats["pool_error"]``, never a failed or hanging job.
 
     When it trains alone, the driver trains on ``threads`` threads (0: ``driver_threads``),
-    xgboost releasing the GIL in its native code; with workers it trains on one, a worker
-    process being worth more than a thread once up.
+    xgboost releasing the GIL in its native code; beside workers, on ``threads`` (0: the
+    CPUs Ray reserved for it, ``side_threads``), each thread a slot of the batch sizing:
+    a worker process being worth more than a thread once up, the driver asks for no more
+    than it holds, but leaves none of it idle.
 
     ``stats`` (when given) gets ``first_up_seconds``: when the driver saw the first worker
     up, from the start of this call, and ``done_before_up``: the segments done by then
@@ -370,7 +380,8 @@ def run_ray(
     ``driver_threads``: the threads the driver trained on.
     """
     stats = {} if stats is None else stats
-    stats.update(first_up_seconds=None, done_before_up=0, driver_threads=1, pool_error=None)
+    side = side_threads(threads)
+    stats.update(first_up_seconds=None, done_before_up=0, driver_threads=side, pool_error=None)
     segments = sorted(data)
     todo = collections.deque(segments)
     workers: list[Any] | None = None  # known once the pool's start is done
@@ -380,7 +391,7 @@ def run_ray(
         # slot, so that towards the end batches shrink and every slot finishes at about
         # the same time.
         if not n:
-            slots = len(active) + 1
+            slots = len(active) + side
             tail = math.ceil(len(todo) / (slots * 4))
             n = batch_size or min(share_batch(len(segments), slots), tail)
         return [todo.popleft() for _ in range(min(n, len(todo)))]
@@ -530,8 +541,9 @@ def run_ray(
                     running[worker.train.remote(batch, part, conf)] = (worker, batch)
                     load[worker] += 1
         trained_here = bool(todo)
-        if trained_here:
-            results = train_batch(next_batch(), data, conf)
+        if trained_here:  # a batch per thread, on the driver's threads side by side
+            mine = [seg for _ in range(side) for seg in next_batch()]
+            results = list(train_threaded(mine, data, conf, side, math.ceil(len(mine) / side)))
             done += len(results)
             by_driver += len(results)
             yield from results

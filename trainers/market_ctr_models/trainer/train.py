@@ -253,7 +253,7 @@ def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
             else None
         ),
         "segments_before_pool_up": pool_stats.get("done_before_up", 0),
-        # threads the driver trained on: more than one only when it trained alone
+        # threads the driver trained on: alone, its slots or CPUs; beside workers, its CPUs
         "driver_threads": pool_stats.get("driver_threads", 1),
         # why no worker trained although they were asked for (null: none asked, or fine)
         "pool_error": pool_stats.get("pool_error"),
