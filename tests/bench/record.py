@@ -53,6 +53,9 @@ class Case:
     value_text: str
     met: bool | None
     notes: list[str] = field(default_factory=list)
+    #: why the run cannot judge the goal (a baseline slowed by something outside the
+    #: comparison, say): the verdict is then "disturbed", whatever the ratio
+    disturbed: str | None = None
 
     @property
     def ratio(self) -> float | None:
@@ -62,6 +65,8 @@ class Case:
 
     @property
     def verdict(self) -> str:
+        if self.disturbed:
+            return "**disturbed** (not judged)"
         return "-" if self.met is None else ("met" if self.met else "**missed**")
 
 
@@ -84,7 +89,8 @@ def record(case: Case) -> Case:
     print(
         f"\n[bench] {case.name}: {base}{case.measured.label} {case.measured.spread()} "
         f"(min / median / max); {case.value_text}; goal {case.goal}: {case.verdict}"
-        + "".join(f"\n    {n}" for n in case.notes),
+        + "".join(f"\n    {n}" for n in case.notes)
+        + (f"\n    disturbed: {case.disturbed}" if case.disturbed else ""),
         flush=True,
     )
     return case

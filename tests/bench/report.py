@@ -31,9 +31,12 @@ def render(data: dict) -> str:  # type: ignore[type-arg]
         "",
     ]
     for case in data["cases"]:
-        if case["notes"]:
+        disturbed = case.get("disturbed")
+        if case["notes"] or disturbed:
             lines.append(f"- **{case['name']}**")
             lines.extend(f"  - {n}" for n in case["notes"])
+            if disturbed:
+                lines.append(f"  - **disturbed, not judged**: {disturbed}")
     return "\n".join(lines).rstrip() + "\n"
 
 
