@@ -293,14 +293,6 @@ def driver_threads(threads: int, slots: int) -> int:
     return max(1, min(slots or driver_cpus() or 1, local_cpus(), MAX_AUTO_THREADS))
 
 
-def side_threads(threads: int) -> int:
-    """The driver's training threads beside the pool's workers: ``threads`` if given, else
-    the CPUs Ray reserved for the job's driver (``driver_cpus``; 1 when none), at most the
-    CPUs this process may run on and ``MAX_AUTO_THREADS``. A driver that holds more than
-    one CPU (``cpus_per_replica``) trains on all of them rather than leave them idle."""
-    return threads or max(1, min(driver_cpus() or 1, local_cpus(), MAX_AUTO_THREADS))
-
-
 def share_batch(segments: int, slots: int) -> int:
     """Automatic batch size: about 1/16 of a slot's share of ``segments``, at most 100."""
     return max(1, min(100, math.ceil(segments / (slots * 16))))
@@ -370,9 +362,9 @@ def run_ray(
 
     When it trains alone, the driver trains on ``threads`` threads (0: ``driver_threads``),
     xgboost releasing the GIL in its native code; beside workers, on ``threads`` (0: the
-    CPUs Ray reserved for it, ``side_threads``), each thread a slot of the batch sizing:
-    a worker process being worth more than a thread once up, the driver asks for no more
-    than it holds, but leaves none of it idle.
+    CPUs Ray reserved for it, ``driver_threads`` without slots), each thread a slot of the
+    batch sizing: a worker process being worth more than a thread once up, the driver
+    asks for no more than it holds, but leaves none of it idle.
 
     ``stats`` (when given) gets ``first_up_seconds``: when the driver saw the first worker
     up, from the start of this call, and ``done_before_up``: the segments done by then
@@ -380,7 +372,7 @@ def run_ray(
     ``driver_threads``: the threads the driver trained on.
     """
     stats = {} if stats is None else stats
-    side = side_threads(threads)
+    side = driver_threads(threads, 0)  # beside workers: the CPUs the driver holds
     stats.update(first_up_seconds=None, done_before_up=0, driver_threads=side, pool_error=None)
     segments = sorted(data)
     todo = collections.deque(segments)
