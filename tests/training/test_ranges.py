@@ -102,6 +102,18 @@ def test_range_trains_in_one_ray_job_and_a_failing_partition_fails_only_itself(
         f"{file_base}/models/listing_ctr_model/{version}/{DAYS[-1]}/{MANIFEST_NAME}"
     )
     assert instance.get_materialized_partitions(KEY) == set(DAYS[:-1])
+    # the step's log names the job's command with its partitions summed up (each one's
+    # flags in full would be some 400 characters a partition), in its own line and in
+    # Ray's "Running entrypoint" line it forwards
+    commands = [
+        e.user_message
+        for e in instance.all_logs(result.run_id)
+        if "submitted Ray job" in e.user_message or "Running entrypoint for job" in e.user_message
+    ]
+    assert len(commands) == 2
+    for line in commands:
+        assert f"--partitions=<5 partitions, {DAYS[0]}..{DAYS[-1]}, each with" in line
+        assert "--start-ds" not in line and len(line) < 1000
 
     # Mend the day and run the last two partitions: both succeed, and the blocking gates
     # are recorded against each partition of the range.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -357,3 +358,19 @@ def test_a_partition_run_in_the_driver_keeps_only_the_tail_of_its_output(
     )
     size, last = held.stderr.split(" ", 1)
     assert int(size) <= 4096 and last == "line 199999"
+
+
+def test_the_logged_command_sums_up_a_range_but_keeps_anything_else_whole() -> None:
+    from zipline_dagster.training.launchers.ray_job import loggable_command
+
+    flags = ["--start-ds=2026-08-02", "--model-dir=file:///w/m/v/x"]
+    one = shlex.join(["python", "-m", "m", f"--partitions={json.dumps({'2026-08-05': flags})}"])
+    assert loggable_command(one) == one  # one partition: its flags are the command
+    days = {f"2026-08-{d:02d}": flags for d in (5, 6, 9)}
+    many = shlex.join(["python", "-m", "m", f"--partitions={json.dumps(days)}", "--done-uri=x y"])
+    assert loggable_command(many) == (
+        "python -m m --partitions=<3 partitions, 2026-08-05..2026-08-09, each with its own "
+        "flags: the job's page in the Ray dashboard shows them> '--done-uri=x y'"
+    )
+    for other in ("python train.py --partitions='{", "python -m m --partitions=[1,2]"):
+        assert loggable_command(other) == other  # not a range spec: as it is

@@ -181,7 +181,13 @@ class _LogFollower:
                     self.ended.set()
                     self.ending.set()
                 if line.strip():
-                    self.runner.log.info(f"[{self.sid}] {line}")
+                    self.runner.log.info(f"[{self.sid}] {self._shown(line)}")
+
+    def _shown(self, line: str) -> str:
+        """Ray's own line naming the job's command, with the command as the step's
+        "submitted" line shows it; any other line as it is."""
+        head, sep, command = line.partition(f"Running entrypoint for job {self.sid}: ")
+        return head + sep + loggable_command(command) if sep else line
 
     def _run(self) -> None:
         import asyncio
@@ -215,7 +221,7 @@ class _LogFollower:
             self._offer(0, full_logs)
         with self._lock:
             if self._partial.strip():
-                self.runner.log.info(f"[{self.sid}] {self._partial}")
+                self.runner.log.info(f"[{self.sid}] {self._shown(self._partial)}")
             self._partial = ""
             self._done.set()
         loop, task = self._loop, self._task
@@ -512,7 +518,7 @@ class RayJobRunner:
                 )
                 return job, True
             raise
-        self.log.info(f"submitted Ray job {sid}: {entrypoint}")
+        self.log.info(f"submitted Ray job {sid}: {loggable_command(entrypoint)}")
         return job, False
 
     # -- follow ------------------------------------------------------------------------
@@ -684,6 +690,33 @@ def has_platform_driver(archive: bytes | None) -> bool:
     """Whether the archive's ``zipline_trainer_io`` has the partitions driver (archives
     built by an older platform do not; their jobs run the trainer command as it is)."""
     return DONE_PREFIX.encode() in _driver_source(archive)
+
+
+def loggable_command(command: str) -> str:
+    """``command`` as the step logs it: a range job's ``--partitions`` (every partition's
+    flags, some 400 characters a partition: kilobytes for a month of days) is shown as
+    the number of partitions and their days. The Ray dashboard's job page keeps the whole
+    command; anything else is logged as it is."""
+    try:
+        words = shlex.split(command)
+    except ValueError:  # not a shell command line (unbalanced quotes): as it is
+        return command
+    for i, word in enumerate(words):
+        if not word.startswith("--partitions="):
+            continue
+        try:
+            spec = json.loads(word.partition("=")[2])
+        except ValueError:
+            return command
+        if not isinstance(spec, dict) or len(spec) < 2:
+            return command
+        days = sorted(spec)
+        shown = (
+            f"--partitions=<{len(days)} partitions, {days[0]}..{days[-1]}, each with its "
+            "own flags: the job's page in the Ray dashboard shows them>"
+        )
+        return " ".join([*map(shlex.quote, words[:i]), shown, *map(shlex.quote, words[i + 1 :])])
+    return command
 
 
 def _short(exc: BaseException, limit: int = 200) -> str:
