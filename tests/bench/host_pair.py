@@ -22,16 +22,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAINER = ROOT / "trainers" / "market_ctr_models"
-#: the bench's market table (tests.training.test_fanout.write_market_table)
-FLAGS = [
-    "--input-table=ctr.training_v1",
-    "--start-ds=2026-07-07",
-    "--end-ds=2026-07-10",
-    "--segment-column=market",
-    "--features=price,noise",
-    "--num-rounds=10",
-    "--executor=serial",
-]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -40,6 +30,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--models", type=int, required=True, help="the first N segments, by name")
     p.add_argument("--part", type=int, default=0)
     p.add_argument("--parts", type=int, default=1)
+    p.add_argument("trainer_flags", nargs="*", help="after --: the trainer's data flags")
     args = p.parse_args(argv)
 
     import trainer.train as tt
@@ -47,11 +38,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from zipline_dagster.training import trainer_io as tio
 
-    targs = tt.parse_args([*FLAGS, f"--warehouse={args.warehouse}", "--model-dir=file:///x"])
+    flags = [*args.trainer_flags, "--executor=serial", "--model-dir=file:///unused"]
+    targs = tt.parse_args([*flags, f"--warehouse={args.warehouse}"])
     files = tio.flags_window_files(targs)
     head = files.read_table([targs.segment_column, targs.label_column], (targs.segment_column,))
     codes, names = tt.segment_codes(head, targs.segment_column)
-    features = targs.features.split(",")
+    features = targs.features.split(",")  # the bench names them
     body = files.read_table(features)
     window = tio.window_days(targs.start_ds, targs.end_ds)
     holdout = window[len(window) - targs.eval_days :]  # as the trainer: the last days
@@ -68,16 +60,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def side_by_side(warehouse: str, models: int, processes: int) -> float:
+def side_by_side(warehouse: str, flags: list[str], models: int, processes: int) -> float:
     """Seconds until the last of ``processes`` processes, started together, has trained
-    its share of the first ``models`` segments."""
+    its share of the first ``models`` segments of the data the trainer's ``flags`` name
+    (table, window, segment column, features, rounds)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TRAINER), str(ROOT)])}
     env.update(OMP_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="")
     procs = [
         subprocess.Popen(
             [
                 *(sys.executable, "-m", "tests.bench.host_pair", f"--warehouse={warehouse}"),
-                *(f"--models={models}", f"--part={i}", f"--parts={processes}"),
+                *(f"--models={models}", f"--part={i}", f"--parts={processes}", "--"),
+                *flags,
             ],
             cwd=ROOT,
             env=env,

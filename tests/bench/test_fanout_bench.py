@@ -20,7 +20,15 @@ import pytest
 from tests.bench.host_pair import side_by_side
 from tests.bench.record import Case, Series, record
 from tests.conftest import TRAINERS
-from tests.training.test_assets import make_model, materialize, only_materialization, resources
+from tests.helpers import days_ending
+from tests.training.test_assets import (
+    DS,
+    TABLE,
+    make_model,
+    materialize,
+    only_materialization,
+    resources,
+)
 from tests.training.test_fanout import write_market_table
 from zipline_dagster.storage.blobs import blob_store
 from zipline_dagster.training.archive import publish_trainer_archive
@@ -56,13 +64,10 @@ def run_fanout(
     client = JobSubmissionClient(ray_head.dashboard_url)
     runs: dict[str, list[dict[str, float]]] = {"serial": [], "ray": []}
 
+    configs = {"segment-column": "market", "features": "price,noise", "num-rounds": "10"}
+
     def one(executor: str) -> dict[str, float]:
-        jc = {
-            "segment-column": "market",
-            "features": "price,noise",
-            "num-rounds": "10",
-            "executor": executor,
-        }
+        jc = {**configs, "executor": executor}
         model = make_model(version, base, name="market_ctr_models", job_configs=jc, replicas=2)
         md = only_materialization(materialize(model, res)).metadata
         report = json.loads(blob_store(base).read_bytes(f"{md['artifact_uri'].value}/metrics.json"))
@@ -86,9 +91,15 @@ def run_fanout(
         runs["ray"].append(one("ray"))
     alone: list[float] = []
     paired: list[float] = []
+    flags = [  # the data the model's partition trains on, as its trainer is told
+        f"--input-table={TABLE}",
+        f"--start-ds={days_ending(DS, 4)[0]}",
+        f"--end-ds={DS}",
+        *(f"--{k}={v}" for k, v in configs.items()),
+    ]
     for _ in range(REPEATS if host_models else 0):  # interleaved too
-        alone.append(side_by_side(base, host_models, 1))
-        paired.append(side_by_side(base, host_models, 2))
+        alone.append(side_by_side(base, flags, host_models, 1))
+        paired.append(side_by_side(base, flags, host_models, 2))
 
     serial = Series("serial loop", [r["train"] for r in runs["serial"]])
     fanned = Series("Ray: driver + actor pool", [r["train"] for r in runs["ray"]])
