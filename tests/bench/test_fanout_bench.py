@@ -89,17 +89,6 @@ def run_fanout(
     for _ in range(repeats):  # interleaved, so drift hits both alike
         runs["serial"].append(one("serial"))
         runs["ray"].append(one("ray"))
-    alone: list[float] = []
-    paired: list[float] = []
-    flags = [  # the data the model's partition trains on, as its trainer is told
-        f"--input-table={TABLE}",
-        f"--start-ds={days_ending(DS, 4)[0]}",
-        f"--end-ds={DS}",
-        *(f"--{k}={v}" for k, v in configs.items()),
-    ]
-    for _ in range(REPEATS if host_models else 0):  # interleaved too
-        alone.append(side_by_side(base, flags, host_models, 1))
-        paired.append(side_by_side(base, flags, host_models, 2))
 
     serial = Series("serial loop", [r["train"] for r in runs["serial"]])
     fanned = Series("Ray: driver + actor pool", [r["train"] for r in runs["ray"]])
@@ -131,7 +120,18 @@ def run_fanout(
         else []
     )
     host = []
-    if host_models:
+    if host_models:  # after the arms, interleaved too
+        flags = [  # the data the model's partition trains on, as its trainer is told
+            f"--input-table={TABLE}",
+            f"--start-ds={days_ending(DS, 4)[0]}",
+            f"--end-ds={DS}",
+            *(f"--{k}={v}" for k, v in configs.items()),
+        ]
+        alone: list[float] = []
+        paired: list[float] = []
+        for _ in range(REPEATS):
+            alone.append(side_by_side(base, flags, host_models, 1))
+            paired.append(side_by_side(base, flags, host_models, 2))
         pair = statistics.median(alone) / statistics.median(paired)
         # The most the ratio could be at that rate: the loop's own reading of the data
         # (which the Ray arm cannot beat: its other core is starting the worker), then the
