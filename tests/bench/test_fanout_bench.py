@@ -11,6 +11,7 @@ end, from Ray's timestamps).
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 
 from tests.bench.host_pair import side_by_side
+from tests.bench.ray_share import RayShare
 from tests.bench.record import Case, Series, record
 from tests.conftest import TRAINERS
 from tests.helpers import days_ending
@@ -36,6 +38,9 @@ from zipline_dagster.training.resources import RayJobsResource
 
 pytestmark = [pytest.mark.bench, pytest.mark.ray]
 REPEATS = 3
+#: the training processes of a fan-out job: its driver (the platform's driver module) and
+#: the pool's workers (their Ray process titles)
+TRAINING = re.compile(r"zipline_trainer_io|ray::SegmentTrainer")
 
 
 def run_fanout(
@@ -62,17 +67,27 @@ def run_fanout(
     default_poll = RayJobsResource.model_fields["poll_max_s"].default
     res = resources(ray_head.dashboard_url, base, poll_max_s=default_poll)
     client = JobSubmissionClient(ray_head.dashboard_url)
-    runs: dict[str, list[dict[str, float]]] = {"serial": [], "ray": []}
+    runs: dict[str, list[dict[str, Any]]] = {"serial": [], "ray": []}
 
     configs = {"segment-column": "market", "features": "price,noise", "num-rounds": "10"}
 
-    def one(executor: str) -> dict[str, float]:
+    def one(executor: str) -> dict[str, Any]:
         jc = {**configs, "executor": executor}
         model = make_model(version, base, name="market_ctr_models", job_configs=jc, replicas=2)
-        md = only_materialization(materialize(model, res)).metadata
+        sampler = (
+            RayShare(ray_head.pid, training=lambda cmd: TRAINING.search(cmd) is not None).start()
+            if host_models and executor == "ray"
+            else None
+        )
+        try:
+            md = only_materialization(materialize(model, res)).metadata
+        finally:
+            if sampler is not None:
+                sampler.stop()
         report = json.loads(blob_store(base).read_bytes(f"{md['artifact_uri'].value}/metrics.json"))
         assert report["segments_trained"] == models
         info = client.get_job_info(str(md["ray_job_id"].value))
+        assert info.start_time is not None and info.end_time is not None  # it ended
         return {
             "train": report["train_seconds"],
             "fanout": report["fanout_seconds"],
@@ -82,6 +97,8 @@ def run_fanout(
             "up": report["pool_first_up_seconds"],
             "before_up": report["segments_before_pool_up"],
             "threads": report["driver_threads"],
+            # cores Ray's own processes took while both slots trained
+            "ray_share": sampler.while_training(1.5) if sampler is not None else None,
         }
 
     if warm_up:  # the cluster caches the pip env (per requirement set); workers stay cold
@@ -147,6 +164,17 @@ def run_fanout(
             f"model, after reading the data as fast as the loop did ({load:.2f} s), the "
             f"speed-up could have reached {best:.2f}x at most in this run"
         ]
+        shares = [r["ray_share"] for r in runs["ray"] if r["ray_share"] is not None]
+        if len(shares) == len(runs["ray"]):
+            share = Series("Ray's own", shares, unit="cores")
+            # the two training processes had 2 - share cores where the bare pair had 2
+            host.append(
+                "while the driver and the worker both trained, Ray's own processes (raylet, "
+                "GCS, dashboard and its modules, agents, log monitor, the job's supervisor) "
+                f"used {share.spread()} of 2 (sampled from /proc): the bare "
+                f"pair's rate on the cores left is about {pair * (2 - share.median) / 2:.2f}x, "
+                + (f"against the slots' {rate:.2f}x above" if rate is not None else "")
+            )
     # n single-threaded training processes cannot train more than n times as fast as one:
     # a steady rate above that says the serial arm ran slower than it can (the host busy
     # with something else while it ran), so this run's ratio judges nothing

@@ -1,0 +1,107 @@
+"""What Ray's own processes take of the machine while a fan-out trains: the CPU of every
+process under the Ray head (raylet, GCS, dashboard and its modules, agents, log monitor,
+the job's supervisor) other than the training ones (the job's driver and the pool's
+workers), sampled from ``/proc`` four times a second, averaged over the samples in
+which the training processes used ``busy`` cores or more (both slots training).
+
+Linux only (``/proc``); it reads, never signals, any process.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _children() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:  # ended meanwhile
+            continue
+        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+        kids.setdefault(ppid, []).append(int(entry))
+    return kids
+
+
+def _cpu_and_name(pid: int) -> tuple[float, str] | None:
+    """CPU seconds (user + system) and command line of ``pid``; None once it has ended."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK, cmd
+
+
+def descendants(root: int) -> list[int]:
+    kids, out, todo = _children(), [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(kids.get(pid, []))
+    return out
+
+
+@dataclass
+class RayShare:
+    """Samples, in a background thread between ``start`` and ``stop``, the CPU of the
+    processes under ``root`` (the head's), split by ``training`` (a command line ->
+    whether it is one of the training processes)."""
+
+    root: int
+    training: Callable[[str], bool]
+    interval: float = 0.25
+    #: (seconds, cores of the training processes, cores of the rest) per sample
+    samples: list[tuple[float, float, float]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ray-share", daemon=True)
+
+    def start(self) -> RayShare:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _read(self) -> dict[int, tuple[float, bool]]:
+        out = {}
+        for pid in descendants(self.root):
+            got = _cpu_and_name(pid)
+            if got is not None:
+                out[pid] = (got[0], self.training(got[1]))
+        return out
+
+    def _run(self) -> None:
+        before, t0 = self._read(), time.monotonic()
+        while not self._stop.wait(self.interval):
+            now, t1 = self._read(), time.monotonic()
+            used = {True: 0.0, False: 0.0}
+            for pid, (cpu, trains) in now.items():
+                # a process first seen now started within the interval: all its CPU is new
+                used[trains] += cpu - (before[pid][0] if pid in before else 0.0)
+            span = t1 - t0
+            self.samples.append((span, used[True] / span, used[False] / span))
+            before, t0 = now, t1
+
+    def while_training(self, busy: float) -> float | None:
+        """Mean cores the rest used over the samples with the training processes at
+        ``busy`` cores or more (None: no such sample)."""
+        steady = [(span, rest) for span, trains, rest in self.samples if trains >= busy]
+        total = sum(span for span, _ in steady)
+        return sum(span * rest for span, rest in steady) / total if total else None

@@ -1,0 +1,53 @@
+"""The fan-out bench's sampler of Ray's own CPU (part of `make test`, not a benchmark):
+real processes under a root process, one spinning as "training", another either
+sleeping or spinning, and the share of the rest measured while the training one ran."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from tests.bench.ray_share import RayShare
+
+SPIN = "import time\nend = time.monotonic() + 3\nwhile time.monotonic() < end: pass"
+SLEEP = "import time; time.sleep(3)"
+
+
+def tree(rest: str) -> subprocess.Popen[bytes]:
+    """A root process whose two children run for 3 s: one spinning, tagged as training
+    by its command line, and one running ``rest``."""
+    root = (
+        "import subprocess, sys\n"
+        f"kids = [subprocess.Popen([sys.executable, '-c', {SPIN!r}, 'zz-training']),\n"
+        f"        subprocess.Popen([sys.executable, '-c', {rest!r}, 'zz-other'])]\n"
+        "for k in kids: k.wait()\n"
+    )
+    return subprocess.Popen([sys.executable, "-c", root])
+
+
+def sampled(rest: str, tag: str = "zz-training", seconds: float = 2.5) -> RayShare:
+    """The sampler of a ``tree(rest)`` run for ``seconds``, counting as training the
+    processes whose command line holds ``tag``."""
+    proc = tree(rest)
+    try:
+        sampler = RayShare(proc.pid, training=lambda cmd: tag in cmd).start()
+        time.sleep(seconds)
+        sampler.stop()
+    finally:
+        proc.wait(timeout=30)  # its children end on their own after 3 s
+    return sampler
+
+
+def test_the_rest_is_what_the_other_processes_used_while_training_ran() -> None:
+    idle = sampled(SLEEP).while_training(0.5)
+    busy = sampled(SPIN).while_training(0.5)
+    assert idle is not None and busy is not None
+    assert idle < 0.2  # a sleeping process (and the waiting root) costs next to nothing
+    assert busy > 0.5  # a spinning one a core of its own (2 cores here)
+
+
+def test_no_share_without_a_sample_at_the_training_level() -> None:
+    sampler = sampled(SLEEP, tag="no such process", seconds=1.0)
+    assert sampler.samples  # it sampled ...
+    assert sampler.while_training(0.5) is None  # ... but nothing trained
