@@ -53,6 +53,26 @@ def test_the_files_are_listed_once(file_base: str) -> None:
     assert len(window(file_base).read_table(["price"])) == (5 + 3 + 3) * 10  # a new listing
 
 
+def test_a_file_rewritten_in_place_between_reads_is_an_error(file_base: str) -> None:
+    """A writer that replaces a file under the same name (not the platform's: its file
+    names are new on every write) between two reads: the second read is refused, never
+    made of the old file's footer and the new file's bytes."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for ds in DAYS:
+        write_partition(file_base, TABLE, ds, market_rows(ds, 3, 10))
+    files = window(file_base)
+    assert len(files.read_table(["market"])) == 3 * 3 * 10
+    day, paths = files.days[0]
+    pq.write_table(pa.Table.from_pandas(market_rows(day, 5, 10)), paths[0])  # same name
+    with pytest.raises(TrainingDataError) as err:
+        files.read_table(["price"])
+    assert f"table {TABLE} partition {day} was written again while this job read it" in str(
+        err.value
+    )
+
+
 def test_a_read_beyond_the_projection_is_refused(file_base: str) -> None:
     for ds in DAYS:
         write_partition(file_base, TABLE, ds, market_rows(ds, 3, 10))

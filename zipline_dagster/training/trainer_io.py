@@ -126,9 +126,9 @@ class WindowFiles:
             else:
                 self.missing.append(ds)
         self._schema: Any = None
-        #: each file's parquet footer, read once (a request per file on an object store)
-        #: and reused by the reads
-        self._footers: dict[str, Any] = {}
+        #: each file's parquet footer and size, read once (a request per file on an
+        #: object store) and reused by the reads
+        self._footers: dict[str, tuple[Any, int]] = {}
         if self.projection:
             for ds, files in self.days:
                 for path in files:
@@ -138,8 +138,9 @@ class WindowFiles:
         import pyarrow.parquet as pq
 
         if path not in self._footers:
-            self._footers[path] = pq.read_metadata(path, filesystem=self.fs)
-        return self._footers[path]
+            with self.fs.open(path, "rb") as f:
+                self._footers[path] = (pq.read_metadata(f), f.size)
+        return self._footers[path][0]
 
     def _check(self, ds: str, path: str, columns: list[str], flag: str) -> None:
         self._require(ds, self._footer(path).schema.to_arrow_schema().names, columns, flag)
@@ -188,26 +189,29 @@ class WindowFiles:
         for ds, files in self.days:
             tables = []
             for path in files:
+                again = TrainingDataError(
+                    f"table {self.table} partition {ds} was written again while this job "
+                    f"read it ({path} is gone or changed); run again"
+                )
                 try:
-                    parquet = pq.ParquetFile(
-                        path,
-                        metadata=self._footers.get(path),  # None: read with the file
-                        filesystem=self.fs,
-                        read_dictionary=wanted,
-                        pre_buffer=True,  # as read_table: ranges coalesced, fewer requests
-                    )
-                    with parquet:
-                        self._footers[path] = parquet.metadata
+                    with self.fs.open(path, "rb") as f:
+                        footer, size = self._footers.get(path, (None, f.size))
+                        if size != f.size:  # rewritten in place: its footer is not this one's
+                            raise again
+                        parquet = pq.ParquetFile(
+                            f,
+                            metadata=footer,  # None: read now, with the file
+                            read_dictionary=wanted,
+                            pre_buffer=True,  # as read_table: ranges coalesced, fewer requests
+                        )
+                        self._footers[path] = (parquet.metadata, f.size)
                         # a file without a column asked for is an error naming it (a read
                         # would leave the column out, and that day's rows null in it)
                         have = parquet.schema_arrow.names
                         self._require(ds, have, cols, "asked for by the trainer")
                         tables.append(parquet.read(columns=cols or None))
                 except FileNotFoundError:  # the day was written again since the listing
-                    raise TrainingDataError(
-                        f"table {self.table} partition {ds} was written again while this "
-                        f"job read it ({path} is gone); run again"
-                    ) from None
+                    raise again from None
             parts.append((ds, tables))
         return parts
 
