@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def _children() -> dict[int, list[int]]:
-    kids: dict[int, list[int]] = {}
+def _processes() -> dict[int, tuple[int, float]]:
+    """Every process's parent and CPU seconds (user + system), from one read of its stat."""
+    out = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -28,26 +29,26 @@ def _children() -> dict[int, list[int]]:
                 stat = f.read()
         except OSError:  # ended meanwhile
             continue
-        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
-        kids.setdefault(ppid, []).append(int(entry))
-    return kids
+        fields = stat[stat.rindex(")") + 2 :].split()
+        out[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICK)
+    return out
 
 
-def _cpu_and_name(pid: int) -> tuple[float, str] | None:
-    """CPU seconds (user + system) and command line of ``pid``; None once it has ended."""
+def _command(pid: int) -> str | None:
+    """The command line of ``pid`` (None once it has ended): read on every sample, since
+    Ray retitles a worker when it becomes an actor."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / _TICK, cmd
 
 
-def descendants(root: int) -> list[int]:
-    kids, out, todo = _children(), [], [root]
+def descendants(root: int, parents: dict[int, int]) -> list[int]:
+    kids: dict[int, list[int]] = {}
+    for pid, ppid in parents.items():
+        kids.setdefault(ppid, []).append(pid)
+    out, todo = [], [root]
     while todo:
         pid = todo.pop()
         out.append(pid)
@@ -80,11 +81,12 @@ class RayShare:
         self._thread.join()
 
     def _read(self) -> dict[int, tuple[float, bool]]:
+        procs = _processes()
         out = {}
-        for pid in descendants(self.root):
-            got = _cpu_and_name(pid)
-            if got is not None:
-                out[pid] = (got[0], self.training(got[1]))
+        for pid in descendants(self.root, {p: ppid for p, (ppid, _) in procs.items()}):
+            cmd = _command(pid)
+            if pid in procs and cmd is not None:
+                out[pid] = (procs[pid][1], self.training(cmd))
         return out
 
     def _run(self) -> None:

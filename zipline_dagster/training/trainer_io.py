@@ -145,6 +145,12 @@ class WindowFiles:
     def _check(self, ds: str, path: str, columns: list[str], flag: str) -> None:
         self._require(ds, self._footer(path).schema.to_arrow_schema().names, columns, flag)
 
+    def _written_again(self, ds: str, path: str) -> TrainingDataError:
+        return TrainingDataError(
+            f"table {self.table} partition {ds} was written again while this job read it "
+            f"({path} is gone or changed); run again"
+        )
+
     def _require(self, ds: str, have: list[str], columns: list[str], flag: str) -> None:
         absent = [c for c in columns if c not in have]
         if absent:
@@ -189,15 +195,11 @@ class WindowFiles:
         for ds, files in self.days:
             tables = []
             for path in files:
-                again = TrainingDataError(
-                    f"table {self.table} partition {ds} was written again while this job "
-                    f"read it ({path} is gone or changed); run again"
-                )
                 try:
                     with self.fs.open(path, "rb") as f:
                         footer, size = self._footers.get(path, (None, f.size))
                         if size != f.size:  # rewritten in place: its footer is not this one's
-                            raise again
+                            raise self._written_again(ds, path)
                         parquet = pq.ParquetFile(
                             f,
                             metadata=footer,  # None: read now, with the file
@@ -211,7 +213,7 @@ class WindowFiles:
                         self._require(ds, have, cols, "asked for by the trainer")
                         tables.append(parquet.read(columns=cols or None))
                 except FileNotFoundError:  # the day was written again since the listing
-                    raise again from None
+                    raise self._written_again(ds, path) from None
             parts.append((ds, tables))
         return parts
 
