@@ -5,10 +5,12 @@ the files listed once."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from tests.helpers import days_ending, write_partition
-from tests.training.test_assets import DS, TABLE
+from tests.training.test_assets import BUCKETS, DS, TABLE
 from tests.training.test_fanout import market_rows
 from zipline_dagster.training.trainer_io import TrainingDataError, WindowFiles
 
@@ -66,6 +68,78 @@ def test_a_file_rewritten_in_place_between_reads_is_an_error(file_base: str) -> 
     assert len(files.read_table(["market"])) == 3 * 3 * 10
     day, paths = files.days[0]
     pq.write_table(pa.Table.from_pandas(market_rows(day, 5, 10)), paths[0])  # same name
+    with pytest.raises(TrainingDataError) as err:
+        files.read_table(["price"])
+    assert f"table {TABLE} partition {day} was written again while this job read it" in str(
+        err.value
+    )
+
+
+def plain_parquet(frame: Any) -> bytes:
+    """``frame`` as parquet bytes whose size depends only on its shape and types: no
+    compression, no dictionaries, no statistics."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    sink = pa.BufferOutputStream()
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    pq.write_table(table, sink, compression="NONE", use_dictionary=False, write_statistics=False)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+@pytest.mark.parametrize("store", ["file", "s3", "gs", "abfss"])
+def test_a_file_rewritten_at_the_same_size_between_reads_is_an_error(
+    store: str, request: pytest.FixtureRequest
+) -> None:
+    """A file replaced under the same name by one of exactly the same size, other values,
+    between the read of the labels and the read of the features: the second read is
+    refused, never the first version's labels beside the second version's features. The
+    version of a file is its local inode and change times, or the object's ETag or
+    generation, on real storage servers on loopback."""
+    base = str(request.getfixturevalue(BUCKETS[store])) + "/wh"
+    for ds in DAYS:
+        write_partition(base, TABLE, ds, market_rows(ds, 3, 10))
+    day, paths = window(base).days[0]
+    frame = market_rows(day, 3, 10)
+    first = plain_parquet(frame)
+    second = plain_parquet(frame.assign(price=frame["price"] + 1.0))
+    assert len(first) == len(second) and first != second  # the case under test
+    fs = window(base).fs
+    fs.pipe_file(paths[0], first)
+    files = window(base)
+    assert len(files.read_table(["market", "label"])) == 3 * 3 * 10
+    fs.pipe_file(paths[0], second)
+    with pytest.raises(TrainingDataError) as err:
+        files.read_table(["price"])
+    assert f"table {TABLE} partition {day} was written again while this job read it" in str(
+        err.value
+    )
+    # the same files opened afresh read the second version
+    prices = window(base).read_table(["price"]).column("price").to_pylist()[:30]
+    assert prices == (frame["price"] + 1.0).tolist()
+
+
+def test_an_object_rewritten_during_its_read_is_an_error(
+    s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The object changes after the read opened it (its ETag taken) and before its bytes
+    are fetched: the S3 server refuses the ranged reads (If-Match), and the read says the
+    day was written again. The rewrite is real, on the loopback server; only its moment
+    is chosen, by running it as the read opens the file."""
+    base = f"{s3_bucket}/wh"
+    for ds in DAYS:
+        write_partition(base, TABLE, ds, market_rows(ds, 3, 10))
+    files = window(base)
+    day, paths = files.days[0]
+    opened = files.fs.open
+
+    def open_then_rewrite(path: str, *args: Any, **kwargs: Any) -> Any:
+        f = opened(path, *args, **kwargs)
+        if path == paths[0]:
+            files.fs.pipe_file(path, plain_parquet(market_rows(day, 4, 10)))
+        return f
+
+    monkeypatch.setattr(files.fs, "open", open_then_rewrite)
     with pytest.raises(TrainingDataError) as err:
         files.read_table(["price"])
     assert f"table {TABLE} partition {day} was written again while this job read it" in str(

@@ -74,6 +74,26 @@ class TrainingDataError(RuntimeError):
     """The training window's data is missing, incomplete or lacks a requested column."""
 
 
+#: The keys of an object store's file details that change whenever the object is written
+#: again, in order of preference (S3's and Azure's ETag, GCS's generation).
+_VERSION_KEYS = ("ETag", "etag", "generation", "md5Hash", "LastModified", "last_modified", "mtime")
+
+
+def file_version(f: Any) -> tuple[Any, ...]:
+    """What tells the version of an opened file: its size and, on an object store, the
+    tag the open read (ETag, generation); of a local file, its inode and change times.
+    Two opens of a file rewritten in between differ, even at the same size."""
+    details = getattr(f, "details", None)  # object stores: the info the open made
+    if isinstance(details, dict):
+        tag = next((details[k] for k in _VERSION_KEYS if details.get(k) is not None), None)
+        return (f.size, str(tag))
+    try:
+        st = os.fstat(f.fileno())
+    except (AttributeError, OSError, ValueError):  # no descriptor (io.UnsupportedOperation
+        return (f.size,)  # is both): the size alone
+    return (st.st_size, st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+
+
 def partition_files(fs: Any, directory: str) -> list[str]:
     """The committed parquet files of one partition folder; [] when it has none.
 
@@ -126,9 +146,9 @@ class WindowFiles:
             else:
                 self.missing.append(ds)
         self._schema: Any = None
-        #: each file's parquet footer and size, read once (a request per file on an
-        #: object store) and reused by the reads
-        self._footers: dict[str, tuple[Any, int]] = {}
+        #: each file's parquet footer and version (``file_version``), read once (a request
+        #: per file on an object store) and reused by the reads of that same version
+        self._footers: dict[str, tuple[Any, tuple[Any, ...]]] = {}
         if self.projection:
             for ds, files in self.days:
                 for path in files:
@@ -139,7 +159,7 @@ class WindowFiles:
 
         if path not in self._footers:
             with self.fs.open(path, "rb") as f:
-                self._footers[path] = (pq.read_metadata(f), f.size)
+                self._footers[path] = (pq.read_metadata(f), file_version(f))
         return self._footers[path][0]
 
     def _check(self, ds: str, path: str, columns: list[str], flag: str) -> None:
@@ -197,8 +217,12 @@ class WindowFiles:
             for path in files:
                 try:
                     with self.fs.open(path, "rb") as f:
-                        footer, size = self._footers.get(path, (None, f.size))
-                        if size != f.size:  # rewritten in place: its footer is not this one's
+                        version = file_version(f)
+                        footer, first = self._footers.get(path, (None, version))
+                        # rewritten in place since it was first read (under the same name,
+                        # perhaps at the same size): neither its footer nor the rows an
+                        # earlier read returned belong to what this read would return
+                        if version != first:
                             raise self._written_again(ds, path)
                         parquet = pq.ParquetFile(
                             f,
@@ -206,7 +230,7 @@ class WindowFiles:
                             read_dictionary=wanted,
                             pre_buffer=True,  # as read_table: ranges coalesced, fewer requests
                         )
-                        self._footers[path] = (parquet.metadata, f.size)
+                        self._footers[path] = (parquet.metadata, version)
                         # a file without a column asked for is an error naming it (a read
                         # would leave the column out, and that day's rows null in it)
                         have = parquet.schema_arrow.names
@@ -214,6 +238,11 @@ class WindowFiles:
                         tables.append(parquet.read(columns=cols or None))
                 except FileNotFoundError:  # the day was written again since the listing
                     raise self._written_again(ds, path) from None
+                except OSError as exc:
+                    # s3fs's FileExpired: the object's ETag changed during this read
+                    if type(exc).__name__ == "FileExpired":
+                        raise self._written_again(ds, path) from None
+                    raise
             parts.append((ds, tables))
         return parts
 
