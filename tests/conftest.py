@@ -50,17 +50,20 @@ def wait_http(url: str, timeout: float = 30.0, *, any_status: bool = False) -> N
 
 
 @pytest.fixture(scope="session")
-def s3_server() -> Iterator[dict[str, str]]:
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """A real S3 API server (moto in server mode) on loopback, with test credentials.
 
     Yields the environment a client needs (endpoint + credentials); tests that want the
-    standard AWS environment use the ``s3_env`` fixture.
+    standard AWS environment use the ``s3_env`` fixture. The server records the requests
+    it gets while a test asks it to (``s3_requests``), in a file of the session's.
     """
     port = free_port()
+    recording = tmp_path_factory.mktemp("moto") / "recording.jsonl"
     proc = subprocess.Popen(
         [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env={**os.environ, "MOTO_RECORDER_FILEPATH": str(recording)},
     )
     register(proc.pid, group=False, what="moto S3 server")
     endpoint = f"http://127.0.0.1:{port}"

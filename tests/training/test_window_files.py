@@ -5,14 +5,20 @@ the files listed once."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 import pytest
 
 from tests.helpers import days_ending, write_partition
 from tests.training.test_assets import BUCKETS, DS, TABLE
 from tests.training.test_fanout import market_rows
-from zipline_dagster.training.trainer_io import TrainingDataError, WindowFiles
+from zipline_dagster.training.trainer_io import TrainingDataError, WindowFiles, filesystem
 
 DAYS = days_ending(DS, 3)
 
@@ -180,3 +186,91 @@ def test_missing_days_are_named_before_anything_is_read(file_base: str) -> None:
         with pytest.raises(TrainingDataError) as err:
             step()
         assert f"is missing partitions {DAYS[0]}, {DAYS[2]} of the window" in str(err.value)
+
+
+@contextlib.contextmanager
+def s3_requests(endpoint: str) -> Iterator[list[tuple[str, str]]]:
+    """The requests the loopback S3 server gets inside the block, as (method, the object's
+    name or "" for a bucket request), in order: counted by the server itself (moto's
+    recorder), filled in when the block ends."""
+
+    def recorder(action: str, method: str = "POST") -> str:
+        req = urllib.request.Request(
+            f"{endpoint}/moto-api/recorder/{action}",
+            method=method,
+            data=b"" if method == "POST" else None,
+        )
+        with urllib.request.urlopen(req, timeout=10) as response:
+            return str(response.read().decode())
+
+    seen: list[tuple[str, str]] = []
+    recorder("reset-recording")
+    recorder("start-recording")
+    try:
+        yield seen
+    finally:
+        recorder("stop-recording")
+        for line in recorder("download-recording", "GET").splitlines():
+            entry = json.loads(line)
+            path = unquote(urlparse(entry["url"]).path).strip("/").split("/", 1)
+            seen.append((entry["method"], path[1].rsplit("/", 1)[-1] if len(path) > 1 else ""))
+
+
+def test_a_window_costs_a_request_per_day_and_two_per_file_and_read_on_s3(
+    s3_bucket: str, s3_env: dict[str, str]
+) -> None:
+    """On an object store every request is latency (and money). With a projection (the
+    platform's --columns) the window's listing costs one request per day (its commit
+    marker), the projection check fetches each file's footer once, and every read after
+    costs two requests per file: the open's HEAD (which names the version the read must
+    be of) and one GET of the columns, never the footer again."""
+    base = f"{s3_bucket}/wh"
+    for ds in DAYS:  # files larger than the 64 KB a parquet reader takes from the end for
+        write_partition(base, TABLE, ds, market_rows(ds, 3, 4000))  # the footer
+    names = sorted(path.rsplit("/", 1)[-1] for _, paths in window(base).days for path in paths)
+    assert len(names) == len(DAYS)  # one file a day
+    endpoint = s3_env["AWS_ENDPOINT_URL"]
+    with s3_requests(endpoint) as opening:
+        files = window(base, ["market", "label", "price"])
+    assert Counter(opening) == Counter(
+        [("GET", "_COMMITTED.json")] * len(DAYS)
+        + [(method, name) for name in names for method in ("HEAD", "GET")]
+    )
+    for columns in (["market", "label"], ["price"]):
+        with s3_requests(endpoint) as reading:
+            assert len(files.read_table(columns)) == 3 * 3 * 4000
+        assert Counter(reading) == Counter(
+            (method, name) for name in names for method in ("HEAD", "GET")
+        ), columns
+    # without a projection the first read fetches the footers, and the next ones do not
+    files = window(base)
+    files.read_table(["market"])
+    with s3_requests(endpoint) as reading:
+        files.read_table(["price"])
+    assert Counter(reading) == Counter((m, name) for name in names for m in ("HEAD", "GET"))
+
+
+@pytest.mark.parametrize("store", ["file", "s3", "gs", "abfss"])
+def test_a_table_another_system_wrote_is_read_from_its_parquet_files(
+    store: str, request: pytest.FixtureRequest
+) -> None:
+    """A table without commit markers (one another system wrote: Spark's part files and
+    its ``_SUCCESS`` beside them): every parquet file of a day's folder is read and
+    nothing else; a day whose folder holds no parquet file is missing, named."""
+    base = str(request.getfixturevalue(BUCKETS[store])) + "/wh"
+    fs, root = filesystem(f"{base}/ctr/training_v1")
+    for ds, segments in zip(DAYS, (3, 2, 0), strict=True):
+        folder = f"{root}/ds={ds}"
+        fs.makedirs(folder, exist_ok=True)
+        fs.pipe_file(f"{folder}/_SUCCESS", b"")
+        for part in range(segments and 2):
+            frame = market_rows(ds, segments, 10 + part)
+            fs.pipe_file(f"{folder}/part-{part:05d}.parquet", plain_parquet(frame))
+    files = window(base)
+    assert files.missing == [DAYS[2]]
+    with pytest.raises(TrainingDataError) as err:
+        files.read_table(["price"])
+    assert f"is missing partitions {DAYS[2]} of the window {DAYS[0]}..{DAYS[2]}" in str(err.value)
+    two = WindowFiles(base, TABLE, DAYS[:2], "ds", ["market", "price"])
+    table = two.read_table(["market", "price"])
+    assert Counter(table.column("ds").to_pylist()) == {DAYS[0]: 3 * 21, DAYS[1]: 2 * 21}

@@ -101,8 +101,13 @@ def partition_files(fs: Any, directory: str) -> list[str]:
     another system), every parquet file in the folder.
     """
     marker = f"{directory}/{COMMIT_NAME}"
-    if fs.isfile(marker):
-        listed = json.loads(fs.cat_file(marker)).get("files")
+    # One request on an object store: a GET from byte 0 (asking whether the marker exists
+    # first, and s3fs asking its size before a whole-object GET, cost two more).
+    try:
+        listed = json.loads(fs.cat_file(marker, start=0)).get("files")
+    except FileNotFoundError:
+        pass
+    else:
         return [f"{directory}/{name}" for name in listed] if listed is not None else []
     try:
         entries = fs.ls(directory, detail=True)
