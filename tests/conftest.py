@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -49,16 +50,13 @@ def wait_http(url: str, timeout: float = 30.0, *, any_status: bool = False) -> N
     raise RuntimeError(f"{url} did not answer within {timeout}s: {last}")
 
 
-@pytest.fixture(scope="session")
-def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """A real S3 API server (moto in server mode) on loopback, with test credentials.
-
-    Yields the environment a client needs (endpoint + credentials); tests that want the
-    standard AWS environment use the ``s3_env`` fixture. The server records the requests
-    it gets while a test asks it to (``s3_requests``), in a file of the session's.
-    """
+@contextlib.contextmanager
+def moto_server(recording: Path) -> Iterator[dict[str, str]]:
+    """A real S3 API server (moto in server mode) on loopback, with test credentials,
+    stopped when the block ends. Yields the environment a client needs (endpoint and
+    credentials). The server records the requests it gets while a test asks it to
+    (``tests.training.test_window_files.s3_requests``), in ``recording``."""
     port = free_port()
-    recording = tmp_path_factory.mktemp("moto") / "recording.jsonl"
     proc = subprocess.Popen(
         [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,
@@ -82,6 +80,14 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, st
         except subprocess.TimeoutExpired:
             proc.kill()
         unregister(proc.pid)
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """The session's S3 server (``moto_server``); tests that want the standard AWS
+    environment use the ``s3_env`` fixture."""
+    with moto_server(tmp_path_factory.mktemp("moto") / "recording.jsonl") as env:
+        yield env
 
 
 def _setenv(monkeypatch: pytest.MonkeyPatch, values: dict[str, str]) -> dict[str, str]:

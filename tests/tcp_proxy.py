@@ -15,10 +15,13 @@ class TcpProxy:
     """Forwards ``127.0.0.1:{port}`` to ``target``; ``cut()`` resets every connection and
     resets new ones as they arrive until ``restore()``; ``stall()`` keeps every connection
     open, old and new, and forwards nothing either way until ``restore()`` (a dashboard
-    that accepts and never answers)."""
+    that accepts and never answers). ``latency``: seconds each chunk the client sends
+    waits before it is forwarded (a request to a server far away, say an object store's
+    first-byte time)."""
 
-    def __init__(self, target_host: str, target_port: int) -> None:
+    def __init__(self, target_host: str, target_port: int, latency: float = 0.0) -> None:
         self.target = (target_host, target_port)
+        self.latency = latency
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._listener.bind(("127.0.0.1", 0))
@@ -63,14 +66,17 @@ class TcpProxy:
             with self._lock:
                 self._open.update({client, upstream})
             for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+                delay = self.latency if a is client else 0.0
+                threading.Thread(target=self._pump, args=(a, b, delay), daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, delay: float = 0.0) -> None:
         try:
             while True:
                 data = src.recv(65536)
                 if not data:
                     break
+                if delay:
+                    time.sleep(delay)
                 while self._stalled.is_set() and not self._closed.is_set():
                     time.sleep(0.05)  # held, not dropped: delivered after restore()
                 dst.sendall(data)

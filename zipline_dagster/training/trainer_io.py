@@ -120,6 +120,12 @@ def partition_files(fs: Any, directory: str) -> list[str]:
     )
 
 
+#: Requests in flight at once on an object store, where each one's time is mostly the
+#: store's latency: the days' commit markers, the files' footers, the files' reads.
+#: Local files are read one after another (pyarrow decodes each on every core already).
+CONCURRENT_REQUESTS = 8
+
+
 class WindowFiles:
     """The committed files of a window's partitions, listed once, to read in one go or
     column by column: a trainer can read a few columns first (say, to size its work and
@@ -128,7 +134,9 @@ class WindowFiles:
     ``columns`` (the platform's ``--columns``) is the projection: a read asks for it (or
     part of it), never for more; a projected column the table lacks fails here, naming it
     and what the table has. The days that have no files are ``missing`` (a read fails
-    naming them)."""
+    naming them). On an object store the days are listed, and the files read,
+    ``CONCURRENT_REQUESTS`` at a time; what comes back is in the window's order either
+    way, and an error is the first one in that order."""
 
     def __init__(
         self,
@@ -142,10 +150,14 @@ class WindowFiles:
         self.fs, root = filesystem(join(warehouse, ns, name))
         self.warehouse, self.table, self.window = warehouse, table, window
         self.partition_column, self.projection = partition_column, list(columns)
+        protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
+        self._concurrent = 1 if "file" in protocols else CONCURRENT_REQUESTS
+        listed = self._map(
+            lambda ds: partition_files(self.fs, f"{root}/{partition_column}={ds}"), window
+        )
         self.days: list[tuple[str, list[str]]] = []
         self.missing: list[str] = []
-        for ds in window:
-            files = partition_files(self.fs, f"{root}/{partition_column}={ds}")
+        for ds, files in zip(window, listed, strict=True):
             if files:
                 self.days.append((ds, files))
             else:
@@ -155,9 +167,24 @@ class WindowFiles:
         #: per file on an object store) and reused by the reads of that same version
         self._footers: dict[str, tuple[Any, tuple[Any, ...]]] = {}
         if self.projection:
-            for ds, files in self.days:
-                for path in files:
-                    self._check(ds, path, self.projection, "--columns")
+            self._map(
+                lambda job: self._check(job[0], job[1], self.projection, "--columns"),
+                self._files(),
+            )
+
+    def _files(self) -> list[tuple[str, str]]:
+        """Every file of the present days, as ``(day, path)``, in the window's order."""
+        return [(ds, path) for ds, files in self.days for path in files]
+
+    def _map(self, fn: Any, items: list[Any]) -> list[Any]:
+        """``fn`` of every item, in order: one after another on a local disk, else up to
+        ``CONCURRENT_REQUESTS`` at once. An error is the first item's, in order, to fail."""
+        if self._concurrent <= 1 or len(items) <= 1:
+            return [fn(item) for item in items]
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(min(self._concurrent, len(items))) as pool:
+            return list(pool.map(fn, items))
 
     def _footer(self, path: str) -> Any:
         import pyarrow.parquet as pq
@@ -216,40 +243,39 @@ class WindowFiles:
                 f"{','.join(self.projection)}); add them to the projection"
             )
         wanted = [d for d in dictionary if not cols or d in cols] or None
-        parts = []
-        for ds, files in self.days:
-            tables = []
-            for path in files:
-                try:
-                    with self.fs.open(path, "rb") as f:
-                        version = file_version(f)
-                        footer, first = self._footers.get(path, (None, version))
-                        # rewritten in place since it was first read (under the same name,
-                        # perhaps at the same size): neither its footer nor the rows an
-                        # earlier read returned belong to what this read would return
-                        if version != first:
-                            raise self._written_again(ds, path)
-                        parquet = pq.ParquetFile(
-                            f,
-                            metadata=footer,  # None: read now, with the file
-                            read_dictionary=wanted,
-                            pre_buffer=True,  # as read_table: ranges coalesced, fewer requests
-                        )
-                        self._footers[path] = (parquet.metadata, version)
-                        # a file without a column asked for is an error naming it (a read
-                        # would leave the column out, and that day's rows null in it)
-                        have = parquet.schema_arrow.names
-                        self._require(ds, have, cols, "asked for by the trainer")
-                        tables.append(parquet.read(columns=cols or None))
-                except FileNotFoundError:  # the day was written again since the listing
+
+        def read(job: tuple[str, str]) -> Any:
+            ds, path = job
+            try:
+                with self.fs.open(path, "rb") as f:
+                    version = file_version(f)
+                    footer, first = self._footers.get(path, (None, version))
+                    # rewritten in place since it was first read (under the same name,
+                    # perhaps at the same size): neither its footer nor the rows an
+                    # earlier read returned belong to what this read would return
+                    if version != first:
+                        raise self._written_again(ds, path)
+                    parquet = pq.ParquetFile(
+                        f,
+                        metadata=footer,  # None: read now, with the file
+                        read_dictionary=wanted,
+                        pre_buffer=True,  # as read_table: ranges coalesced, fewer requests
+                    )
+                    self._footers[path] = (parquet.metadata, version)
+                    # a file without a column asked for is an error naming it (a read
+                    # would leave the column out, and that day's rows null in it)
+                    self._require(ds, parquet.schema_arrow.names, cols, "asked for by the trainer")
+                    return parquet.read(columns=cols or None)
+            except FileNotFoundError:  # the day was written again since the listing
+                raise self._written_again(ds, path) from None
+            except OSError as exc:
+                # s3fs's FileExpired: the object's ETag changed during this read
+                if type(exc).__name__ == "FileExpired":
                     raise self._written_again(ds, path) from None
-                except OSError as exc:
-                    # s3fs's FileExpired: the object's ETag changed during this read
-                    if type(exc).__name__ == "FileExpired":
-                        raise self._written_again(ds, path) from None
-                    raise
-            parts.append((ds, tables))
-        return parts
+                raise
+
+        read_back = iter(self._map(read, self._files()))
+        return [(ds, [next(read_back) for _ in files]) for ds, files in self.days]
 
     def read_table(self, columns: list[str] | None = None, dictionary: tuple[str, ...] = ()) -> Any:
         """``columns`` (as ``tables``) of every row of the window as one pyarrow Table,
