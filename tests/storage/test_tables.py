@@ -166,3 +166,31 @@ def test_a_table_is_listed_once_per_run(file_base: str) -> None:
     write_partition(file_base, "ns.t", "2026-07-02", frame)
     assert sorted(committed_partitions(store, file_base, "ns.t")) == ["2026-07-01", "2026-07-02"]
     assert CountingStore.listings == 2
+
+
+@pytest.mark.parametrize("store_kind", ["file", "s3", "gs", "abfss"])
+def test_a_listing_names_each_committed_partition_with_its_files(
+    store_kind: str, request: pytest.FixtureRequest
+) -> None:
+    """A table's listing: every committed day with exactly the files its marker lists, in
+    day order, whatever order an object store's marker reads (several at a time) came back
+    in; a first write still in progress is missing; a folder without a marker (another
+    system's) is all its parquet files. On a local disk and on each object store's server."""
+    from tests.training.test_assets import BUCKETS
+    from zipline_dagster.storage.tables import begin_partition, days_between
+
+    base = str(request.getfixturevalue(BUCKETS[store_kind])) + "/wh"
+    store = blob_store(base)
+    days = days_between("2026-07-01", "2026-07-12")
+    written = {
+        ds: write_partition(base, TABLE, ds, pd.DataFrame({"x": [i]}))
+        for i, ds in enumerate(days[:10])
+    }
+    root = f"{base}/ctr/atomic"
+    begin_partition(store, f"{root}/ds={days[10]}")  # a first write under way
+    store.write_bytes(f"{root}/ds={days[11]}/part-0.parquet", b"not read here")
+    store.write_bytes(f"{root}/ds={days[11]}/_SUCCESS", b"")
+    listed = committed_partitions(store, base, TABLE)
+    assert list(listed) == [*days[:10], days[11]]
+    assert {ds: listed[ds] for ds in days[:10]} == {ds: [written[ds]] for ds in days[:10]}
+    assert listed[days[11]] == [f"{root}/ds={days[11]}/part-0.parquet"]

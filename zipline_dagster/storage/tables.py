@@ -20,13 +20,17 @@ import time
 import uuid
 from collections.abc import Iterator
 
-from zipline_dagster.storage.blobs import BlobStore
+from zipline_dagster.storage.blobs import BlobStore, LocalStore
 from zipline_dagster.storage.paths import join_uri, table_partition_uri, table_uri
 
 #: The partition's commit marker; the trainers read the same file (``trainer/io.py``).
 COMMIT_NAME = "_COMMITTED.json"
 #: Where a Spark range write lands before its partitions are committed one by one.
 STAGING_DIR = "_staging"
+#: Commit markers read at once from an object store, where each read's time is mostly the
+#: store's latency (a year of daily partitions is 365 reads per listing); a local store
+#: reads them one after another.
+CONCURRENT_READS = 8
 
 
 def days_between(start: str, end: str) -> list[str]:
@@ -81,16 +85,32 @@ def _list_committed(store: BlobStore, warehouse: str, table: str) -> dict[str, l
             markers.add(part[3:])
         elif name.endswith(".parquet"):
             parquet.setdefault(part[3:], []).append(uri)
+    marked = sorted(markers)
+    bodies = dict(zip(marked, _read_all(store, [_marker(root, ds) for ds in marked]), strict=True))
     out: dict[str, list[str]] = {}
     for ds in sorted(markers | set(parquet)):
-        if ds in markers:
-            folder = join_uri(root, f"ds={ds}")
-            listed = json.loads(store.read_bytes(join_uri(folder, COMMIT_NAME))).get("files")
+        if ds in bodies:
+            listed = json.loads(bodies[ds]).get("files")
             if listed is not None:  # None: a first write still in progress
-                out[ds] = [join_uri(folder, name) for name in listed]
+                out[ds] = [join_uri(root, f"ds={ds}", name) for name in listed]
         else:
             out[ds] = sorted(parquet[ds])
     return out
+
+
+def _marker(root: str, ds: str) -> str:
+    return join_uri(root, f"ds={ds}", COMMIT_NAME)
+
+
+def _read_all(store: BlobStore, uris: list[str]) -> list[bytes]:
+    """The objects at ``uris``, in order: ``CONCURRENT_READS`` at a time on an object
+    store, one after another on a local one. An error is the first, in order, to fail."""
+    if isinstance(store, LocalStore) or len(uris) <= 1:
+        return [store.read_bytes(uri) for uri in uris]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(min(CONCURRENT_READS, len(uris))) as pool:
+        return list(pool.map(store.read_bytes, uris))
 
 
 def existing_partitions(store: BlobStore, warehouse: str, table: str) -> dict[str, int]:
