@@ -1,7 +1,8 @@
-"""Reading a training window column by column (``WindowFiles``): the fan-out trainer reads
-its segment and label columns first, to know how many models there are and start its
-workers, and the features after; both reads must be the same rows in the same order, of
-the files listed once."""
+"""The trainers' storage (``zipline_trainer_io``). Reading a training window column by
+column (``WindowFiles``): the fan-out trainer reads its segment and label columns first,
+to know how many models there are and start its workers, and the features after; both
+reads must be the same rows in the same order, of the files listed once. Writing
+artifacts (``write_bytes``)."""
 
 from __future__ import annotations
 
@@ -289,3 +290,26 @@ def test_a_table_another_system_wrote_is_read_from_its_parquet_files(
     two = WindowFiles(base, TABLE, DAYS[:2], "ds", ["market", "price"])
     table = two.read_table(["market", "price"])
     assert Counter(table.column("ds").to_pylist()) == {DAYS[0]: 3 * 21, DAYS[1]: 2 * 21}
+
+
+@pytest.mark.parametrize("store", ["s3", "gs", "abfss"])
+def test_an_artifact_written_to_a_missing_bucket_is_an_error_naming_it(
+    store: str, request: pytest.FixtureRequest
+) -> None:
+    """A trainer writing into a bucket (container) that does not exist, say a mistyped
+    one: an error naming the URI, and no bucket made of the typo (s3fs's makedirs would
+    create it), on each object store's server on loopback."""
+    from zipline_dagster.training.trainer_io import write_bytes
+
+    existing = str(request.getfixturevalue(BUCKETS[store]))
+    scheme, rest = existing.split("://", 1)
+    bucket, _, host = rest.partition("@")  # abfss://container@account.host
+    typo = f"{scheme}://{bucket}-typo" + (f"@{host}" if host else "")
+    uri = f"{typo}/models/m/metrics.json"
+    with pytest.raises(FileNotFoundError) as err:
+        write_bytes(f"{typo}/models/m", "metrics.json", b"{}")
+    assert str(err.value).startswith(f"could not write {uri}: ")
+    fs, path = filesystem(typo)
+    fs.invalidate_cache()
+    assert not fs.exists(path)
+    assert write_bytes(f"{existing}/models/m", "metrics.json", b"{}").startswith(existing)

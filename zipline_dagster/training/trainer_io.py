@@ -57,11 +57,29 @@ def join(uri: str, *parts: str) -> str:
     return out
 
 
+def is_local(fs: Any) -> bool:
+    """Whether ``fs`` (an fsspec filesystem) is the local disk."""
+    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    return "file" in protocols
+
+
 def write_bytes(dir_uri: str, name: str, data: bytes) -> str:
-    fs, path = filesystem(join(dir_uri, name))
-    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-    fs.pipe_file(path, data)
-    return join(dir_uri, name)
+    """Writes ``data`` as ``name`` in ``dir_uri``; its URI. A local folder is made as
+    needed; an object store has no folders, and its bucket must exist (fsspec's makedirs
+    would create a missing one: a mistyped bucket would become a new bucket)."""
+    uri = join(dir_uri, name)
+    fs, path = filesystem(uri)
+    if is_local(fs):
+        fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+    try:
+        fs.pipe_file(path, data)
+    except Exception as exc:  # each SDK raises its own types: the URI named in all
+        lines = str(exc).strip().splitlines()
+        text = f"could not write {uri}: {type(exc).__name__}: {lines[0] if lines else ''}"
+        # a missing bucket or container: FileNotFoundError (s3fs, gcsfs), Azure's NotFound
+        missing = isinstance(exc, FileNotFoundError) or "NotFound" in type(exc).__name__
+        raise (FileNotFoundError(text) if missing else OSError(text)) from exc
+    return uri
 
 
 #: A partition's commit marker: the data files of its current version (the platform
@@ -150,8 +168,7 @@ class WindowFiles:
         self.fs, root = filesystem(join(warehouse, ns, name))
         self.warehouse, self.table, self.window = warehouse, table, window
         self.partition_column, self.projection = partition_column, list(columns)
-        protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
-        self._concurrent = 1 if "file" in protocols else CONCURRENT_REQUESTS
+        self._concurrent = 1 if is_local(self.fs) else CONCURRENT_REQUESTS
         listed = self._map(
             lambda ds: partition_files(self.fs, f"{root}/{partition_column}={ds}"), window
         )
