@@ -55,7 +55,7 @@ def moto_server(recording: Path) -> Iterator[dict[str, str]]:
     """A real S3 API server (moto in server mode) on loopback, with test credentials,
     stopped when the block ends. Yields the environment a client needs (endpoint and
     credentials). The server records the requests it gets while a test asks it to
-    (``tests.training.test_window_files.s3_requests``), in ``recording``."""
+    (``tests.helpers.s3_requests``), in ``recording``."""
     port = free_port()
     proc = subprocess.Popen(
         [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],

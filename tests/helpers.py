@@ -1,9 +1,15 @@
-"""Test data: small training tables written exactly as producers write them."""
+"""Test data: small training tables written exactly as producers write them; and what
+the loopback S3 server was asked (``s3_requests``)."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import json
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 import numpy as np
 import pandas as pd
@@ -47,3 +53,31 @@ def local(uri: str) -> Path:
     from zipline_dagster.storage.blobs import local_path
 
     return local_path(uri)
+
+
+@contextlib.contextmanager
+def s3_requests(endpoint: str) -> Iterator[list[tuple[str, str]]]:
+    """The requests the loopback S3 server gets inside the block, as (method, the object's
+    name or "" for a bucket request), in order: counted by the server itself (moto's
+    recorder), filled in when the block ends."""
+
+    def recorder(action: str, method: str = "POST") -> str:
+        req = urllib.request.Request(
+            f"{endpoint}/moto-api/recorder/{action}",
+            method=method,
+            data=b"" if method == "POST" else None,
+        )
+        with urllib.request.urlopen(req, timeout=10) as response:
+            return str(response.read().decode())
+
+    seen: list[tuple[str, str]] = []
+    recorder("reset-recording")
+    recorder("start-recording")
+    try:
+        yield seen
+    finally:
+        recorder("stop-recording")
+        for line in recorder("download-recording", "GET").splitlines():
+            entry = json.loads(line)
+            path = unquote(urlparse(entry["url"]).path).strip("/").split("/", 1)
+            seen.append((entry["method"], path[1].rsplit("/", 1)[-1] if len(path) > 1 else ""))

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import subprocess
 import sys
+import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import s3_requests
 from tests.training.test_assets import make_model
 from zipline_dagster.storage.blobs import blob_store
 from zipline_dagster.storage.paths import MANIFEST_NAME
@@ -278,6 +282,23 @@ def test_end_marker_watcher_sees_the_file_appear_and_rides_out_errors(
         watcher.stop()
     if where != "s3":
         return
+    # On an object store a look costs requests: looks are 0.5 s apart while the job is
+    # young, then 5% of its time so far (at most 5 s). A job 60 s old is looked for every
+    # 3 s, where every 0.5 s would be 12 looks in these 6 s (and 7,200 in an hour's job).
+    young, old = f"{base}/m/_attempts/zd-x-2.done", f"{base}/m/_attempts/zd-x-3.done"
+    with s3_requests(os.environ["AWS_ENDPOINT_URL"]) as seen_requests:
+        watchers = [
+            _DoneWatcher(young, threading.Event()),
+            _DoneWatcher(old, threading.Event(), job_start=time.time() - 60),
+        ]
+        for w in watchers:
+            w.start()
+        time.sleep(6)
+        for w in watchers:
+            w.stop()
+    looks = Counter(name for method, name in seen_requests if method == "HEAD")
+    assert 10 <= looks["zd-x-2.done"] <= 13, seen_requests
+    assert 2 <= looks["zd-x-3.done"] <= 3, seen_requests
     # A bucket that does not exist on the S3 server never sets it, nor raises.
     broken = threading.Event()
     watcher = _DoneWatcher("s3://no-such-bucket-zd/x.done", broken)

@@ -6,17 +6,12 @@ artifacts (``write_bytes``)."""
 
 from __future__ import annotations
 
-import contextlib
-import json
-import urllib.request
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 import pytest
 
-from tests.helpers import days_ending, write_partition
+from tests.helpers import days_ending, s3_requests, write_partition
 from tests.training.test_assets import BUCKETS, DS, TABLE
 from tests.training.test_fanout import market_rows
 from zipline_dagster.training.trainer_io import TrainingDataError, WindowFiles, filesystem
@@ -202,34 +197,6 @@ def test_missing_days_are_named_before_anything_is_read(file_base: str) -> None:
         with pytest.raises(TrainingDataError) as err:
             step()
         assert f"is missing partitions {DAYS[0]}, {DAYS[2]} of the window" in str(err.value)
-
-
-@contextlib.contextmanager
-def s3_requests(endpoint: str) -> Iterator[list[tuple[str, str]]]:
-    """The requests the loopback S3 server gets inside the block, as (method, the object's
-    name or "" for a bucket request), in order: counted by the server itself (moto's
-    recorder), filled in when the block ends."""
-
-    def recorder(action: str, method: str = "POST") -> str:
-        req = urllib.request.Request(
-            f"{endpoint}/moto-api/recorder/{action}",
-            method=method,
-            data=b"" if method == "POST" else None,
-        )
-        with urllib.request.urlopen(req, timeout=10) as response:
-            return str(response.read().decode())
-
-    seen: list[tuple[str, str]] = []
-    recorder("reset-recording")
-    recorder("start-recording")
-    try:
-        yield seen
-    finally:
-        recorder("stop-recording")
-        for line in recorder("download-recording", "GET").splitlines():
-            entry = json.loads(line)
-            path = unquote(urlparse(entry["url"]).path).strip("/").split("/", 1)
-            seen.append((entry["method"], path[1].rsplit("/", 1)[-1] if len(path) > 1 else ""))
 
 
 def test_a_window_costs_a_request_per_day_and_two_per_file_and_read_on_s3(

@@ -239,14 +239,23 @@ def done_marker(request: TrainingRequest, submission_id: str) -> str:
 class _DoneWatcher:
     """Sets ``event`` once the driver's marker file exists.
 
-    Cheap where it is: a local ``stat`` every 50 ms on ``file://``; one HEAD request every
-    0.5 s on an object store. Storage errors are ignored (the log line and the status
-    polls still end the wait): the watcher only ever makes the step learn sooner.
+    Cheap where it is: a local ``stat`` every 50 ms on ``file://``. On an object store a
+    look costs requests (s3fs: a HEAD, and a listing while the object is not there), so
+    the wait between looks is ``SHARE`` of the job's time so far (from ``job_start``, its
+    own clock), 0.5 s at least and 5 s at most: the end of a short job is seen within
+    0.5 s, of any job within about 5% of its time, and an hour's job costs about 770 looks
+    where a look every 0.5 s would be 7,200. Storage errors are ignored (the log line and
+    the status polls still end the wait): the watcher only ever makes the step learn
+    sooner.
     """
 
-    def __init__(self, uri: str, event: threading.Event) -> None:
+    SHARE = 0.05
+    MIN_S, MAX_S = 0.5, 5.0
+
+    def __init__(self, uri: str, event: threading.Event, job_start: float | None = None) -> None:
         self.uri = uri
         self.event = event
+        self.job_start = time.time() if job_start is None else job_start
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="done-watcher", daemon=True)
 
@@ -256,10 +265,14 @@ class _DoneWatcher:
     def stop(self) -> None:
         self._stop.set()
 
+    def _interval(self) -> float:
+        if self.uri.startswith("file://"):
+            return 0.05
+        return min(max(self.MIN_S, (time.time() - self.job_start) * self.SHARE), self.MAX_S)
+
     def _run(self) -> None:
         from zipline_dagster.storage.blobs import blob_store
 
-        interval = 0.05 if self.uri.startswith("file://") else 0.5
         store = None
         while not self._stop.is_set() and not self.event.is_set():
             try:
@@ -270,7 +283,7 @@ class _DoneWatcher:
             if seen:
                 self.event.set()
                 return
-            self._stop.wait(interval)
+            self._stop.wait(self._interval())
 
 
 class RayJobRunner:
@@ -559,12 +572,16 @@ class RayJobRunner:
         assert sid is not None
         follower = _LogFollower(self, sid)
         follower.start()
-        watcher = _DoneWatcher(done_marker(job, sid), follower.ending)
-        watcher.start()
         started = time.monotonic()
-        info = self._call(f"follow job {sid}", lambda: self.client().get_job_info(sid), job=sid)
+        try:
+            info = self._call(f"follow job {sid}", lambda: self.client().get_job_info(sid), job=sid)
+        except BaseException:
+            follower.finish(None)  # its stream stops with the step
+            raise
         # The job's own clock: a re-attached step does not restart the timeout.
         job_start = (info.start_time / 1000.0) if info.start_time else time.time()
+        watcher = _DoneWatcher(done_marker(job, sid), follower.ending, job_start)
+        watcher.start()
         delay = 0.2
         ending_since: float | None = None
         status = str(info.status)
