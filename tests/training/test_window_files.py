@@ -116,12 +116,13 @@ def test_a_file_rewritten_at_the_same_size_between_reads_is_an_error(
     base = str(request.getfixturevalue(BUCKETS[store])) + "/wh"
     for ds in DAYS:
         write_partition(base, TABLE, ds, market_rows(ds, 3, 10))
-    day, paths = window(base).days[0]
+    listed = window(base)
+    day, paths = listed.days[0]
     frame = market_rows(day, 3, 10)
     first = plain_parquet(frame)
     second = plain_parquet(frame.assign(price=frame["price"] + 1.0))
     assert len(first) == len(second) and first != second  # the case under test
-    fs = window(base).fs
+    fs = listed.fs
     fs.pipe_file(paths[0], first)
     files = window(base)
     assert len(files.read_table(["market", "label"])) == 3 * 3 * 10

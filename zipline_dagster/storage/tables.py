@@ -86,20 +86,18 @@ def _list_committed(store: BlobStore, warehouse: str, table: str) -> dict[str, l
         elif name.endswith(".parquet"):
             parquet.setdefault(part[3:], []).append(uri)
     marked = sorted(markers)
-    bodies = dict(zip(marked, _read_all(store, [_marker(root, ds) for ds in marked]), strict=True))
+    folders = {ds: table_partition_uri(warehouse, table, ds) for ds in marked}
+    reads = _read_all(store, [join_uri(folders[ds], COMMIT_NAME) for ds in marked])
+    bodies = dict(zip(marked, reads, strict=True))
     out: dict[str, list[str]] = {}
     for ds in sorted(markers | set(parquet)):
         if ds in bodies:
             listed = json.loads(bodies[ds]).get("files")
             if listed is not None:  # None: a first write still in progress
-                out[ds] = [join_uri(root, f"ds={ds}", name) for name in listed]
+                out[ds] = [join_uri(folders[ds], name) for name in listed]
         else:
             out[ds] = sorted(parquet[ds])
     return out
-
-
-def _marker(root: str, ds: str) -> str:
-    return join_uri(root, f"ds={ds}", COMMIT_NAME)
 
 
 def _read_all(store: BlobStore, uris: list[str]) -> list[bytes]:
