@@ -280,3 +280,30 @@ def test_bad_select_expression_names_producer_and_expression(
     assert fragment in text, text
     assert "AnalysisException" in text or "ParseException" in text
     assert "at org.apache.spark" not in text  # no JVM stack trace
+
+
+def test_a_long_stage_writes_no_progress_bar_to_the_console(tmp_path: Any) -> None:
+    """PySpark starts its JVM as a shell, which turns Spark's console progress bar on: a
+    stage over half a second redraws ``[Stage 0:> (0 + 1) / 1]`` on stderr, which ends up
+    mid-line in the demo's output and in every Spark step's captured logs in the UI. The
+    session the platform builds leaves it off. (A fresh process: the JVM writes to the
+    stderr it was started with, which a test in this process cannot capture.)"""
+    import subprocess
+    import sys
+
+    script = (
+        "import time\n"
+        "from zipline_dagster.features.spark import SparkResource\n"
+        "spark = SparkResource(master='local[1]').spark_session\n"
+        "assert spark.sparkContext.range(1).map(lambda x: time.sleep(2) or x).sum() == 0\n"
+        "spark.stop()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "[Stage" not in done.stderr, done.stderr[-2000:]

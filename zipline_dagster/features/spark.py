@@ -35,6 +35,9 @@ DEFAULT_SPARK_CONFIG = {
     "spark.sql.sources.partitionColumnTypeInference.enabled": "false",
     "spark.sql.shuffle.partitions": "4",
     "spark.ui.enabled": "false",
+    # PySpark starts its JVM as a shell, which turns the console progress bar on: it would
+    # redraw itself mid-line in the demo's output and in every Spark step's captured logs
+    "spark.ui.showConsoleProgress": "false",
     "spark.driver.memory": "2g",
     "spark.sql.parquet.compression.codec": "snappy",
     "spark.sql.ansi.enabled": "false",
