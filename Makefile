@@ -45,8 +45,10 @@ $(DAGSTER_HOME)/dagster.yaml:
 	@mkdir -p $(DAGSTER_HOME)
 	@printf 'telemetry:\n  enabled: false\n' > $@
 
+# not `python -m zipline_dagster.defs.demo`: the package (the code location) imports every
+# module of it first, so runpy would run the demo module a second time, with a warning
 demo: system-deps $(SYNCED) $(DAGSTER_HOME)/dagster.yaml
-	$(VENV)/bin/python -m zipline_dagster.defs.demo
+	$(VENV)/bin/python -c 'import sys; from zipline_dagster.defs.demo import main; sys.exit(main())'
 
 test: test-system-deps $(SYNCED) $(AZURITE)
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
