@@ -2,7 +2,8 @@
 process under the Ray head (raylet, GCS, dashboard and its modules, agents, log monitor,
 the job's supervisor) other than the training ones (the job's driver and the pool's
 workers), sampled from ``/proc`` four times a second, averaged over the samples in
-which the training processes used ``busy`` cores or more (both slots training).
+which the training processes used ``busy`` cores or more (both slots training); and how
+busy the whole machine was over the same samples (``/proc/stat``).
 
 Linux only (``/proc``); it reads, never signals, any process.
 """
@@ -44,6 +45,14 @@ def _command(pid: int) -> str | None:
         return None
 
 
+def machine_busy() -> float:
+    """CPU seconds the whole machine has been busy (every core, every process and the
+    kernel: all of /proc/stat's first line but idle and iowait)."""
+    with open("/proc/stat") as f:
+        ticks = [int(v) for v in f.readline().split()[1:]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / _TICK
+
+
 def descendants(root: int, parents: dict[int, int]) -> list[int]:
     kids: dict[int, list[int]] = {}
     for pid, ppid in parents.items():
@@ -65,8 +74,9 @@ class RayShare:
     root: int
     training: Callable[[str], bool]
     interval: float = 0.25
-    #: (seconds, cores of the training processes, cores of the rest) per sample
-    samples: list[tuple[float, float, float]] = field(default_factory=list)
+    #: (seconds, cores of the training processes, cores of the rest, cores the whole
+    #: machine was busy) per sample
+    samples: list[tuple[float, float, float, float]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
@@ -90,20 +100,31 @@ class RayShare:
         return out
 
     def _run(self) -> None:
-        before, t0 = self._read(), time.monotonic()
+        before, machine, t0 = self._read(), machine_busy(), time.monotonic()
         while not self._stop.wait(self.interval):
-            now, t1 = self._read(), time.monotonic()
+            now, machine_now, t1 = self._read(), machine_busy(), time.monotonic()
             used = {True: 0.0, False: 0.0}
             for pid, (cpu, trains) in now.items():
                 # a process first seen now started within the interval: all its CPU is new
                 used[trains] += cpu - (before[pid][0] if pid in before else 0.0)
             span = t1 - t0
-            self.samples.append((span, used[True] / span, used[False] / span))
-            before, t0 = now, t1
+            self.samples.append(
+                (span, used[True] / span, used[False] / span, (machine_now - machine) / span)
+            )
+            before, machine, t0 = now, machine_now, t1
+
+    def _mean(self, busy: float, column: int) -> float | None:
+        steady = [(s[0], s[column]) for s in self.samples if s[1] >= busy]
+        total = sum(span for span, _ in steady)
+        return sum(span * value for span, value in steady) / total if total else None
 
     def while_training(self, busy: float) -> float | None:
         """Mean cores the rest used over the samples with the training processes at
         ``busy`` cores or more (None: no such sample)."""
-        steady = [(span, rest) for span, trains, rest in self.samples if trains >= busy]
-        total = sum(span for span, _ in steady)
-        return sum(span * rest for span, rest in steady) / total if total else None
+        return self._mean(busy, 2)
+
+    def machine_while_training(self, busy: float) -> float | None:
+        """Mean cores the whole machine was busy over the same samples: the training
+        processes, the rest under the root, and everything else (the Dagster step
+        following the job, the OS)."""
+        return self._mean(busy, 3)

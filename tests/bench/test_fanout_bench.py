@@ -76,9 +76,11 @@ def run_fanout(
         model = make_model(version, base, name="market_ctr_models", job_configs=jc, replicas=2)
         sampler = (
             RayShare(ray_head.pid, training=lambda cmd: TRAINING.search(cmd) is not None).start()
-            if host_models and executor == "ray"
+            if host_models
             else None
         )
+        # the samples in which every training process trained: both slots, or the loop's one
+        training = 1.5 if executor == "ray" else 0.9
         try:
             md = only_materialization(materialize(model, res)).metadata
         finally:
@@ -98,7 +100,11 @@ def run_fanout(
             "before_up": report["segments_before_pool_up"],
             "threads": report["driver_threads"],
             # cores Ray's own processes took while both slots trained
-            "ray_share": sampler.while_training(1.5) if sampler is not None else None,
+            "ray_share": sampler.while_training(1.5)
+            if sampler is not None and executor == "ray"
+            else None,
+            # cores the whole machine was busy while every training process trained
+            "machine": sampler.machine_while_training(training) if sampler is not None else None,
         }
 
     if warm_up:  # the cluster caches the pip env (per requirement set); workers stay cold
@@ -175,6 +181,18 @@ def run_fanout(
                 f"pair's rate on the cores left is about {pair * (2 - share.median) / 2:.2f}x, "
                 + (f"against the slots' {rate:.2f}x above" if rate is not None else "")
             )
+    machine = {arm: [r["machine"] for r in runs[arm] if r["machine"] is not None] for arm in runs}
+    if host_models and all(len(machine[arm]) == len(runs[arm]) for arm in runs):
+        loop = Series("loop", machine["serial"], unit="cores")
+        pool = Series("pool", machine["ray"], unit="cores")
+        host.append(
+            "the whole machine (/proc/stat) was busy "
+            f"{loop.spread()} while the serial loop trained: its one training process, and "
+            f"{loop.median - 1:.2f} of a core for everything else (Ray's own processes, the "
+            "Dagster step following the job, the OS), which the loop's idle second core "
+            f"absorbed; and {pool.spread()} of 2 while the driver and the worker both "
+            "trained: the Ray arm is CPU-bound, everything else's share taken from its slots"
+        )
     # n single-threaded training processes cannot train more than n times as fast as one:
     # a steady rate above that says the serial arm ran slower than it can (the host busy
     # with something else while it ran), so this run's ratio judges nothing

@@ -40,11 +40,16 @@ def sampled(rest: str, tag: str = "zz-training", seconds: float = 2.5) -> RaySha
 
 
 def test_the_rest_is_what_the_other_processes_used_while_training_ran() -> None:
-    idle = sampled(SLEEP).while_training(0.5)
-    busy = sampled(SPIN).while_training(0.5)
+    quiet, loud = sampled(SLEEP), sampled(SPIN)
+    idle, busy = quiet.while_training(0.5), loud.while_training(0.5)
     assert idle is not None and busy is not None
     assert idle < 0.2  # a sleeping process (and the waiting root) costs next to nothing
     assert busy > 0.5  # a spinning one a core of its own (2 cores here)
+    # the whole machine: the spinning trainer's core, plus a core for a spinning rest
+    alone, both = quiet.machine_while_training(0.5), loud.machine_while_training(0.5)
+    assert alone is not None and both is not None
+    assert 0.8 < alone < 1.5
+    assert both > 1.6
 
 
 def test_no_share_without_a_sample_at_the_training_level() -> None:
