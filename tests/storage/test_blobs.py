@@ -3,11 +3,18 @@ loopback: S3 (moto), GCS (gcp-storage-emulator) and Azure Blob (Azurite) for abf
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-from zipline_dagster.storage.blobs import BlobNotFoundError, BlobStorageError, blob_store
+from tests.helpers import s3_requests
+from zipline_dagster.storage.blobs import (
+    S3_FIRST_READ,
+    BlobNotFoundError,
+    BlobStorageError,
+    blob_store,
+)
 from zipline_dagster.storage.paths import archive_uri
 from zipline_dagster.training.archive import (
     ArchiveVerificationError,
@@ -40,6 +47,27 @@ def test_store_roundtrip(base: str) -> None:
     assert not store.exists(uri)
     with pytest.raises(BlobNotFoundError, match="c.bin"):
         store.read_bytes(uri)
+
+
+def test_reads_return_every_byte_of_every_size(base: str) -> None:
+    """Empty objects, objects around the size S3 reads in one request, and larger ones
+    come back exactly as written; on S3 an object smaller than that costs one GET (no
+    HEAD before it), and a missing one is still named."""
+    sizes = [0, 100, S3_FIRST_READ - 1, S3_FIRST_READ, S3_FIRST_READ + 1, 3 * S3_FIRST_READ]
+    store = blob_store(base)
+    written = {}
+    for size in sizes:
+        written[size] = os.urandom(size)
+        store.write_bytes(f"{base}/sizes/{size}.bin", written[size])
+    for size in sizes:
+        assert store.read_bytes(f"{base}/sizes/{size}.bin") == written[size], size
+    with pytest.raises(BlobNotFoundError, match="absent.bin"):
+        store.read_bytes(f"{base}/sizes/absent.bin")
+    if not base.startswith("s3://"):
+        return
+    with s3_requests(os.environ["AWS_ENDPOINT_URL"]) as seen:
+        store.read_bytes(f"{base}/sizes/100.bin")
+    assert seen == [("GET", "100.bin")]
 
 
 def test_publish_verify_and_tamper(base: str, trainer_copy: Path) -> None:

@@ -13,6 +13,7 @@ Azure connection string. Credentials come from each SDK's standard environment.
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -178,6 +179,13 @@ def _unsupported(uri: str) -> BlobStorageError:
     )
 
 
+#: An S3 object is first read as its first this many bytes: one GET, where s3fs's
+#: ``cat_file`` sends a HEAD for the size before its GET. Commit markers, manifests,
+#: reports and pointers are far smaller; a larger object is then read whole as s3fs
+#: reads it (a GET, or concurrent ranges past its 50 MB block).
+S3_FIRST_READ = 1 << 20
+
+
 class ObjectStore:
     """``s3://bucket/key``, ``gs://bucket/key`` and ``abfss://container@host/key`` on fsspec.
 
@@ -215,6 +223,8 @@ class ObjectStore:
 
     def read_bytes(self, uri: str) -> bytes:
         try:
+            if self.scheme == "s3":
+                return self._read_s3(self._path(uri))
             return bytes(self.fs.cat_file(self._path(uri)))
         except FileNotFoundError as exc:
             raise BlobNotFoundError(f"no object at {uri}") from exc
@@ -222,6 +232,20 @@ class ObjectStore:
             raise
         except Exception as exc:
             raise self._err("read", uri, exc) from exc
+
+    def _read_s3(self, path: str) -> bytes:
+        """One ranged GET (``S3_FIRST_READ`` bytes) for an object smaller than that; a
+        larger one, or an empty one (S3 answers any range of it with 416, which s3fs
+        raises as EINVAL), is then read whole."""
+        try:
+            first = bytes(self.fs.cat_file(path, start=0, end=S3_FIRST_READ))
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:  # not found, denied ...: as a whole read would
+                raise
+        else:
+            if len(first) < S3_FIRST_READ:
+                return first
+        return bytes(self.fs.cat_file(path))
 
     def exists(self, uri: str) -> bool:
         try:
