@@ -51,8 +51,8 @@ def test_store_roundtrip(base: str) -> None:
 
 def test_reads_return_every_byte_of_every_size(base: str) -> None:
     """Empty objects, objects around the size S3 reads in one request, and larger ones
-    come back exactly as written; on S3 an object smaller than that costs one GET (no
-    HEAD before it), and a missing one is still named."""
+    come back exactly as written, and exist; a missing one is named. On S3 a small read
+    and a look for an object cost one request each."""
     sizes = [0, 100, S3_FIRST_READ - 1, S3_FIRST_READ, S3_FIRST_READ + 1, 3 * S3_FIRST_READ]
     store = blob_store(base)
     written = {}
@@ -63,11 +63,17 @@ def test_reads_return_every_byte_of_every_size(base: str) -> None:
         assert store.read_bytes(f"{base}/sizes/{size}.bin") == written[size], size
     with pytest.raises(BlobNotFoundError, match="absent.bin"):
         store.read_bytes(f"{base}/sizes/absent.bin")
+    assert store.exists(f"{base}/sizes/0.bin") and store.exists(f"{base}/sizes/100.bin")
+    assert not store.exists(f"{base}/sizes/absent.bin")
+    assert not store.exists(f"{base}/sizes")  # a folder is not an object
     if not base.startswith("s3://"):
         return
     with s3_requests(os.environ["AWS_ENDPOINT_URL"]) as seen:
         store.read_bytes(f"{base}/sizes/100.bin")
-    assert seen == [("GET", "100.bin")]
+        store.exists(f"{base}/sizes/100.bin")
+        store.exists(f"{base}/sizes/absent.bin")
+    # one request each: no HEAD before a read, no listing after a look that finds nothing
+    assert seen == [("GET", "100.bin"), ("GET", "100.bin"), ("GET", "absent.bin")]
 
 
 def test_publish_verify_and_tamper(base: str, trainer_copy: Path) -> None:

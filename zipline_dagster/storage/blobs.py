@@ -247,9 +247,26 @@ class ObjectStore:
                 return first
         return bytes(self.fs.cat_file(path))
 
+    def _isfile(self, path: str) -> bool:
+        """Whether an object is at ``path``. On S3 one request: a GET of its first byte (an
+        empty object answers it with 416), where s3fs's ``isfile`` follows a HEAD that
+        finds nothing with a listing (is it a folder?). A look for an absent object (a
+        lock, the end marker of a running job, looked for every few seconds) is the
+        common case."""
+        if self.scheme != "s3":
+            return bool(self.fs.isfile(path))
+        try:
+            self.fs.cat_file(path, start=0, end=1)
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+        return True
+
     def exists(self, uri: str) -> bool:
         try:
-            return bool(self.fs.isfile(self._path(uri)))
+            return self._isfile(self._path(uri))
         except BlobStorageError:
             raise
         except Exception as exc:
@@ -292,7 +309,7 @@ class ObjectStore:
         try:
             # The conditional put is the guarantee; the check spares a request (and
             # keeps the answer right on emulators that ignore preconditions).
-            if self.fs.isfile(path):
+            if self._isfile(path):
                 return False
             self.fs.pipe_file(path, data, mode="create")
             return True

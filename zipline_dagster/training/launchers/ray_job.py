@@ -240,13 +240,13 @@ class _DoneWatcher:
     """Sets ``event`` once the driver's marker file exists.
 
     Cheap where it is: a local ``stat`` every 50 ms on ``file://``. On an object store a
-    look costs requests (s3fs: a HEAD, and a listing while the object is not there), so
-    the wait between looks is ``SHARE`` of the job's time so far (from ``job_start``, its
-    own clock), 0.5 s at least and 5 s at most: the end of a short job is seen within
-    0.5 s, of any job within about 5% of its time, and an hour's job costs about 770 looks
-    where a look every 0.5 s would be 7,200. Storage errors are ignored (the log line and
-    the status polls still end the wait): the watcher only ever makes the step learn
-    sooner.
+    look costs requests (on S3 a GET of one byte; on GCS and Azure the SDK's lookup of
+    the object), so the wait between looks is ``SHARE`` of the job's time so far (from
+    ``job_start``, its own clock), 0.5 s at least and 5 s at most: the end of a short job
+    is seen within 0.5 s, of any job within about 5% of its time, and an hour's job costs
+    about 770 looks where a look every 0.5 s would be 7,200. Storage errors are ignored
+    (the log line and the status polls still end the wait): the watcher only ever makes
+    the step learn sooner.
     """
 
     SHARE = 0.05
