@@ -10,10 +10,12 @@ import pytest
 
 from tests.helpers import s3_requests
 from zipline_dagster.storage.blobs import (
+    CHUNK,
     S3_FIRST_READ,
     BlobNotFoundError,
     BlobStorageError,
     blob_store,
+    local_path,
 )
 from zipline_dagster.storage.paths import archive_uri
 from zipline_dagster.training.archive import (
@@ -74,6 +76,34 @@ def test_reads_return_every_byte_of_every_size(base: str) -> None:
         store.exists(f"{base}/sizes/absent.bin")
     # one request each: no HEAD before a read, no listing after a look that finds nothing
     assert seen == [("GET", "100.bin"), ("GET", "100.bin"), ("GET", "absent.bin")]
+
+
+def test_copy_and_digest_stream_every_byte(base: str) -> None:
+    """A copy lands whole and says the SHA-256 and size of what landed, over several of
+    the chunks it streams in; the digest of an object is the same; a missing source is
+    named and leaves nothing behind."""
+    import hashlib
+
+    data = os.urandom(CHUNK + 12345)
+    expected = (hashlib.sha256(data).hexdigest(), len(data))
+    store = blob_store(base)
+    store.write_bytes(f"{base}/src/model.bin", data)
+    assert store.copy(f"{base}/src/model.bin", f"{base}/dst/a/model.bin") == expected
+    assert store.read_bytes(f"{base}/dst/a/model.bin") == data
+    assert store.sha256(f"{base}/dst/a/model.bin") == expected
+    store.write_bytes(f"{base}/src/empty", b"")
+    assert store.copy(f"{base}/src/empty", f"{base}/dst/empty") == (hashlib.sha256().hexdigest(), 0)
+    with pytest.raises(BlobNotFoundError, match="absent.bin"):
+        store.copy(f"{base}/src/absent.bin", f"{base}/dst/absent.bin")
+    with pytest.raises(BlobNotFoundError, match="absent.bin"):
+        store.sha256(f"{base}/src/absent.bin")
+    assert store.list(f"{base}/dst") == [f"{base}/dst/a/model.bin", f"{base}/dst/empty"]
+    if base.startswith("file://"):  # no temp file left beside the copies
+        assert sorted(p.name for p in local_path(f"{base}/dst").rglob("*")) == [
+            "a",
+            "empty",
+            "model.bin",
+        ]
 
 
 def test_publish_verify_and_tamper(base: str, trainer_copy: Path) -> None:

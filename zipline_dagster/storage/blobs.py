@@ -13,9 +13,12 @@ Azure connection string. Credentials come from each SDK's standard environment.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import hashlib
 import os
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -44,6 +47,16 @@ class BlobStore(Protocol):
     def delete(self, uri: str) -> None: ...
     def move(self, src: str, dst: str) -> None:
         """Move one object (a rename locally, copy + delete on object stores)."""
+        ...
+
+    def copy(self, src: str, dst: str) -> tuple[str, int]:
+        """Copy one object and return the SHA-256 (hex) and size of what landed at ``dst``,
+        never holding it in memory: streamed into a temp file renamed into place locally,
+        copied by the server on object stores (then streamed back for the digest)."""
+        ...
+
+    def sha256(self, uri: str) -> tuple[str, int]:
+        """The SHA-256 (hex) and size of one object, streamed in chunks."""
         ...
 
     def create_exclusive(self, uri: str, data: bytes) -> bool:
@@ -81,6 +94,29 @@ def file_uri(path: str | os.PathLike[str]) -> str:
 
 def _is_temp(name: str) -> bool:
     return name.startswith(".") and name.endswith(".tmp")
+
+
+#: Bytes per read when an object is streamed (digests, local copies).
+CHUNK = 8 << 20
+
+
+def _digest(chunks: Any) -> tuple[str, int]:
+    h, size = hashlib.sha256(), 0
+    for chunk in chunks:
+        h.update(chunk)
+        size += len(chunk)
+    return h.hexdigest(), size
+
+
+def _chunks(f: Any) -> Any:
+    return iter(lambda: f.read(CHUNK), b"")
+
+
+def _written(chunks: Any, out: Any) -> Any:
+    """``chunks``, each written to ``out`` as it passes."""
+    for chunk in chunks:
+        out.write(chunk)
+        yield chunk
 
 
 class LocalStore:
@@ -124,6 +160,32 @@ class LocalStore:
             os.replace(local_path(src), target)
         except FileNotFoundError as exc:
             raise BlobNotFoundError(f"no object at {src}") from exc
+
+    def copy(self, src: str, dst: str) -> tuple[str, int]:
+        source, target = local_path(src), local_path(dst)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fin = source.open("rb")
+        except FileNotFoundError as exc:
+            raise BlobNotFoundError(f"no object at {src} (no such file {source})") from exc
+        with fin:
+            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+            try:
+                with os.fdopen(fd, "wb") as fout:
+                    landed = _digest(_written(_chunks(fin), fout))
+                os.replace(tmp, target)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+        return landed
+
+    def sha256(self, uri: str) -> tuple[str, int]:
+        path = local_path(uri)
+        try:
+            with open(path, "rb") as f:
+                return _digest(_chunks(f))
+        except FileNotFoundError as exc:
+            raise BlobNotFoundError(f"no object at {uri} (no such file {path})") from exc
 
     def create_exclusive(self, uri: str, data: bytes) -> bool:
         path = local_path(uri)
@@ -221,17 +283,24 @@ class ObjectStore:
         except Exception as exc:  # each SDK raises its own types; name the URI in all
             raise self._err("write", uri, exc) from exc
 
-    def read_bytes(self, uri: str) -> bytes:
+    @contextlib.contextmanager
+    def _reading(self, action: str, uri: str) -> Iterator[None]:
+        """The SDK's errors inside, as this module's: a missing object, or one naming
+        ``uri`` and what was being done."""
         try:
-            if self.scheme == "s3":
-                return self._read_s3(self._path(uri))
-            return bytes(self.fs.cat_file(self._path(uri)))
+            yield
         except FileNotFoundError as exc:
             raise BlobNotFoundError(f"no object at {uri}") from exc
         except BlobStorageError:
             raise
         except Exception as exc:
-            raise self._err("read", uri, exc) from exc
+            raise self._err(action, uri, exc) from exc
+
+    def read_bytes(self, uri: str) -> bytes:
+        with self._reading("read", uri):
+            if self.scheme == "s3":
+                return self._read_s3(self._path(uri))
+            return bytes(self.fs.cat_file(self._path(uri)))
 
     def _read_s3(self, path: str) -> bytes:
         """One ranged GET (``S3_FIRST_READ`` bytes) for an object smaller than that; a
@@ -293,15 +362,24 @@ class ObjectStore:
         except Exception as exc:
             raise self._err("delete", uri, exc) from exc
 
-    def move(self, src: str, dst: str) -> None:
-        try:
+    def _server_copy(self, src: str, dst: str, action: str) -> None:
+        with self._reading(action, src):
             self.fs.copy(self._path(src), self._path(dst))
-        except FileNotFoundError as exc:
-            raise BlobNotFoundError(f"no object at {src}") from exc
-        except BlobStorageError:
-            raise
-        except Exception as exc:
-            raise self._err("move", src, exc) from exc
+
+    def copy(self, src: str, dst: str) -> tuple[str, int]:
+        self._server_copy(src, dst, "copy")
+        return self.sha256(dst)
+
+    def sha256(self, uri: str) -> tuple[str, int]:
+        # no read-ahead cache: one ranged GET per chunk, each chunk held once
+        with (
+            self._reading("read", uri),
+            self.fs.open(self._path(uri), "rb", block_size=CHUNK, cache_type="none") as f,
+        ):
+            return _digest(_chunks(f))
+
+    def move(self, src: str, dst: str) -> None:
+        self._server_copy(src, dst, "move")
         self.delete(src)
 
     def create_exclusive(self, uri: str, data: bytes) -> bool:
