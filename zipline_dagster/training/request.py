@@ -369,7 +369,8 @@ def supersede_previous(store: BlobStore, model_dir: str) -> str | None:
     ordered = sorted(current, key=lambda u: u != manifest)  # manifest first
     for uri in ordered:
         rel = uri[len(model_dir) :].lstrip("/")
-        store.move(uri, join_uri(dest, rel))  # a rename locally, a server copy elsewhere
+        store.copy(uri, join_uri(dest, rel))  # streamed, or the server's copy
+        store.delete(uri)
     return dest
 
 
