@@ -156,7 +156,7 @@ def test_a_later_attempt_supersedes_and_an_old_one_cannot_come_back(file_base: s
     assert json.loads(store.read_bytes(f"{d}/metrics.json")) == {"v": 2}
 
 
-@pytest.mark.parametrize("where", ["file", "s3"])
+@pytest.mark.parametrize("where", ["file", "s3", "gs", "abfss"])
 def test_promotion_streams_a_large_model_without_holding_it(
     where: str, file_base: str, request: pytest.FixtureRequest
 ) -> None:
@@ -166,7 +166,8 @@ def test_promotion_streams_a_large_model_without_holding_it(
     import hashlib
     import tracemalloc
 
-    base = file_base if where == "file" else request.getfixturevalue("s3_bucket")
+    buckets = {"s3": "s3_bucket", "gs": "gs_bucket", "abfss": "abfss_container"}
+    base = file_base if where == "file" else request.getfixturevalue(buckets[where])
     d = f"{base}/models/m/{'a' * 12}/2026-07-10"
     store = blob_store(d)
     model = os.urandom(64 << 20)
@@ -307,7 +308,8 @@ def test_end_marker_watcher_sees_the_file_appear_and_rides_out_errors(
 
     from zipline_dagster.training.launchers.ray_job import _DoneWatcher
 
-    base = file_base if where == "file" else request.getfixturevalue("s3_bucket")
+    buckets = {"s3": "s3_bucket", "gs": "gs_bucket", "abfss": "abfss_container"}
+    base = file_base if where == "file" else request.getfixturevalue(buckets[where])
     uri = f"{base}/m/_attempts/zd-x-1.done"
     seen = threading.Event()
     watcher = _DoneWatcher(uri, seen)

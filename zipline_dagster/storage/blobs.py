@@ -18,6 +18,7 @@ import errno
 import hashlib
 import os
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,10 +51,10 @@ class BlobStore(Protocol):
         ...
 
     def copy(self, src: str, dst: str) -> tuple[str, int]:
-        """Copy one object and return the SHA-256 (hex) and size of what landed at ``dst``:
-        streamed into a temp file renamed into place locally, copied by the server on S3
-        and GCS (then streamed back for the digest), never held whole in memory there; on
-        Azure read and written whole."""
+        """Copy one object and return the SHA-256 (hex) and size of what landed at ``dst``,
+        never holding it whole in memory: streamed into a temp file renamed into place
+        locally, copied by the server on object stores (once finished, then streamed back
+        for the digest)."""
         ...
 
     def sha256(self, uri: str) -> tuple[str, int]:
@@ -242,6 +243,9 @@ def _unsupported(uri: str) -> BlobStorageError:
     )
 
 
+#: Longest wait for an Azure server copy (a move or a promotion's copy) to finish.
+AZURE_COPY_WAIT_S = 600.0
+
 #: An S3 object is first read as its first this many bytes: one GET, where s3fs's
 #: ``cat_file`` sends a HEAD for the size before its GET. Commit markers, manifests,
 #: reports and pointers are far smaller; a larger object is then read whole as s3fs
@@ -366,14 +370,39 @@ class ObjectStore:
     def _server_copy(self, src: str, dst: str, action: str) -> None:
         with self._reading(action, src):
             self.fs.copy(self._path(src), self._path(dst))
+            if self.scheme == "abfss":
+                self._await_azure_copy(src, dst)
+
+    def _await_azure_copy(self, src: str, dst: str) -> None:
+        """Azure may finish a server copy after the call that starts it returns, and adlfs
+        does not wait: until it has, ``dst`` is not whole, and deleting ``src`` (a move)
+        would fail it. Waits for the copy's status on ``dst`` to say success."""
+        from fsspec.asyn import sync
+
+        container, blob, _ = self.fs.split_path(self._path(dst), delimiter="/")
+
+        async def status() -> tuple[str | None, str | None]:
+            client = self.fs.service_client.get_blob_client(container=container, blob=blob)
+            copy = (await client.get_blob_properties()).copy
+            return (copy.status, copy.status_description) if copy else (None, None)
+
+        deadline = time.monotonic() + AZURE_COPY_WAIT_S
+        while True:
+            state, why = sync(self.fs.loop, status)
+            if state in (None, "success"):
+                return
+            if state != "pending":
+                raise BlobStorageError(
+                    f"could not copy {src} to {dst}: Azure's copy {state} ({why})"
+                )
+            if time.monotonic() > deadline:
+                raise BlobStorageError(
+                    f"could not copy {src} to {dst}: Azure's copy still pending after "
+                    f"{AZURE_COPY_WAIT_S:g}s ({why}); {src} is left where it is"
+                )
+            time.sleep(0.2)
 
     def copy(self, src: str, dst: str) -> tuple[str, int]:
-        if self.scheme == "abfss":
-            # Azure's server copy may still be under way when its call returns (adlfs does
-            # not wait for it), so the object passes through this process, as it did
-            data = self.read_bytes(src)
-            self.write_bytes(dst, data)
-            return hashlib.sha256(data).hexdigest(), len(data)
         self._server_copy(src, dst, "copy")
         return self.sha256(dst)
 

@@ -369,8 +369,7 @@ def supersede_previous(store: BlobStore, model_dir: str) -> str | None:
     ordered = sorted(current, key=lambda u: u != manifest)  # manifest first
     for uri in ordered:
         rel = uri[len(model_dir) :].lstrip("/")
-        store.copy(uri, join_uri(dest, rel))  # streamed, or the server's copy
-        store.delete(uri)
+        store.move(uri, join_uri(dest, rel))  # a rename locally, a server copy elsewhere
     return dest
 
 
