@@ -165,12 +165,12 @@ class LocalStore:
 
     def copy(self, src: str, dst: str) -> tuple[str, int]:
         source, target = local_path(src), local_path(dst)
-        target.parent.mkdir(parents=True, exist_ok=True)
         try:
             fin = source.open("rb")
-        except FileNotFoundError as exc:
+        except FileNotFoundError as exc:  # before any folder is made for the copy
             raise BlobNotFoundError(f"no object at {src} (no such file {source})") from exc
         with fin:
+            target.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
             try:
                 with os.fdopen(fd, "wb") as fout:
@@ -307,35 +307,36 @@ class ObjectStore:
                 return self._read_s3(self._path(uri))
             return bytes(self.fs.cat_file(self._path(uri)))
 
-    def _read_s3(self, path: str) -> bytes:
-        """One ranged GET (``S3_FIRST_READ`` bytes) for an object smaller than that; a
-        larger one, or an empty one (S3 answers any range of it with 416, which s3fs
-        raises as EINVAL), is then read whole."""
+    def _s3_head_bytes(self, path: str, n: int) -> bytes | None:
+        """The first ``n`` bytes of an S3 object in one ranged GET; None for an empty
+        object (S3 answers any range of it with 416, which s3fs raises as EINVAL). A
+        missing one raises FileNotFoundError, as a whole read would."""
         try:
-            first = bytes(self.fs.cat_file(path, start=0, end=S3_FIRST_READ))
-        except OSError as exc:
-            if exc.errno != errno.EINVAL:  # not found, denied ...: as a whole read would
-                raise
-        else:
-            if len(first) < S3_FIRST_READ:
-                return first
-        return bytes(self.fs.cat_file(path))
-
-    def _isfile(self, path: str) -> bool:
-        """Whether an object is at ``path``. On S3 one request: a GET of its first byte (an
-        empty object answers it with 416), where s3fs's ``isfile`` follows a HEAD that
-        finds nothing with a listing (is it a folder?). A look for an absent object (a
-        lock, the end marker of a running job, looked for every few seconds) is the
-        common case."""
-        if self.scheme != "s3":
-            return bool(self.fs.isfile(path))
-        try:
-            self.fs.cat_file(path, start=0, end=1)
-        except FileNotFoundError:
-            return False
+            return bytes(self.fs.cat_file(path, start=0, end=n))
         except OSError as exc:
             if exc.errno != errno.EINVAL:
                 raise
+            return None
+
+    def _read_s3(self, path: str) -> bytes:
+        """One ranged GET (``S3_FIRST_READ`` bytes) for an object smaller than that; a
+        larger one, or an empty one, is then read whole."""
+        first = self._s3_head_bytes(path, S3_FIRST_READ)
+        if first is not None and len(first) < S3_FIRST_READ:
+            return first
+        return bytes(self.fs.cat_file(path))
+
+    def _isfile(self, path: str) -> bool:
+        """Whether an object is at ``path``. On S3 one request: a GET of its first byte,
+        where s3fs's ``isfile`` follows a HEAD that finds nothing with a listing (is it a
+        folder?). A look for an absent object (a lock, the end marker of a running job,
+        looked for every few seconds) is the common case."""
+        if self.scheme != "s3":
+            return bool(self.fs.isfile(path))
+        try:
+            self._s3_head_bytes(path, 1)
+        except FileNotFoundError:
+            return False
         return True
 
     def exists(self, uri: str) -> bool:
