@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import s3_requests
-from tests.training.test_assets import make_model
+from tests.training.test_assets import BUCKETS, make_model
 from zipline_dagster.storage.blobs import blob_store
 from zipline_dagster.storage.paths import MANIFEST_NAME
 from zipline_dagster.training.request import (
@@ -158,7 +158,7 @@ def test_a_later_attempt_supersedes_and_an_old_one_cannot_come_back(file_base: s
 
 @pytest.mark.parametrize("where", ["file", "s3", "gs", "abfss"])
 def test_promotion_streams_a_large_model_without_holding_it(
-    where: str, file_base: str, request: pytest.FixtureRequest
+    where: str, request: pytest.FixtureRequest
 ) -> None:
     """Promoting, superseding and verifying a partition stream its files: a model of 64 MB
     never sits whole in the step's memory (Python's allocations peak at a few chunks),
@@ -166,8 +166,7 @@ def test_promotion_streams_a_large_model_without_holding_it(
     import hashlib
     import tracemalloc
 
-    buckets = {"s3": "s3_bucket", "gs": "gs_bucket", "abfss": "abfss_container"}
-    base = file_base if where == "file" else request.getfixturevalue(buckets[where])
+    base = str(request.getfixturevalue(BUCKETS[where]))
     d = f"{base}/models/m/{'a' * 12}/2026-07-10"
     store = blob_store(d)
     model = os.urandom(64 << 20)
@@ -302,14 +301,13 @@ def test_the_driver_is_told_where_to_write_its_end_marker_when_it_can() -> None:
 @pytest.mark.s3
 @pytest.mark.parametrize("where", ["file", "s3"])
 def test_end_marker_watcher_sees_the_file_appear_and_rides_out_errors(
-    where: str, file_base: str, request: pytest.FixtureRequest
+    where: str, request: pytest.FixtureRequest
 ) -> None:
     import threading
 
     from zipline_dagster.training.launchers.ray_job import _DoneWatcher
 
-    buckets = {"s3": "s3_bucket", "gs": "gs_bucket", "abfss": "abfss_container"}
-    base = file_base if where == "file" else request.getfixturevalue(buckets[where])
+    base = str(request.getfixturevalue(BUCKETS[where]))
     uri = f"{base}/m/_attempts/zd-x-1.done"
     seen = threading.Event()
     watcher = _DoneWatcher(uri, seen)
