@@ -100,7 +100,7 @@ def run_fanout(
             "before_up": report["segments_before_pool_up"],
             "threads": report["driver_threads"],
             # cores Ray's own processes took while both slots trained
-            "ray_share": sampler.while_training(1.5)
+            "ray_share": sampler.while_training(training)
             if sampler is not None and executor == "ray"
             else None,
             # cores the whole machine was busy while every training process trained
