@@ -45,7 +45,7 @@ from zipline_dagster.settings import artifact_base_uri
 
 #: Content address of trainers/listing_ctr_model (`zipline-dagster build-trainer` prints
 #: it). A test fails when the trainer changes and this is not updated.
-LISTING_CTR_MODEL_VERSION = "390395d4a9fc"
+LISTING_CTR_MODEL_VERSION = "9a71a589553b"
 
 listing_views = SourceTable(
     table="ctr.listing_views", asset=build_listing_views_asset("ctr.listing_views")

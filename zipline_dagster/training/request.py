@@ -161,22 +161,23 @@ class TrainingRequest:
     #: CPUs the job's driver holds (default: the model's per-replica CPUs, none when it
     #: has Ray Train workers); a range job's driver only waits on its tasks and holds none
     driver_cpus: float | None = None
+    #: the folder whose ``_attempts/`` holds the driver's end marker (default:
+    #: ``canonical_dir``; scoring: the scores partition's folder, not the model's)
+    marker_dir: str = ""
 
     def __post_init__(self) -> None:
         if not self.canonical_dir:
             object.__setattr__(self, "canonical_dir", self.model_dir)
+        if not self.marker_dir:
+            object.__setattr__(self, "marker_dir", self.canonical_dir)
 
     def for_attempt(self, attempt_id: str) -> TrainingRequest:
         """The same request with the trainer writing into ``_attempts/{attempt_id}``
         (or, for ``attempt_flag="write-id"``, naming its output after the attempt)."""
+        flags = tuple(attempt_flags(list(self.flags), attempt_id, self.attempt_flag))
         if self.attempt_flag != "model-dir":
-            prefix = f"--{self.attempt_flag}="
-            flags = tuple(
-                f"{prefix}{attempt_id}" if f.startswith(prefix) else f for f in self.flags
-            )
             return replace(self, flags=flags, attempt_id=attempt_id)
         adir = attempt_dir(self.canonical_dir, attempt_id)
-        flags = tuple(attempt_flags(list(self.flags), attempt_id))
         return replace(self, model_dir=adir, flags=flags, attempt_id=attempt_id)
 
     @property
@@ -263,24 +264,33 @@ def build_training_request(model: Model, ds: str, *, warehouse: str) -> Training
     )
 
 
-def build_range_request(requests: list[TrainingRequest]) -> TrainingRequest:
-    """One Ray job that trains several partitions of one model as parallel tasks.
+def build_range_request(
+    requests: list[TrainingRequest], *, key_prefix: str = ""
+) -> TrainingRequest:
+    """One Ray job that runs several partitions of one model as parallel tasks: a
+    training range, or a scores range (requests whose ``module`` is the inference module
+    and whose attempt names the file each day writes).
 
     Its entrypoint is the archive's ``zipline_trainer_io`` range driver; each partition
-    keeps exactly its single-partition flags (``--model-dir`` pointed at its own attempt
-    folder, named after this job's submission id), so the trainer cannot tell the two
-    apart. The job key covers the range, so a retried step re-attaches to it: its first
-    and last day, plus a hash of the days when they are not every day in between (a
-    backfill of chosen days, or a retry that reuses some), so that a run never follows a
-    job that trains another set of partitions.
+    keeps exactly its single-partition flags (its attempt, named after this job's
+    submission id, set by the driver as for a job of its own), so the trainer cannot
+    tell the two apart. The job key covers the range, so a retried step re-attaches to
+    it: ``key_prefix`` (default ``{model}-{version}``), its first and last day, plus a
+    hash of the days when they are not every day in between (a backfill of chosen days,
+    or a retry that reuses some), so that a run never follows a job that trains another
+    set of partitions. A scores range always adds a hash of every day's flags: each day
+    names the model partition that scores it.
     """
     first, last = requests[0], requests[-1]
     model = first.model
-    key = f"{model.name}-{model.version}-{first.ds}_{last.ds}"
+    key = f"{key_prefix or f'{model.name}-{model.version}'}-{first.ds}_{last.ds}"
     days = [r.ds for r in requests]
-    if days != days_between(first.ds, last.ds):
-        key += "-" + hashlib.sha256(",".join(days).encode()).hexdigest()[:8]
     spec = json.dumps({r.ds: list(r.flags) for r in requests}, separators=(",", ":"))
+    scoring = first.attempt_flag != "model-dir"
+    if scoring:
+        key += "-" + hashlib.sha256(spec.encode()).hexdigest()[:8]
+    elif days != days_between(first.ds, last.ds):
+        key += "-" + hashlib.sha256(",".join(days).encode()).hexdigest()[:8]
     cpus = model.training_conf.resource_config.cpus_per_replica
     return TrainingRequest(
         model=model,
@@ -291,7 +301,9 @@ def build_range_request(requests: list[TrainingRequest]) -> TrainingRequest:
         archive_uri=first.archive_uri,
         flags=(
             "--attempt-id=",
-            f"--module={model.training_conf.python_module}",
+            f"--module={first.module or model.training_conf.python_module}",
+            # older drivers know model-dir only: a training range leaves the flag out
+            *([f"--attempt-flag={first.attempt_flag}"] if scoring else []),
             f"--num-cpus={cpus:g}",
             f"--partitions={spec}",
         ),
@@ -300,6 +312,7 @@ def build_range_request(requests: list[TrainingRequest]) -> TrainingRequest:
         attempt_flag="attempt-id",
         job_key_override=key,
         driver_cpus=0,
+        marker_dir=first.marker_dir,
     )
 
 

@@ -477,9 +477,11 @@ def write_table_file(warehouse: str, table: str, ds: str, write_id: str, frame: 
 # ---------------------------------------------------------------------------------------
 # Many partitions in one Ray job: ``python -m zipline_trainer_io --attempt-id=ID
 # --module=trainer.train --num-cpus=1 --partitions=JSON``. A model backfill submits one
-# such job per range; each partition's trainer runs as one Ray task, in the job's runtime
-# env, on workers that stay warm between partitions. Every partition writes into its own
-# attempt folder and reports one result line, so a failing partition fails only itself.
+# such job per range, and a scores backfill one per range of days (``--module`` the
+# inference module, ``--attempt-flag=write-id``); each partition runs as one Ray task, in
+# the job's runtime env, on workers that stay warm between partitions. Every partition
+# writes its own attempt (a folder, or a file named by it) and reports one result line,
+# so a failing partition fails only itself.
 
 #: Prefix of the one line per partition the range driver prints (the platform reads them).
 RESULT_PREFIX = "zipline-partition-result "
@@ -542,15 +544,25 @@ class _Tail:
 ATTEMPTS_DIR = "_attempts"
 
 
-def attempt_flags(flags: list[str], attempt_id: str) -> list[str]:
-    """``--model-dir=X`` becomes ``X/_attempts/{attempt_id}``: the one place a
-    partition's flags are pointed at an attempt folder (the platform's launches and the
-    range driver both use it)."""
-    prefix = "--model-dir="
-    return [
-        f"{prefix}{join(f[len(prefix) :], ATTEMPTS_DIR, attempt_id)}" if f.startswith(prefix) else f
-        for f in flags
-    ]
+#: The flags that can name a partition's attempt: a trainer's ``--model-dir`` (pointed at
+#: an attempt folder below it) or an inference module's ``--write-id`` (which names the
+#: file it writes).
+ATTEMPT_FLAGS = ("model-dir", "write-id")
+
+
+def attempt_flags(flags: list[str], attempt_id: str, flag: str = "model-dir") -> list[str]:
+    """The one place a partition's flags are pointed at an attempt (the platform's
+    launches and the range driver both use it): ``--model-dir=X`` becomes
+    ``X/_attempts/{attempt_id}``; ``--write-id=W`` becomes ``--write-id={attempt_id}``."""
+    prefix = f"--{flag}="
+    if flag == "model-dir":
+        return [
+            f"{prefix}{join(f[len(prefix) :], ATTEMPTS_DIR, attempt_id)}"
+            if f.startswith(prefix)
+            else f
+            for f in flags
+        ]
+    return [f"{prefix}{attempt_id}" if f.startswith(prefix) else f for f in flags]
 
 
 def run_partition(
@@ -600,6 +612,13 @@ def run_partitions(argv: Any = None) -> int:
     p = argparse.ArgumentParser(prog="python -m zipline_trainer_io", description=__doc__)
     p.add_argument("--attempt-id", required=True, help="this job's submission id")
     p.add_argument("--module", required=True, help="the trainer module each partition runs")
+    p.add_argument(
+        "--attempt-flag",
+        choices=ATTEMPT_FLAGS,
+        default="model-dir",
+        help="the partition flag that names its attempt: model-dir (a trainer: its attempt "
+        "folder) or write-id (an inference module: the file it writes)",
+    )
     p.add_argument("--num-cpus", type=float, default=1.0, help="CPUs per partition's task")
     p.add_argument("--partitions", required=True, help='JSON {"ds": [flags...], ...}')
     p.add_argument(
@@ -637,7 +656,9 @@ def run_partitions(argv: Any = None) -> int:
                 ds,
                 # the output went to the job's log as it came: only its tail is kept
                 run_partition(
-                    args.module, attempt_flags(flags, args.attempt_id), tail_chars=TAIL_CHARS
+                    args.module,
+                    attempt_flags(flags, args.attempt_id, args.attempt_flag),
+                    tail_chars=TAIL_CHARS,
                 ),
                 echo=False,
             )
@@ -647,7 +668,7 @@ def run_partitions(argv: Any = None) -> int:
         ray.init(log_to_driver=False)  # each partition's output comes back with its result
         task = ray.remote(num_cpus=args.num_cpus, max_retries=1)(run_partition)
         pending = {
-            task.remote(args.module, attempt_flags(flags, args.attempt_id)): ds
+            task.remote(args.module, attempt_flags(flags, args.attempt_id, args.attempt_flag)): ds
             for ds, flags in partitions.items()
         }
         while pending:
@@ -659,7 +680,7 @@ def run_partitions(argv: Any = None) -> int:
                 result = {"exit_code": -1, "seconds": 0.0, "log": f"{type(exc).__name__}: {exc}\n"}
             report(ds, result, echo=True)
     last_line = (
-        f"{DONE_PREFIX}{len(partitions) - failed} of {len(partitions)} partitions trained in "
+        f"{DONE_PREFIX}{len(partitions) - failed} of {len(partitions)} partitions succeeded in "
         f"{time.time() - started:.1f}s"
     )
     if args.done_uri:

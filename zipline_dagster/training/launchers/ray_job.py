@@ -233,7 +233,7 @@ class _LogFollower:
 
 def done_marker(request: TrainingRequest, submission_id: str) -> str:
     """Where the archive's driver writes its marker just before it exits."""
-    return attempt_dir(request.canonical_dir, submission_id) + ".done"
+    return attempt_dir(request.marker_dir, submission_id) + ".done"
 
 
 class _DoneWatcher:
@@ -456,15 +456,17 @@ class RayJobRunner:
         return env
 
     def entrypoint(self, request: TrainingRequest, sid: str, archive: bytes | None) -> str:
-        """The job's command. A training partition runs under the archive's platform
-        driver (``python -m zipline_trainer_io --in-process``: the same trainer command in
-        the same process, plus a marker file and one last line that tell the step the job
-        is ending), when the archive has it; anything else runs as built."""
+        """The job's command. A partition (a model day, or a scores day) runs under the
+        archive's platform driver (``python -m zipline_trainer_io --in-process``: the same
+        trainer or inference command in the same process, plus a marker file and one last
+        line that tell the step the job is ending), when the archive's driver can run it;
+        anything else runs as built."""
         job = request.for_attempt(sid)
         marker = [f"--done-uri={done_marker(request, sid)}"] if has_done_marker(archive) else []
         if request.module == DRIVER_MODULE:  # a range job: the driver is the entrypoint
             return shlex.join([*job.argv, *marker])
-        if request.attempt_flag != "model-dir" or not has_platform_driver(archive):
+        scoring = request.attempt_flag != "model-dir"
+        if not (has_attempt_flag(archive) if scoring else has_platform_driver(archive)):
             return job.entrypoint
         spec = json.dumps({request.ds: list(request.flags)}, separators=(",", ":"))
         return shlex.join(
@@ -474,6 +476,7 @@ class RayJobRunner:
                 DRIVER_MODULE,
                 f"--attempt-id={sid}",
                 f"--module={request.module or request.model.training_conf.python_module}",
+                *([f"--attempt-flag={request.attempt_flag}"] if scoring else []),
                 "--in-process",
                 f"--partitions={spec}",
                 *marker,
@@ -707,6 +710,13 @@ def has_platform_driver(archive: bytes | None) -> bool:
     """Whether the archive's ``zipline_trainer_io`` has the partitions driver (archives
     built by an older platform do not; their jobs run the trainer command as it is)."""
     return DONE_PREFIX.encode() in _driver_source(archive)
+
+
+def has_attempt_flag(archive: bytes | None) -> bool:
+    """Whether the archive's driver runs inference modules too (``--attempt-flag``: a
+    scoring day in the driver, a scores range in one job); older builds run training
+    only, and their scoring jobs the inference command as it is, one day each."""
+    return b'"--attempt-flag"' in _driver_source(archive)
 
 
 def loggable_command(command: str) -> str:
