@@ -18,6 +18,7 @@ import pytest
 import xgboost as xgb
 from sklearn.metrics import log_loss, roc_auc_score
 
+from tests.conftest import TRAINERS
 from tests.helpers import ctr_rows, days_ending, write_partition
 from tests.training.test_assets import TABLE, make_model, resources
 from zipline_dagster import EventSource, ModelSpecError, ModelTransforms
@@ -72,6 +73,24 @@ def test_model_transforms_is_validated_at_load() -> None:
         )
 
 
+def scoring_defs(
+    trainer: Path, base: str, launcher: str | None
+) -> tuple[str, Any, ModelTransforms, dg.Definitions]:
+    """The trainer published under ``base``; its version, the model, its scores table
+    (``transforms_for``) and the definitions over the source and labels tables."""
+    version = publish_trainer_archive(trainer, model_name="listing_ctr_model", base=base).version
+    model = make_model(version, base)
+    t = transforms_for(model)
+    defs = build_definitions(
+        external_tables=[ExternalTable(TABLE), ExternalTable(LABELS)],
+        models=[model],
+        transforms=[t],
+        resources=resources(launcher, base),
+        automation=False,
+    )
+    return version, model, t, defs
+
+
 def read_partition(base: str, table: str, ds: str) -> tuple[list[str], pd.DataFrame]:
     store = blob_store(base)
     files = committed_partitions(store, base, table)[ds]
@@ -86,18 +105,7 @@ def test_scores_served_by_the_day_before_and_monitored(
         rows = ctr_rows(ds, 300)
         write_partition(file_base, TABLE, ds, rows)
         write_partition(file_base, LABELS, ds, rows[["listing_id", "label"]])
-    version = publish_trainer_archive(
-        trainer_copy, model_name="listing_ctr_model", base=file_base
-    ).version
-    model = make_model(version, file_base)
-    t = transforms_for(model)
-    defs = build_definitions(
-        external_tables=[ExternalTable(TABLE), ExternalTable(LABELS)],
-        models=[model],
-        transforms=[t],
-        resources=resources(ray_head.dashboard_url, file_base),
-        automation=False,
-    )
+    version, model, t, defs = scoring_defs(trainer_copy, file_base, ray_head.dashboard_url)
     job = defs.resolve_implicit_global_asset_job_def()
     instance = dg.DagsterInstance.ephemeral()
     model_key = dg.AssetKey(["models", model.name])
@@ -182,3 +190,96 @@ def test_scores_served_by_the_day_before_and_monitored(
     after = FreshnessResolver(instance, graph)
     assert after.status(scores_key, D2).startswith("stale: upstream models/listing_ctr_model")
     assert after.status(scores_key, D3) == "fresh"
+
+
+def test_a_range_of_days_scores_in_one_ray_job_and_a_failing_day_fails_only_itself(
+    launcher: str | None, file_base: str
+) -> None:
+    """A backfill run of four scores days: on Ray one job scores them (one task a day),
+    on the local launcher one run after another; either way each day is its own commit
+    and materialization. Day 3's source rows are unreadable (its run fails inside the
+    job) and day 4's model partition was never trained (it never reaches the job): both
+    fail, alone, and are left uncommitted; the others are exactly what a run of their
+    own writes."""
+    from dagster._core.storage.tags import (
+        ASSET_PARTITION_RANGE_END_TAG,
+        ASSET_PARTITION_RANGE_START_TAG,
+    )
+
+    days = days_ending("2026-09-16", 9)  # 09-08 .. 09-16
+    trained = days[3:6]  # 09-11 .. 09-13: windows 09-08 .. 09-13
+    scored = days[4:8]  # 09-12 .. 09-15, scored by 09-11 .. 09-14
+    bad = scored[2]  # 09-14: scored by 09-13 (trained), its own rows unreadable
+    for ds in days:
+        rows = ctr_rows(ds, 200)
+        write_partition(file_base, LABELS, ds, rows[["listing_id", "label"]])
+        if ds == bad:
+            rows["price_log"] = rows["price_log"].map(lambda v: f"x{v:.2f}")
+        write_partition(file_base, TABLE, ds, rows)
+    _, model, t, defs = scoring_defs(TRAINERS / "listing_ctr_model", file_base, launcher)
+    job = defs.resolve_implicit_global_asset_job_def()
+    instance = dg.DagsterInstance.ephemeral()
+    scores_key = table_asset_key(t.table)
+
+    def run(key: dg.AssetKey, first: str, last: str) -> dg.ExecuteInProcessResult:
+        tags = (
+            {"dagster/partition": first}
+            if first == last
+            else {ASSET_PARTITION_RANGE_START_TAG: first, ASSET_PARTITION_RANGE_END_TAG: last}
+        )
+        return job.execute_in_process(
+            instance=instance, asset_selection=[key], tags=tags, raise_on_error=False
+        )
+
+    assert run(dg.AssetKey(["models", model.name]), trained[0], trained[-1]).success
+    result = run(scores_key, scored[0], scored[-1])
+    assert not result.success
+    error = result.get_step_failure_events()[0].step_failure_data.error
+    assert error is not None and error.cls_name == "Failure"
+    text = error.message
+    assert f"2 of 4 partitions of {t.table} failed (2 scored and materialized)" in text
+    assert f"- {bad}: its inference module exited with 1" in text or (
+        launcher is None and f"- {bad}: " in text
+    )
+    assert "could not convert string to float" in text  # the module's own error
+    assert f"- {scored[3]}: {t.table} {scored[3]} is scored by {model.name} partition" in text
+
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=scores_key), limit=100
+    ).records
+    mats = {
+        r.partition_key: {k: v.value for k, v in r.asset_materialization.metadata.items()}
+        for r in records
+        if r.run_id == result.run_id and r.asset_materialization is not None
+    }
+    assert sorted(mats) == scored[:2]
+    assert instance.get_materialized_partitions(scores_key) == set(scored[:2])
+    store = blob_store(file_base)
+    committed = committed_partitions(store, file_base, t.table)
+    assert sorted(committed) == scored[:2]  # the failed days are left uncommitted
+    for ds in scored[:2]:
+        md = mats[ds]
+        assert md["model_ds"] == days[days.index(ds) - 1] and md["rows"] == 200
+        assert committed[ds] == [md["uri"]]
+        _, frame = read_partition(file_base, t.table, ds)
+        assert md["score_mean"] == pytest.approx(frame["score"].mean())
+        assert md["score_p50"] == pytest.approx(frame["score"].median())
+    # a committed day's folder holds its marker and its file: the job's end marker (a
+    # Ray job writes it in its first day's folder) went with the commit
+    first_folder = f"{file_base}/ctr/listing_ctr_model_scores/ds={scored[0]}"
+    assert store.list(first_folder) == sorted(
+        [f"{first_folder}/_COMMITTED.json", committed[scored[0]][0]]
+    )
+    job_ids = {mats[ds]["job_id"] for ds in scored[:2]}
+    if launcher is not None:  # one Ray job scored the days that reached it
+        (sid,) = job_ids
+        assert sid.startswith(f"zd-score-ctr-listing_ctr_model_scores-{scored[0]}_{bad}-")
+        assert all(mats[ds]["range"] == f"{scored[0]}..{bad}" for ds in scored[:2])
+    else:
+        assert len(job_ids) == 2
+
+    # A day scored in the range holds exactly the bytes a run of its own writes.
+    in_range = store.read_bytes(committed[scored[0]][0])
+    assert run(scores_key, scored[0], scored[0]).success
+    (alone,) = committed_partitions(store, file_base, t.table)[scored[0]]
+    assert alone != committed[scored[0]][0] and store.read_bytes(alone) == in_range

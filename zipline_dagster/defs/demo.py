@@ -4,8 +4,8 @@ Builds and uploads the trainer archive, then materializes, upstream first, every
 missing or stale partition the model range needs (synthetic events, features and labels
 on local Spark, the training table, and one Ray Job for the model's partitions on the
 embedded Ray head, each partition with its blocking checks), moves the champion, scores
-the day after each trained partition with it (a Ray Job each) and monitors those scores
-against the day's labels. It prints each trained partition's holdout AUC and checks, the
+the day after each trained partition with it (one Ray Job for those days) and monitors
+those scores against the day's labels. It prints each trained partition's holdout AUC and checks, the
 champion, and the realized AUC per scored day. A second run finds everything fresh and
 does nothing.
 """

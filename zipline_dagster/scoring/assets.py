@@ -1,15 +1,18 @@
 """The scores table of a ``ModelTransforms``: a daily asset whose partition ``ds`` is one
-Ray Job (the model's inference module, from the same trainer archive).
+Ray Job (the model's inference module, from the same trainer archive); a backfill run's
+range of days is one Ray Job too, one task per day.
 
 Partition ``ds`` depends on the source table's partition ``ds`` and on the model
 partition ``ds-1`` (or the champion), so retraining that model partition makes exactly
-the scores it served stale. The job writes one file named by its attempt; the step
-commits the partition (``_COMMITTED.json``) only when the job succeeded, so readers see
-the old scores or the new ones, never a mix.
+the scores it served stale. The job writes one file per day named by its attempt; the
+step commits a day (``_COMMITTED.json``) only when that day's run succeeded, so readers
+see the old scores or the new ones, never a mix.
 """
 
 import datetime as dt
+import io
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
@@ -33,8 +36,19 @@ from zipline_dagster.storage.tables import (
     existing_partitions,
     shift_day,
 )
-from zipline_dagster.training.assets import load_archive, trainable_partitions
-from zipline_dagster.training.request import TrainingRequest, is_committed
+from zipline_dagster.training.assets import (
+    PARTITIONS_PER_RUN,
+    load_archive,
+    record_range,
+    trainable_partitions,
+)
+from zipline_dagster.training.request import (
+    TrainingJobError,
+    TrainingRequest,
+    build_range_request,
+    is_committed,
+    traceback_tail,
+)
 from zipline_dagster.training.resources import TrainingLauncher
 
 
@@ -52,6 +66,8 @@ class ScoringError(RuntimeError):
 def scoring_request(
     transforms: ModelTransforms, ds: str, *, warehouse: str, model_dir: str
 ) -> TrainingRequest:
+    """Day ``ds``'s job: the inference module on the source's day with the model at
+    ``model_dir``, its output file named by the attempt (``--write-id``)."""
     model = transforms.model
     version, model_ds = model_dir.rstrip("/").split("/")[-2:]
     flags = (
@@ -73,8 +89,13 @@ def scoring_request(
         flags=flags,
         module=transforms.inference_module,
         attempt_flag="write-id",
-        job_key_override=f"score-{transforms.table.replace('.', '-')}-{version}-{model_ds}-{ds}",
+        job_key_override=f"{_key_prefix(transforms)}-{version}-{model_ds}-{ds}",
+        marker_dir=table_partition_uri(warehouse, transforms.table, ds),
     )
+
+
+def _key_prefix(transforms: ModelTransforms) -> str:
+    return f"score-{transforms.table.replace('.', '-')}"
 
 
 def resolve_model_dir(
@@ -102,6 +123,248 @@ def resolve_model_dir(
     return model_dir, f"partition {model_ds} (the day before)"
 
 
+@dataclass(frozen=True)
+class ScoringDay:
+    """One day ready to score: its job, the model that scores it and why that one."""
+
+    request: TrainingRequest
+    chosen: str
+    folder: str
+
+
+def prepare_day(
+    transforms: ModelTransforms,
+    ds: str,
+    warehouse: WarehouseResource,
+    *,
+    have: dict[str, int] | None = None,
+) -> ScoringDay:
+    """Day ``ds``'s job, once its model and its source day are there (``have``: the
+    source table's committed days, when the caller listed them once for a range).
+
+    Raises:
+        ScoringError, BlobStorageError: naming what is missing.
+    """
+    model_dir, chosen = resolve_model_dir(transforms, ds, warehouse)
+    if have is None:
+        have = existing_partitions(
+            warehouse.store(warehouse.uri), warehouse.uri, transforms.source.table
+        )
+    if ds not in have:
+        raise ScoringError(
+            f"{transforms.table} {ds}: source {transforms.source.table} partition {ds} "
+            "is missing (not committed); materialize it first"
+        )
+    request = scoring_request(transforms, ds, warehouse=warehouse.uri, model_dir=model_dir)
+    return ScoringDay(request, chosen, table_partition_uri(warehouse.uri, transforms.table, ds))
+
+
+def commit_day(
+    transforms: ModelTransforms,
+    day: ScoringDay,
+    warehouse: WarehouseResource,
+    *,
+    job_id: str,
+    job_url: str | None,
+) -> dict[str, Any]:
+    """Commit the file the day's run wrote (named by ``job_id``); its metadata.
+
+    Raises:
+        dg.Failure: the run wrote no file (the partition is left as it was).
+    """
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    ds, model_dir = day.request.ds, day.request.model_dir
+    store = warehouse.store(warehouse.uri)
+    name = f"part-{job_id}-00000.parquet"
+    written = join_uri(day.folder, name)
+    if not store.exists(written):
+        raise dg.Failure(
+            f"the scoring job {job_id} succeeded but wrote no {written}; "
+            f"{transforms.table} {ds} is left as it was"
+        )
+    # the score column only: the summary needs nothing else
+    scores = pq.read_table(io.BytesIO(store.read_bytes(written)), columns=["score"])["score"]
+    rows = len(scores)
+    commit_partition(store, day.folder, [name], write_id=job_id, rows=rows)
+    md: dict[str, Any] = {
+        "rows": dg.MetadataValue.int(rows),
+        "model_dir": dg.MetadataValue.path(model_dir),
+        "model_version": dg.MetadataValue.text(model_dir.rstrip("/").split("/")[-2]),
+        "model_ds": dg.MetadataValue.text(model_dir.rstrip("/").split("/")[-1]),
+        "scored_by": dg.MetadataValue.text(day.chosen),
+        "uri": dg.MetadataValue.path(written),
+        "job_id": dg.MetadataValue.text(job_id),
+    }
+    values = scores.to_numpy().astype("float64", copy=False)  # a null is NaN here
+    values = values[~np.isnan(values)]
+    if len(values):
+        md["score_mean"] = dg.MetadataValue.float(float(values.mean()))
+        md["score_p50"] = dg.MetadataValue.float(float(np.median(values)))
+    if job_url:
+        md["ray_job"] = dg.MetadataValue.url(job_url)
+    return md
+
+
+def score_day(
+    context: dg.AssetExecutionContext,
+    transforms: ModelTransforms,
+    day: ScoringDay,
+    launcher: TrainingLauncher,
+    warehouse: WarehouseResource,
+) -> dict[str, Any]:
+    """Score one day as its own job and commit it; its materialization metadata."""
+    model, ds = transforms.model, day.request.ds
+    try:
+        archive, requirements = load_archive(model, warehouse)
+    except (BlobStorageError, RuntimeError) as exc:
+        raise failure(exc) from exc
+    context.log.info(f"scoring {transforms.source.table} {ds} with {model.name} {day.chosen}")
+    begin_partition(warehouse.store(warehouse.uri), day.folder)
+    try:
+        outcome = launcher.runner(context.log).run(
+            day.request,
+            archive=archive,
+            requirements=requirements,
+            metadata={"zipline_table": transforms.table, "zipline_ds": ds},
+        )
+    except Exception as exc:
+        raise failure(exc) from exc
+    md = commit_day(transforms, day, warehouse, job_id=outcome.job_id, job_url=outcome.job_url)
+    context.log.info(json.dumps({"scored_rows": md["rows"].value, "uri": md["uri"].value}))
+    return md
+
+
+def score_range(
+    context: dg.AssetExecutionContext,
+    transforms: ModelTransforms,
+    days: list[str],
+    launcher: TrainingLauncher,
+    warehouse: WarehouseResource,
+) -> dg.MaterializeResult:
+    """Score a run's range of days, each its own materialization and commit.
+
+    On Ray, with an archive whose driver runs inference modules, the days score together
+    in one job, one task each; otherwise one job after another. A day that fails (its
+    model or source day missing, its run failing) fails only itself: the others are
+    committed and materialized, then the step fails naming it.
+    """
+    from zipline_dagster.training.launchers.ray_job import has_attempt_flag
+    from zipline_dagster.training.resources import RayJobsResource
+
+    model = transforms.model
+    errors: dict[str, str] = {}
+    done: dict[str, dict[str, Any]] = {}
+    try:
+        have = existing_partitions(
+            warehouse.store(warehouse.uri), warehouse.uri, transforms.source.table
+        )
+    except BlobStorageError as exc:
+        raise failure(exc) from exc
+    ready: list[ScoringDay] = []
+    for ds in days:
+        try:
+            ready.append(prepare_day(transforms, ds, warehouse, have=have))
+        except (ScoringError, BlobStorageError) as exc:
+            errors[ds] = str(exc)
+    together = isinstance(launcher, RayJobsResource) and len(ready) > 1
+    if together:
+        try:
+            archive, requirements = load_archive(model, warehouse)
+        except (BlobStorageError, RuntimeError) as exc:
+            raise failure(exc) from exc
+        together = has_attempt_flag(archive)
+        if not together:
+            context.log.warning(
+                f"the {model.name} {model.version} archive's driver cannot run its inference "
+                "module (built by an older zipline-dagster): scoring the range one day after "
+                "another; rebuild it with `zipline-dagster build-trainer` to score ranges in "
+                "one job"
+            )
+    if together:
+        done.update(
+            _score_in_one_job(
+                context, transforms, ready, launcher, warehouse, archive, requirements, errors
+            )
+        )
+    else:
+        for day in ready:
+            try:
+                done[day.request.ds] = score_day(context, transforms, day, launcher, warehouse)
+            except dg.Failure as exc:
+                errors[day.request.ds] = exc.description or "failed"
+    return record_range(
+        context,
+        days,
+        done,
+        errors,
+        name=transforms.table,
+        verb="scored",
+        code_version=model.version,
+    )
+
+
+def _score_in_one_job(
+    context: dg.AssetExecutionContext,
+    transforms: ModelTransforms,
+    ready: list[ScoringDay],
+    launcher: TrainingLauncher,
+    warehouse: WarehouseResource,
+    archive: bytes,
+    requirements: list[str],
+    errors: dict[str, str],
+) -> dict[str, dict[str, Any]]:
+    from zipline_dagster.training.launchers.ray_head import RayHeadError
+    from zipline_dagster.training.launchers.ray_job import RayUnreachableError
+    from zipline_dagster.training.trainer_io import partition_results
+
+    store = warehouse.store(warehouse.uri)
+    first, last = ready[0].request.ds, ready[-1].request.ds
+    job = build_range_request([d.request for d in ready], key_prefix=_key_prefix(transforms))
+    context.log.info(
+        f"scoring {len(ready)} days {first}..{last} of {transforms.source.table} with "
+        f"{transforms.model.name} in one Ray job, one task each"
+    )
+    for day in ready:
+        begin_partition(store, day.folder)
+    job_error: TrainingJobError | None = None
+    try:
+        outcome = launcher.runner(context.log).run(
+            job,
+            archive=archive,
+            requirements=requirements,
+            metadata={"zipline_table": transforms.table, "zipline_ds": f"{first}_{last}"},
+        )
+        sid, logs, url = outcome.job_id, outcome.logs, outcome.job_url
+    except TrainingJobError as exc:
+        job_error = exc
+        sid, logs, url = exc.job_id or "", exc.logs, None
+    except (RayUnreachableError, RayHeadError) as exc:
+        raise failure(exc) from None
+    results = partition_results(logs)
+    done: dict[str, dict[str, Any]] = {}
+    for day in ready:
+        ds = day.request.ds
+        result = results.get(ds)
+        if result is None:
+            errors[ds] = f"Ray job {sid} ended without scoring it: {job_error}"
+        elif result["exit_code"] != 0:
+            errors[ds] = (
+                f"its inference module exited with {result['exit_code']} in Ray job {sid}:\n"
+                + traceback_tail(result.get("tail", ""))
+            )
+        else:
+            try:
+                md = commit_day(transforms, day, warehouse, job_id=sid, job_url=url)
+            except dg.Failure as exc:
+                errors[ds] = exc.description or "failed"
+                continue
+            md["range"] = dg.MetadataValue.text(f"{first}..{last}")
+            done[ds] = md
+    return done
+
+
 def build_scores_asset(
     transforms: ModelTransforms, *, automation_condition: dg.AutomationCondition | None = None
 ) -> dg.AssetsDefinition:
@@ -124,6 +387,9 @@ def build_scores_asset(
         group_name="scores",
         partitions_def=scoring_partitions(transforms),
         deps=deps,
+        # A backfill hands a run up to this many days; on Ray they score together in one
+        # job (``score_range``), each still its own materialization and commit.
+        backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=PARTITIONS_PER_RUN),
         kinds={"ray", "parquet"},
         code_version=model.version,
         automation_condition=automation_condition,
@@ -142,58 +408,15 @@ def build_scores_asset(
         launcher: TrainingLauncher,
         warehouse: WarehouseResource,
     ) -> dg.MaterializeResult:
-        ds = context.partition_key
+        days = list(context.partition_keys)
+        if len(days) > 1:
+            return score_range(context, transforms, days, launcher, warehouse)
         try:
-            model_dir, chosen = resolve_model_dir(transforms, ds, warehouse)
-            wh_store = warehouse.store(warehouse.uri)
-            if ds not in existing_partitions(wh_store, warehouse.uri, transforms.source.table):
-                raise ScoringError(
-                    f"{transforms.table} {ds}: source {transforms.source.table} partition {ds} "
-                    "is missing (not committed); materialize it first"
-                )
-            archive, requirements = load_archive(model, warehouse)
-        except (ScoringError, BlobStorageError, RuntimeError) as exc:
+            day = prepare_day(transforms, days[0], warehouse)
+        except (ScoringError, BlobStorageError) as exc:
             raise failure(exc) from exc
-        request = scoring_request(transforms, ds, warehouse=warehouse.uri, model_dir=model_dir)
-        context.log.info(f"scoring {transforms.source.table} {ds} with {model.name} {chosen}")
-        folder = table_partition_uri(warehouse.uri, transforms.table, ds)
-        begin_partition(wh_store, folder)
-        try:
-            outcome = launcher.runner(context.log).run(
-                request,
-                archive=archive,
-                requirements=requirements,
-                metadata={"zipline_table": transforms.table, "zipline_ds": ds},
-            )
-        except Exception as exc:
-            raise failure(exc) from exc
-        name = f"part-{outcome.job_id}-00000.parquet"
-        written = join_uri(folder, name)
-        if not wh_store.exists(written):
-            raise dg.Failure(
-                f"the scoring job {outcome.job_id} succeeded but wrote no {written}; "
-                f"{transforms.table} {ds} is left as it was"
-            )
-        import pandas as pd
-        import pyarrow.parquet as pq
-
-        frame = pq.read_table(__import__("io").BytesIO(wh_store.read_bytes(written))).to_pandas()
-        commit_partition(wh_store, folder, [name], write_id=outcome.job_id, rows=len(frame))
-        md: dict[str, Any] = {
-            "rows": dg.MetadataValue.int(len(frame)),
-            "model_dir": dg.MetadataValue.path(model_dir),
-            "model_version": dg.MetadataValue.text(model_dir.rstrip("/").split("/")[-2]),
-            "model_ds": dg.MetadataValue.text(model_dir.rstrip("/").split("/")[-1]),
-            "scored_by": dg.MetadataValue.text(chosen),
-            "uri": dg.MetadataValue.path(written),
-            "job_id": dg.MetadataValue.text(outcome.job_id),
-        }
-        if len(frame):
-            md["score_mean"] = dg.MetadataValue.float(float(frame["score"].mean()))
-            md["score_p50"] = dg.MetadataValue.float(float(pd.Series(frame["score"]).median()))
-        if outcome.job_url:
-            md["ray_job"] = dg.MetadataValue.url(outcome.job_url)
-        context.log.info(json.dumps({"scored_rows": len(frame), "uri": written}))
-        return dg.MaterializeResult(metadata=md)
+        return dg.MaterializeResult(
+            metadata=score_day(context, transforms, day, launcher, warehouse)
+        )
 
     return _scores
