@@ -6,6 +6,7 @@ import dataclasses
 
 import dagster as dg
 import pytest
+from dagster._core.events import DagsterEventType
 
 import zipline_dagster.defs.listing_ctr as demo
 from zipline_dagster import EventSource, ModelSpecError
@@ -116,3 +117,73 @@ def test_model_window_mapping_and_code_version() -> None:
         shared.timezone,
     )
     assert model_pdef.get_first_partition_key() == "2026-07-04"  # 07-01 + a 4-day window
+
+
+def test_an_external_table_observed_again_unchanged_retrains_nothing(file_base: str) -> None:
+    """Observing an external table records a data version per committed day. Observed
+    again with nothing changed, every version is the same and the planner finds the
+    models trained on it fresh (before, every observation made them stale: a click on
+    "Observe sources" retrained every model day). A day rewritten with other rows gets
+    a new version, and exactly the model days whose window holds it are stale."""
+    from dagster._core.definitions.observe import observe
+
+    from tests.conftest import TRAINERS
+    from tests.helpers import ctr_rows, days_ending, write_partition
+    from tests.training.test_assets import TABLE, make_model
+    from tests.training.test_assets import resources as test_resources
+    from zipline_dagster.lineage.backfill import FreshnessResolver, plan_backfill
+    from zipline_dagster.lineage.registry import build_external_table_asset
+    from zipline_dagster.storage.tables import shift_day
+    from zipline_dagster.training.archive import publish_trainer_archive
+
+    first, last = "2026-07-10", "2026-07-11"  # model days; windows 07-07..07-10, ..07-11
+    for ds in days_ending(last, 5):
+        write_partition(file_base, TABLE, ds, ctr_rows(ds, 200))
+    version = publish_trainer_archive(
+        TRAINERS / "listing_ctr_model", model_name="listing_ctr_model", base=file_base
+    ).version
+    model = make_model(version, file_base)
+    res = test_resources(None, file_base)  # the local launcher: no Ray needed here
+    defs = build_definitions(
+        external_tables=[ExternalTable(TABLE)], models=[model], resources=res, automation=False
+    )
+    instance = dg.DagsterInstance.ephemeral()
+    source = build_external_table_asset(ExternalTable(TABLE))
+    source_key = dg.AssetKey(TABLE.split("."))
+
+    def observed() -> dict[str, str]:
+        assert observe([source], instance=instance, resources={"warehouse": res["warehouse"]})
+        tags = instance.event_log_storage.get_latest_tags_by_partition(
+            source_key,
+            DagsterEventType.ASSET_OBSERVATION,
+            ["dagster/data_version"],
+        )
+        return {p: t["dagster/data_version"] for p, t in tags.items()}
+
+    versions = observed()
+    assert sorted(versions) == days_ending(last, 5)
+    key = dg.AssetKey(["models", model.name])
+    job = defs.resolve_implicit_global_asset_job_def()
+    for ds in (first, last):
+        assert job.execute_in_process(
+            instance=instance, asset_selection=[key], partition_key=ds
+        ).success
+    graph = defs.resolve_asset_graph()
+
+    assert observed() == versions  # nothing changed: the same versions
+    assert plan_backfill(defs, instance, key, [first, last]).empty
+
+    write_partition(file_base, TABLE, last, ctr_rows(shift_day(last, 7), 200))  # other rows
+    again = observed()
+    assert again[last] != versions[last]
+    assert {d: v for d, v in again.items() if d != last} == {
+        d: v for d, v in versions.items() if d != last
+    }
+    fresh = FreshnessResolver(instance, graph)
+    assert fresh.status(key, first) == "fresh"  # its window ends the day before
+    assert fresh.status(key, last) == (
+        f"stale: upstream {TABLE.replace('.', '/')} {last} was updated after it "
+        "(its observed data version changed)"
+    )
+    plan = plan_backfill(defs, instance, key, [first, last])
+    assert plan.steps == [(key, [last])]

@@ -4,6 +4,10 @@ A partition is *fresh* when it has been materialized with the asset's current co
 version and after every partition it reads (transitively fresh too). Otherwise it is
 missing or stale, and a backfill of a model range includes it, upstream first. A fresh
 partition is skipped, so re-running a backfill of a fresh range does nothing.
+
+An external table's partition counts as updated after a materialization only when its
+observed data version changed since then: observing it again unchanged (the UI's
+"Observe sources", a schedule) retrains nothing, as Dagster's own automation treats it.
 """
 
 import datetime as dt
@@ -16,6 +20,7 @@ from dagster._core.definitions.assets.graph.asset_graph import AssetGraph
 from dagster._core.events import DagsterEventType
 
 CODE_VERSION_TAG = "dagster/code_version"
+DATA_VERSION_TAG = "dagster/data_version"
 
 
 class BackfillError(ValueError):
@@ -60,6 +65,7 @@ class FreshnessResolver:
         self._versions: dict[dg.AssetKey, dict[str, str]] = {}
         self._artifacts: dict[dg.AssetKey, dict[str, str]] = {}
         self._memo: dict[tuple[dg.AssetKey, str], str] = {}
+        self._observed: dict[dg.AssetKey, dict[str, str | None]] = {}
 
     def latest_ids(self, key: dg.AssetKey) -> dict[str, int]:
         """{partition: storage id of its latest materialization (observation, for a
@@ -75,6 +81,36 @@ class FreshnessResolver:
                 self.instance.event_log_storage.get_latest_storage_id_by_partition(key, event)
             )
         return self._ids[key]
+
+    def _data_versions(
+        self, key: dg.AssetKey, partitions: list[str], before: int | None = None
+    ) -> dict[str, str | None]:
+        """{partition: data version of its latest observation} of observed ``key`` (only
+        observations with a storage id below ``before``, when given)."""
+        tags = self.instance.event_log_storage.get_latest_tags_by_partition(
+            key,
+            DagsterEventType.ASSET_OBSERVATION,
+            [DATA_VERSION_TAG],
+            asset_partitions=partitions,
+            before_cursor=before,
+        )
+        return {p: tags.get(p, {}).get(DATA_VERSION_TAG) for p in partitions}
+
+    def observed_changed_since(self, key: dg.AssetKey, partitions: list[str], since: int) -> str:
+        """The first of observed ``key``'s ``partitions`` whose data version differs from
+        the one it had at storage id ``since`` ("" when none did). A partition with no
+        observation before then counts as changed: nothing says what was read."""
+        if key not in self._observed:
+            self._observed[key] = {}
+        latest = self._observed[key]
+        todo = [p for p in partitions if p not in latest]
+        if todo:
+            latest.update(self._data_versions(key, todo))
+        then = self._data_versions(key, partitions, before=since)
+        for p in partitions:
+            if then[p] is None or then[p] != latest[p]:
+                return p
+        return ""
 
     def _code_versions(self, key: dg.AssetKey) -> dict[str, str]:
         if key not in self._versions:
@@ -162,14 +198,26 @@ class FreshnessResolver:
             elif missing_model:
                 result = f"stale: {missing_model}"
             else:
-                for pkey, ppart in self.parents(key, partition):
+                parents = self.parents(key, partition)
+                observed: dict[dg.AssetKey, list[str]] = {}
+                for pkey, ppart in parents:
                     pstatus = self.status(pkey, ppart)
                     if pstatus != "fresh":
                         result = f"stale: upstream {pkey.to_user_string()} {ppart} is {pstatus.split(':')[0]}"
                         break
-                    if self.latest_ids(pkey).get(ppart, 0) > ids[partition]:
+                    if self.latest_ids(pkey).get(ppart, 0) <= ids[partition]:
+                        continue
+                    if not self.graph.get(pkey).is_materializable:
+                        observed.setdefault(pkey, []).append(ppart)  # its data version says
+                        continue
+                    result = f"stale: upstream {pkey.to_user_string()} {ppart} was updated after it"
+                    break
+                for pkey, parts in observed.items() if result == "fresh" else ():
+                    changed = self.observed_changed_since(pkey, parts, ids[partition])
+                    if changed:
                         result = (
-                            f"stale: upstream {pkey.to_user_string()} {ppart} was updated after it"
+                            f"stale: upstream {pkey.to_user_string()} {changed} was updated "
+                            "after it (its observed data version changed)"
                         )
                         break
         self._memo[memo_key] = result
