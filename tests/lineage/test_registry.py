@@ -187,3 +187,42 @@ def test_an_external_table_observed_again_unchanged_retrains_nothing(file_base: 
     )
     plan = plan_backfill(defs, instance, key, [first, last])
     assert plan.steps == [(key, [last])]
+
+
+@pytest.mark.s3
+def test_observing_an_external_table_reads_no_data_file(
+    s3_bucket: str, s3_env: dict[str, str]
+) -> None:
+    """A day's data version comes from the listing (each committed file's name, size and
+    ETag) and its commit marker: observing a table of any size costs the listings and a
+    marker read per day, not its bytes. A committed file changed in place changes its
+    day's version only; a marker naming a file that is gone fails the observation,
+    naming it."""
+    from collections import Counter
+
+    from tests.helpers import ctr_rows, days_ending, s3_requests, write_partition
+    from tests.training.test_assets import TABLE
+    from zipline_dagster.lineage.registry import observed_versions
+    from zipline_dagster.storage.blobs import blob_store
+    from zipline_dagster.storage.tables import committed_partitions
+
+    base = f"{s3_bucket}/wh"
+    days = days_ending("2026-07-10", 3)
+    for ds in days:
+        write_partition(base, TABLE, ds, ctr_rows(ds, 5_000))
+    store = blob_store(base)
+    with s3_requests(s3_env["AWS_ENDPOINT_URL"]) as requests:
+        versions = observed_versions(store, base, TABLE)
+    assert sorted(versions) == days
+    reads = Counter(r for r in requests if r[1])  # object requests (not listings)
+    assert reads == Counter({("GET", "_COMMITTED.json"): len(days)})
+    assert observed_versions(store, base, TABLE) == versions
+
+    (changed,) = committed_partitions(store, base, TABLE)[days[1]]
+    store.write_bytes(changed, store.read_bytes(changed)[::-1])  # same name and size
+    again = observed_versions(store, base, TABLE)
+    assert [d for d in days if again[d] != versions[d]] == [days[1]]
+
+    store.delete(changed)
+    with pytest.raises(dg.Failure, match=f"not hold \\({changed}\\)"):
+        observed_versions(store, base, TABLE)

@@ -51,6 +51,26 @@ def test_store_roundtrip(base: str) -> None:
         store.read_bytes(uri)
 
 
+def test_stamps_change_when_an_object_is_written_and_only_then(base: str) -> None:
+    """The listing's stamps, on every store: one per object (recursive, sizes right), the
+    same while nothing is written, another once an object is written again, even with
+    other bytes of the same size, and none for what is gone."""
+    store = blob_store(base)
+    a, b = f"{base}/t/ds=1/a.parquet", f"{base}/t/ds=2/b.parquet"
+    store.write_bytes(a, b"aaaa")
+    store.write_bytes(b, b"bbbbbbbb")
+    first = store.stamps(f"{base}/t")
+    assert sorted(first) == [a, b]
+    assert [first[a].split(":")[0], first[b].split(":")[0]] == ["4", "8"]
+    assert store.stamps(f"{base}/t") == first  # nothing written: the same stamps
+    store.write_bytes(a, b"AAAA")  # the same size, other bytes
+    second = store.stamps(f"{base}/t")
+    assert second[a] != first[a] and second[b] == first[b]
+    store.delete(b)
+    assert sorted(store.stamps(f"{base}/t")) == [a]
+    assert store.stamps(f"{base}/nothing-here") == {}
+
+
 def test_reads_return_every_byte_of_every_size(base: str) -> None:
     """Empty objects, objects around the size S3 reads in one request, and larger ones
     come back exactly as written, and exist; a missing one is named. On S3 a small read

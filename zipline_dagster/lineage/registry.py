@@ -29,7 +29,8 @@ from zipline_dagster.rollout.assets import (
 from zipline_dagster.scoring.assets import build_scores_asset
 from zipline_dagster.scoring.monitoring import build_monitoring_asset
 from zipline_dagster.settings import settings
-from zipline_dagster.storage.paths import model_archive_uri
+from zipline_dagster.storage.blobs import BlobStore
+from zipline_dagster.storage.paths import model_archive_uri, table_uri
 from zipline_dagster.storage.resources import WarehouseResource
 from zipline_dagster.storage.tables import committed_partitions
 from zipline_dagster.training.assets import build_model_asset, trainable_partitions
@@ -99,6 +100,41 @@ def check_selected_columns(model: Model, producer: Producer | None) -> None:
         )
 
 
+def observed_versions(store: BlobStore, warehouse: str, table: str) -> dict[str, str]:
+    """{ds: data version} of an external table's committed days: a hash of each day's
+    committed files' names and stamps (size, and what the store changes whenever an
+    object is written), from two listings and a marker read per day; no data file is
+    read, however large the table.
+
+    Raises:
+        dg.Failure: a day's marker lists a file the warehouse does not hold (looked at
+            twice: a writer committing meanwhile swaps the marker, then deletes the files
+            it replaced).
+    """
+    gone: list[str] = []
+    for _ in range(2):
+        committed = committed_partitions(store, warehouse, table)
+        stamps = store.stamps(table_uri(warehouse, table))
+        versions: dict[str, str] = {}
+        gone = []
+        for ds, files in sorted(committed.items()):
+            if not daily_partitions.has_partition_key(ds):
+                continue
+            digest = hashlib.sha256()
+            for f in files:
+                if f not in stamps:
+                    gone.append(f)
+                    continue
+                digest.update(f"{f}\n{stamps[f]}\n".encode())
+            versions[ds] = digest.hexdigest()[:16]
+        if not gone:
+            return versions
+    raise dg.Failure(
+        f"external table {table}: commit markers list {len(gone)} file(s) the warehouse does "
+        f"not hold ({', '.join(gone[:3])}); their writer must commit only files it wrote"
+    )
+
+
 def build_external_table_asset(ext: ExternalTable) -> dg.SourceAsset:
     @dg.observable_source_asset(
         key=table_asset_key(ext.table),
@@ -110,15 +146,7 @@ def build_external_table_asset(ext: ExternalTable) -> dg.SourceAsset:
         context: dg.AssetExecutionContext, warehouse: WarehouseResource
     ) -> dg.DataVersionsByPartition:
         store = warehouse.store(warehouse.uri)
-        versions: dict[str, str] = {}
-        for ds, files in sorted(committed_partitions(store, warehouse.uri, ext.table).items()):
-            if not daily_partitions.has_partition_key(ds):
-                continue
-            digest = hashlib.sha256()
-            for f in files:
-                digest.update(f.encode())
-                digest.update(bytes.fromhex(store.sha256(f)[0]))  # streamed, not held
-            versions[ds] = digest.hexdigest()[:16]
+        versions = observed_versions(store, warehouse.uri, ext.table)
         context.log.info(f"observed {len(versions)} partitions of {ext.table}")
         return dg.DataVersionsByPartition({k: dg.DataVersion(v) for k, v in versions.items()})
 

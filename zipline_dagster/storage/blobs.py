@@ -45,6 +45,13 @@ class BlobStore(Protocol):
         """Full URIs of every object below ``prefix_uri`` (recursive), sorted."""
         ...
 
+    def stamps(self, prefix_uri: str) -> dict[str, str]:
+        """{URI: stamp} of every object below ``prefix_uri`` (recursive), from the
+        listing alone (no object read): its size and what the store changes whenever
+        the object is written (S3's and Azure's ETag, GCS's generation, a local file's
+        inode and modification time)."""
+        ...
+
     def delete(self, uri: str) -> None: ...
     def move(self, src: str, dst: str) -> None:
         """Move one object (a rename locally, copy + delete on object stores)."""
@@ -151,6 +158,17 @@ class LocalStore:
         if not root.is_dir():
             return []
         return sorted(file_uri(p) for p in root.rglob("*") if p.is_file() and not _is_temp(p.name))
+
+    def stamps(self, prefix_uri: str) -> dict[str, str]:
+        out = {}
+        for uri in self.list(prefix_uri):
+            try:
+                st = os.stat(local_path(uri))
+            except FileNotFoundError:  # removed since it was listed
+                continue
+            # a write replaces the file (a new inode); a change in place moves its mtime
+            out[uri] = f"{st.st_size}:{st.st_ino}:{st.st_mtime_ns}"
+        return out
 
     def delete(self, uri: str) -> None:
         local_path(uri).unlink(missing_ok=True)
@@ -357,6 +375,31 @@ class ObjectStore:
             raise self._err("list", prefix_uri, exc) from exc
         # Keys ending in "/" are folder markers some writers create.
         return sorted(self._uri(p, prefix_uri) for p in found if not p.endswith("/"))
+
+    #: the listing's field that changes whenever an object is written, by store (GCS's
+    #: etag changes with metadata-only updates too; its generation only with the bytes)
+    STAMP_FIELDS = ("generation", "ETag", "etag")
+
+    def stamps(self, prefix_uri: str) -> dict[str, str]:
+        prefix = self._path(prefix_uri)
+        try:
+            found = self.fs.find(prefix + "/", detail=True)
+        except FileNotFoundError:
+            return {}
+        except Exception as exc:
+            raise self._err("list", prefix_uri, exc) from exc
+        out = {}
+        for path, info in found.items():
+            if path.endswith("/"):
+                continue
+            tag = next((info[k] for k in self.STAMP_FIELDS if info.get(k)), None)
+            if tag is None:  # an SDK without any of them: refuse rather than guess
+                raise BlobStorageError(
+                    f"could not list {prefix_uri}: the {self.scheme} listing of {path} has none "
+                    f"of {', '.join(self.STAMP_FIELDS)} (fields: {', '.join(sorted(info))})"
+                )
+            out[self._uri(path, prefix_uri)] = f"{info.get('size')}:{str(tag).strip(chr(34))}"
+        return dict(sorted(out.items()))
 
     def delete(self, uri: str) -> None:
         try:
