@@ -283,3 +283,46 @@ def test_a_range_of_days_scores_in_one_ray_job_and_a_failing_day_fails_only_itse
     assert run(scores_key, scored[0], scored[0]).success
     (alone,) = committed_partitions(store, file_base, t.table)[scored[0]]
     assert alone != committed[scored[0]][0] and store.read_bytes(alone) == in_range
+
+
+def test_a_scores_file_that_cannot_be_read_is_never_committed(
+    file_base: str, trainer_copy: Path
+) -> None:
+    """An inference module that exits 0 but writes something that is not parquet: the
+    step fails naming the file, and the day stays as it was (not committed, not
+    materialized). Local launcher: the commit is the platform's, whichever runs the job."""
+    score = trainer_copy / "trainer" / "score.py"
+    text = score.read_text()
+    wrote = "    uri = tio.write_table_file(args.warehouse, args.output_table, args.ds, args.write_id, out)\n"
+    assert wrote in text
+    score.write_text(
+        text.replace(
+            wrote,
+            wrote
+            + "    ns, table = args.output_table.split('.', 1)\n"
+            + "    folder = tio.join(args.warehouse, ns, table, f'ds={args.ds}')\n"
+            + "    tio.write_bytes(folder, uri.rsplit('/', 1)[1], b'not a parquet file')\n",
+        )
+    )
+    for ds in days_ending(D2, 5):
+        write_partition(file_base, TABLE, ds, ctr_rows(ds, 200))
+    _, model, t, defs = scoring_defs(trainer_copy, file_base, None)
+    job = defs.resolve_implicit_global_asset_job_def()
+    instance = dg.DagsterInstance.ephemeral()
+    trained = job.execute_in_process(
+        instance=instance, asset_selection=[dg.AssetKey(["models", model.name])], partition_key=D1
+    )
+    assert trained.success
+    result = job.execute_in_process(
+        instance=instance,
+        asset_selection=[table_asset_key(t.table)],
+        partition_key=D2,
+        raise_on_error=False,
+    )
+    assert not result.success
+    error = result.get_step_failure_events()[0].step_failure_data.error
+    assert error is not None and error.cls_name == "Failure"
+    assert f"{t.table} {D2}: the scoring job local-" in error.message
+    assert "which cannot be read" in error.message and "left as it was" in error.message
+    assert D2 not in committed_partitions(blob_store(file_base), file_base, t.table)
+    assert instance.get_materialized_partitions(table_asset_key(t.table)) == set()

@@ -184,10 +184,22 @@ def commit_day(
             f"the scoring job {job_id} succeeded but wrote no {written}; "
             f"{transforms.table} {ds} is left as it was"
         )
-    # the score column only: the summary needs nothing else
-    scores = pq.read_table(io.BytesIO(store.read_bytes(written)), columns=["score"])["score"]
+    try:
+        # the score column only: the summary needs nothing else
+        scores = pq.read_table(io.BytesIO(store.read_bytes(written)), columns=["score"])["score"]
+    except Exception as exc:  # unreadable, no score column, storage: this day fails alone
+        raise dg.Failure(
+            f"{transforms.table} {ds}: the scoring job {job_id} wrote {written}, which cannot "
+            f"be read ({type(exc).__name__}: {exc}); the partition is left as it was"
+        ) from exc
     rows = len(scores)
-    commit_partition(store, day.folder, [name], write_id=job_id, rows=rows)
+    try:
+        commit_partition(store, day.folder, [name], write_id=job_id, rows=rows)
+    except BlobStorageError as exc:
+        raise dg.Failure(
+            f"{transforms.table} {ds}: committing {written} failed ({exc}); readers see the "
+            "old scores or the new ones, never a mix (the marker is swapped in one write)"
+        ) from exc
     md: dict[str, Any] = {
         "rows": dg.MetadataValue.int(rows),
         "model_dir": dg.MetadataValue.path(model_dir),
