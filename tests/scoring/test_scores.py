@@ -238,9 +238,10 @@ def test_a_range_of_days_scores_in_one_ray_job_and_a_failing_day_fails_only_itse
     assert error is not None and error.cls_name == "Failure"
     text = error.message
     assert f"2 of 4 partitions of {t.table} failed (2 scored and materialized)" in text
-    assert f"- {bad}: its inference module exited with 1" in text or (
-        launcher is None and f"- {bad}: " in text
-    )
+    if launcher is not None:  # a task of the range's job
+        assert f"- {bad}: its inference module exited with 1 in Ray job zd-score-" in text
+    else:  # a run of its own
+        assert f"- {bad}: local trainer local-score-" in text and "FAILED (exit code 1)" in text
     assert "could not convert string to float" in text  # the module's own error
     assert f"- {scored[3]}: {t.table} {scored[3]} is scored by {model.name} partition" in text
 

@@ -198,9 +198,8 @@ class FreshnessResolver:
             elif missing_model:
                 result = f"stale: {missing_model}"
             else:
-                parents = self.parents(key, partition)
                 observed: dict[dg.AssetKey, list[str]] = {}
-                for pkey, ppart in parents:
+                for pkey, ppart in self.parents(key, partition):
                     pstatus = self.status(pkey, ppart)
                     if pstatus != "fresh":
                         result = f"stale: upstream {pkey.to_user_string()} {ppart} is {pstatus.split(':')[0]}"

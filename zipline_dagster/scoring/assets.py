@@ -50,6 +50,7 @@ from zipline_dagster.training.request import (
     traceback_tail,
 )
 from zipline_dagster.training.resources import TrainingLauncher
+from zipline_dagster.training.trainer_io import model_partition_of
 
 
 def scoring_partitions(transforms: ModelTransforms) -> dg.TimeWindowPartitionsDefinition:
@@ -69,7 +70,7 @@ def scoring_request(
     """Day ``ds``'s job: the inference module on the source's day with the model at
     ``model_dir``, its output file named by the attempt (``--write-id``)."""
     model = transforms.model
-    version, model_ds = model_dir.rstrip("/").split("/")[-2:]
+    version, model_ds = model_partition_of(model_dir)
     flags = (
         f"--input-table={transforms.source.table}",
         f"--ds={ds}",
@@ -125,11 +126,15 @@ def resolve_model_dir(
 
 @dataclass(frozen=True)
 class ScoringDay:
-    """One day ready to score: its job, the model that scores it and why that one."""
+    """One day ready to score: its job, and why the model that scores it is that one."""
 
     request: TrainingRequest
     chosen: str
-    folder: str
+
+    @property
+    def folder(self) -> str:
+        """The scores partition's folder (its job's end marker goes there too)."""
+        return self.request.marker_dir
 
 
 def prepare_day(
@@ -155,8 +160,9 @@ def prepare_day(
             f"{transforms.table} {ds}: source {transforms.source.table} partition {ds} "
             "is missing (not committed); materialize it first"
         )
-    request = scoring_request(transforms, ds, warehouse=warehouse.uri, model_dir=model_dir)
-    return ScoringDay(request, chosen, table_partition_uri(warehouse.uri, transforms.table, ds))
+    return ScoringDay(
+        scoring_request(transforms, ds, warehouse=warehouse.uri, model_dir=model_dir), chosen
+    )
 
 
 def commit_day(
@@ -170,12 +176,14 @@ def commit_day(
     """Commit the file the day's run wrote (named by ``job_id``); its metadata.
 
     Raises:
-        dg.Failure: the run wrote no file (the partition is left as it was).
+        dg.Failure: the run wrote no file, or one that cannot be read (the partition is
+            left as it was), or the commit failed (named).
     """
     import numpy as np
     import pyarrow.parquet as pq
 
     ds, model_dir = day.request.ds, day.request.model_dir
+    model_version, model_ds = model_partition_of(model_dir)
     store = warehouse.store(warehouse.uri)
     name = f"part-{job_id}-00000.parquet"
     written = join_uri(day.folder, name)
@@ -203,8 +211,8 @@ def commit_day(
     md: dict[str, Any] = {
         "rows": dg.MetadataValue.int(rows),
         "model_dir": dg.MetadataValue.path(model_dir),
-        "model_version": dg.MetadataValue.text(model_dir.rstrip("/").split("/")[-2]),
-        "model_ds": dg.MetadataValue.text(model_dir.rstrip("/").split("/")[-1]),
+        "model_version": dg.MetadataValue.text(model_version),
+        "model_ds": dg.MetadataValue.text(model_ds),
         "scored_by": dg.MetadataValue.text(day.chosen),
         "uri": dg.MetadataValue.path(written),
         "job_id": dg.MetadataValue.text(job_id),

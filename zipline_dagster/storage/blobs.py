@@ -365,33 +365,27 @@ class ObjectStore:
         except Exception as exc:
             raise self._err("check", uri, exc) from exc
 
-    def list(self, prefix_uri: str) -> list[str]:
-        prefix = self._path(prefix_uri)
+    def _find(self, prefix_uri: str) -> dict[str, dict[str, Any]]:
+        """{path: the listing's details} of every object below ``prefix_uri``."""
         try:
-            found = self.fs.find(prefix + "/")
+            found = self.fs.find(self._path(prefix_uri) + "/", detail=True)
         except FileNotFoundError:
-            return []
+            return {}
         except Exception as exc:
             raise self._err("list", prefix_uri, exc) from exc
         # Keys ending in "/" are folder markers some writers create.
-        return sorted(self._uri(p, prefix_uri) for p in found if not p.endswith("/"))
+        return {p: info for p, info in found.items() if not p.endswith("/")}
+
+    def list(self, prefix_uri: str) -> list[str]:
+        return sorted(self._uri(p, prefix_uri) for p in self._find(prefix_uri))
 
     #: the listing's field that changes whenever an object is written, by store (GCS's
     #: etag changes with metadata-only updates too; its generation only with the bytes)
     STAMP_FIELDS = ("generation", "ETag", "etag")
 
     def stamps(self, prefix_uri: str) -> dict[str, str]:
-        prefix = self._path(prefix_uri)
-        try:
-            found = self.fs.find(prefix + "/", detail=True)
-        except FileNotFoundError:
-            return {}
-        except Exception as exc:
-            raise self._err("list", prefix_uri, exc) from exc
         out = {}
-        for path, info in found.items():
-            if path.endswith("/"):
-                continue
+        for path, info in self._find(prefix_uri).items():
             tag = next((info[k] for k in self.STAMP_FIELDS if info.get(k)), None)
             if tag is None:  # an SDK without any of them: refuse rather than guess
                 raise BlobStorageError(

@@ -181,6 +181,11 @@ class TrainingRequest:
         return replace(self, model_dir=adir, flags=flags, attempt_id=attempt_id)
 
     @property
+    def scoring(self) -> bool:
+        """A scores day: its attempt names the file it writes, not a folder."""
+        return self.attempt_flag == "write-id"
+
+    @property
     def start_ds(self) -> str:
         return self.days[0]
 
@@ -286,8 +291,7 @@ def build_range_request(
     key = f"{key_prefix or f'{model.name}-{model.version}'}-{first.ds}_{last.ds}"
     days = [r.ds for r in requests]
     spec = json.dumps({r.ds: list(r.flags) for r in requests}, separators=(",", ":"))
-    scoring = first.attempt_flag != "model-dir"
-    if scoring:
+    if first.scoring:
         key += "-" + hashlib.sha256(spec.encode()).hexdigest()[:8]
     elif days != days_between(first.ds, last.ds):
         key += "-" + hashlib.sha256(",".join(days).encode()).hexdigest()[:8]
@@ -303,7 +307,7 @@ def build_range_request(
             "--attempt-id=",
             f"--module={first.module or model.training_conf.python_module}",
             # older drivers know model-dir only: a training range leaves the flag out
-            *([f"--attempt-flag={first.attempt_flag}"] if scoring else []),
+            *([f"--attempt-flag={first.attempt_flag}"] if first.scoring else []),
             f"--num-cpus={cpus:g}",
             f"--partitions={spec}",
         ),

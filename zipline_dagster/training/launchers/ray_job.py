@@ -465,7 +465,7 @@ class RayJobRunner:
         marker = [f"--done-uri={done_marker(request, sid)}"] if has_done_marker(archive) else []
         if request.module == DRIVER_MODULE:  # a range job: the driver is the entrypoint
             return shlex.join([*job.argv, *marker])
-        scoring = request.attempt_flag != "model-dir"
+        scoring = request.scoring
         if not (has_attempt_flag(archive) if scoring else has_platform_driver(archive)):
             return job.entrypoint
         spec = json.dumps({request.ds: list(request.flags)}, separators=(",", ":"))
