@@ -40,14 +40,13 @@ from zipline_dagster.training.assets import (
     PARTITIONS_PER_RUN,
     load_archive,
     record_range,
+    run_range_job,
     trainable_partitions,
 )
 from zipline_dagster.training.request import (
-    TrainingJobError,
     TrainingRequest,
     build_range_request,
     is_committed,
-    traceback_tail,
 )
 from zipline_dagster.training.resources import TrainingLauncher
 from zipline_dagster.training.trainer_io import model_partition_of
@@ -335,10 +334,6 @@ def _score_in_one_job(
     requirements: list[str],
     errors: dict[str, str],
 ) -> dict[str, dict[str, Any]]:
-    from zipline_dagster.training.launchers.ray_head import RayHeadError
-    from zipline_dagster.training.launchers.ray_job import RayUnreachableError
-    from zipline_dagster.training.trainer_io import partition_results
-
     store = warehouse.store(warehouse.uri)
     first, last = ready[0].request.ds, ready[-1].request.ds
     job = build_range_request([d.request for d in ready], key_prefix=_key_prefix(transforms))
@@ -348,40 +343,28 @@ def _score_in_one_job(
     )
     for day in ready:
         begin_partition(store, day.folder)
-    job_error: TrainingJobError | None = None
-    try:
-        outcome = launcher.runner(context.log).run(
+    ran = run_range_job(
+        lambda: launcher.runner(context.log).run(
             job,
             archive=archive,
             requirements=requirements,
             metadata={"zipline_table": transforms.table, "zipline_ds": f"{first}_{last}"},
         )
-        sid, logs, url = outcome.job_id, outcome.logs, outcome.job_url
-    except TrainingJobError as exc:
-        job_error = exc
-        sid, logs, url = exc.job_id or "", exc.logs, None
-    except (RayUnreachableError, RayHeadError) as exc:
-        raise failure(exc) from None
-    results = partition_results(logs)
+    )
     done: dict[str, dict[str, Any]] = {}
     for day in ready:
         ds = day.request.ds
-        result = results.get(ds)
-        if result is None:
-            errors[ds] = f"Ray job {sid} ended without scoring it: {job_error}"
-        elif result["exit_code"] != 0:
-            errors[ds] = (
-                f"its inference module exited with {result['exit_code']} in Ray job {sid}:\n"
-                + traceback_tail(result.get("tail", ""))
-            )
-        else:
-            try:
-                md = commit_day(transforms, day, warehouse, job_id=sid, job_url=url)
-            except dg.Failure as exc:
-                errors[ds] = exc.description or "failed"
-                continue
-            md["range"] = dg.MetadataValue.text(f"{first}..{last}")
-            done[ds] = md
+        problem = ran.problem(ds, runner="inference module", doing="scoring")
+        if problem is not None:
+            errors[ds] = problem
+            continue
+        try:
+            md = commit_day(transforms, day, warehouse, job_id=ran.sid, job_url=ran.url)
+        except dg.Failure as exc:
+            errors[ds] = exc.description or "failed"
+            continue
+        md["range"] = dg.MetadataValue.text(f"{first}..{last}")
+        done[ds] = md
     return done
 
 

@@ -1,5 +1,7 @@
 """Model assets: one daily-partitioned asset per declared ``Model``, trained as a Ray Job."""
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
@@ -396,6 +398,53 @@ def record_range(
     )
 
 
+@dataclass(frozen=True)
+class RangeJob:
+    """A finished (or failed) range job: its submission id and each partition's result
+    line (``trainer_io.partition_results``), by ds."""
+
+    sid: str
+    results: dict[str, dict[str, Any]]
+    attached: bool
+    url: str | None
+    error: TrainingJobError | None
+
+    def problem(self, ds: str, *, runner: str, doing: str) -> str | None:
+        """Why partition ``ds`` did not finish in the job (None: it did): no result line
+        (the job ended first), or its ``runner`` (trainer, inference module) failed."""
+        result = self.results.get(ds)
+        if result is None:
+            return f"Ray job {self.sid} ended without {doing} it: {self.error}"
+        if result["exit_code"] != 0:
+            return (
+                f"its {runner} exited with {result['exit_code']} in Ray job {self.sid}:\n"
+                + traceback_tail(result.get("tail", ""))
+            )
+        return None
+
+
+def run_range_job(launch: Callable[[], Any]) -> RangeJob:
+    """Run a range job to its end (``launch``: the runner's ``run``); a failed job still
+    yields the result lines it printed, so each partition's outcome is its own.
+
+    Raises:
+        dg.Failure: Ray cannot be reached (nothing ran).
+    """
+    from zipline_dagster.training.launchers.ray_head import RayHeadError
+    from zipline_dagster.training.launchers.ray_job import RayUnreachableError
+    from zipline_dagster.training.trainer_io import partition_results
+
+    try:
+        outcome = launch()
+    except TrainingJobError as exc:
+        return RangeJob(exc.job_id or "", partition_results(exc.logs), False, None, exc)
+    except (RayUnreachableError, RayHeadError) as exc:
+        raise failure(exc) from None
+    return RangeJob(
+        outcome.job_id, partition_results(outcome.logs), outcome.attached, outcome.job_url, None
+    )
+
+
 def _train_in_one_job(
     context: dg.AssetExecutionContext,
     model: Model,
@@ -405,53 +454,34 @@ def _train_in_one_job(
     requirements: list[str],
     errors: dict[str, str],
 ) -> dict[str, dict[str, Any]]:
-    from zipline_dagster.training.launchers.ray_head import RayHeadError
-    from zipline_dagster.training.launchers.ray_job import RayUnreachableError
-    from zipline_dagster.training.trainer_io import partition_results
-
     job = build_range_request(ready)
     span = f"{ready[0].ds}_{ready[-1].ds}"
     context.log.info(
         f"training {len(ready)} partitions {ready[0].ds}..{ready[-1].ds} in one Ray job, "
         "one task each"
     )
-    job_error: TrainingJobError | None = None
-    try:
-        outcome = _launch(context, launcher, job, archive, requirements, label=span)
-        sid, logs, attached, url = outcome.job_id, outcome.logs, outcome.attached, outcome.job_url
-    except TrainingJobError as exc:
-        job_error = exc
-        sid, logs, attached, url = exc.job_id or "", exc.logs, False, None
-    except (RayUnreachableError, RayHeadError) as exc:
-        raise failure(exc) from None
-    results = partition_results(logs)
+    ran = run_range_job(lambda: _launch(context, launcher, job, archive, requirements, label=span))
     done: dict[str, dict[str, Any]] = {}
     for request in ready:
-        result = results.get(request.ds)
-        if result is None:
-            errors[request.ds] = f"Ray job {sid} ended without training it: {job_error}"
-            continue
-        if result["exit_code"] != 0:
-            errors[request.ds] = (
-                f"its trainer exited with {result['exit_code']} in Ray job {sid}:\n"
-                + traceback_tail(result.get("tail", ""))
-            )
+        problem = ran.problem(request.ds, runner="trainer", doing="training")
+        if problem is not None:
+            errors[request.ds] = problem
             continue
         try:
             md = finish_partition(
                 context,
                 request,
-                attempt_id=sid,
-                job_id=sid,
+                attempt_id=ran.sid,
+                job_id=ran.sid,
                 launcher="ray",
-                seconds=float(result["seconds"]),
-                attached=attached,
+                seconds=float(ran.results[request.ds]["seconds"]),
+                attached=ran.attached,
                 extra={"range": f"{ready[0].ds}..{ready[-1].ds}"},
             )
         except dg.Failure as exc:
             errors[request.ds] = exc.description or "failed"
             continue
-        if url:
-            md["ray_dashboard"] = dg.MetadataValue.url(url)
+        if ran.url:
+            md["ray_dashboard"] = dg.MetadataValue.url(ran.url)
         done[request.ds] = md
     return done
