@@ -103,18 +103,18 @@ def check_selected_columns(model: Model, producer: Producer | None) -> None:
 def observed_versions(store: BlobStore, warehouse: str, table: str) -> dict[str, str]:
     """{ds: data version} of an external table's committed days: a hash of each day's
     committed files' names and stamps (size, and what the store changes whenever an
-    object is written), from two listings and a marker read per day; no data file is
+    object is written), from one listing and a marker read per day; no data file is
     read, however large the table.
 
     Raises:
-        dg.Failure: a day's marker lists a file the warehouse does not hold (looked at
-            twice: a writer committing meanwhile swaps the marker, then deletes the files
-            it replaced).
+        dg.Failure: a day's marker lists a file the listing does not hold (looked at
+            twice: a writer committing between the listing and the marker reads lists
+            files the listing missed, or deletes the files its new marker replaced).
     """
     gone: list[str] = []
     for _ in range(2):
-        committed = committed_partitions(store, warehouse, table)
         stamps = store.stamps(table_uri(warehouse, table))
+        committed = committed_partitions(store, warehouse, table, listed=list(stamps))
         versions: dict[str, str] = {}
         gone = []
         for ds, files in sorted(committed.items()):

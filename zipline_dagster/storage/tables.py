@@ -59,24 +59,29 @@ def one_listing_per_table() -> Iterator[None]:
         _LISTINGS.reset(token)
 
 
-def committed_partitions(store: BlobStore, warehouse: str, table: str) -> dict[str, list[str]]:
+def committed_partitions(
+    store: BlobStore, warehouse: str, table: str, *, listed: list[str] | None = None
+) -> dict[str, list[str]]:
     """{ds: URIs of its committed parquet files} for every complete partition, from one
     listing of the table (plus one read of each partition's marker); inside
-    ``one_listing_per_table`` the first listing is reused."""
+    ``one_listing_per_table`` the first listing is reused. ``listed``: the table's
+    objects, when the caller has just listed them."""
     cache = _LISTINGS.get()
-    if cache is not None:
+    if cache is not None and listed is None:
         key = (warehouse, table)
         if key not in cache:
             cache[key] = _list_committed(store, warehouse, table)
         return cache[key]
-    return _list_committed(store, warehouse, table)
+    return _list_committed(store, warehouse, table, listed)
 
 
-def _list_committed(store: BlobStore, warehouse: str, table: str) -> dict[str, list[str]]:
+def _list_committed(
+    store: BlobStore, warehouse: str, table: str, listed: list[str] | None = None
+) -> dict[str, list[str]]:
     root = table_uri(warehouse, table)
     parquet: dict[str, list[str]] = {}
     markers: set[str] = set()
-    for uri in store.list(root):
+    for uri in store.list(root) if listed is None else listed:
         rel = uri[len(root) :].lstrip("/")
         part, _, name = rel.partition("/")
         if not part.startswith("ds=") or "/" in name:
