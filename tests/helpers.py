@@ -9,6 +9,7 @@ import json
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 import numpy as np
@@ -81,3 +82,22 @@ def s3_requests(endpoint: str) -> Iterator[list[tuple[str, str]]]:
             entry = json.loads(line)
             path = unquote(urlparse(entry["url"]).path).strip("/").split("/", 1)
             seen.append((entry["method"], path[1].rsplit("/", 1)[-1] if len(path) > 1 else ""))
+
+
+def run_days(job: Any, instance: Any, key: Any, first: str, last: str) -> Any:
+    """One run of ``job`` materializing ``key``'s days ``first``..``last``, tagged as the
+    UI and a backfill tag it (a range when there are several days); never raises on a
+    failed step (the result says)."""
+    from dagster._core.storage.tags import (
+        ASSET_PARTITION_RANGE_END_TAG,
+        ASSET_PARTITION_RANGE_START_TAG,
+    )
+
+    tags = (
+        {"dagster/partition": first}
+        if first == last
+        else {ASSET_PARTITION_RANGE_START_TAG: first, ASSET_PARTITION_RANGE_END_TAG: last}
+    )
+    return job.execute_in_process(
+        instance=instance, asset_selection=[key], tags=tags, raise_on_error=False
+    )

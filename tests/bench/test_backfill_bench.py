@@ -26,7 +26,7 @@ import zipline_dagster.defs.listing_ctr as demo
 from tests.bench.record import Case, Series, record, repeat
 from tests.bench.test_overhead import direct_run
 from tests.conftest import TRAINERS
-from tests.helpers import days_ending, write_table
+from tests.helpers import days_ending, run_days, write_table
 from tests.training.test_assets import TABLE, make_model, resources
 from zipline_dagster.features.spark import SparkResource
 from zipline_dagster.lineage.backfill import (
@@ -141,15 +141,7 @@ def test_scores_days_in_one_run(ray_head: Any, tmp_path: Path) -> None:
     scores = table_asset_key(transforms.table)
 
     def run(key: dg.AssetKey, first: str, last: str) -> None:
-        tags = (
-            {"dagster/partition": first}
-            if first == last
-            else {ASSET_PARTITION_RANGE_START_TAG: first, ASSET_PARTITION_RANGE_END_TAG: last}
-        )
-        result = job.execute_in_process(
-            instance=instance, asset_selection=[key], tags=tags, raise_on_error=False
-        )
-        assert result.success
+        assert run_days(job, instance, key, first, last).success
 
     # the model partitions that score them (day ds: partition ds-1), in one range run
     run(KEY, shift_day(scored[0], -1), shift_day(LAST, -1))

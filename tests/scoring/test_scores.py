@@ -19,7 +19,7 @@ import xgboost as xgb
 from sklearn.metrics import log_loss, roc_auc_score
 
 from tests.conftest import TRAINERS
-from tests.helpers import ctr_rows, days_ending, write_partition
+from tests.helpers import ctr_rows, days_ending, run_days, write_partition
 from tests.training.test_assets import TABLE, make_model, resources
 from zipline_dagster import EventSource, ModelSpecError, ModelTransforms
 from zipline_dagster.lineage.backfill import FreshnessResolver
@@ -201,11 +201,6 @@ def test_a_range_of_days_scores_in_one_ray_job_and_a_failing_day_fails_only_itse
     job) and day 4's model partition was never trained (it never reaches the job): both
     fail, alone, and are left uncommitted; the others are exactly what a run of their
     own writes."""
-    from dagster._core.storage.tags import (
-        ASSET_PARTITION_RANGE_END_TAG,
-        ASSET_PARTITION_RANGE_START_TAG,
-    )
-
     days = days_ending("2026-09-16", 9)  # 09-08 .. 09-16
     trained = days[3:6]  # 09-11 .. 09-13: windows 09-08 .. 09-13
     scored = days[4:8]  # 09-12 .. 09-15, scored by 09-11 .. 09-14
@@ -222,14 +217,7 @@ def test_a_range_of_days_scores_in_one_ray_job_and_a_failing_day_fails_only_itse
     scores_key = table_asset_key(t.table)
 
     def run(key: dg.AssetKey, first: str, last: str) -> dg.ExecuteInProcessResult:
-        tags = (
-            {"dagster/partition": first}
-            if first == last
-            else {ASSET_PARTITION_RANGE_START_TAG: first, ASSET_PARTITION_RANGE_END_TAG: last}
-        )
-        return job.execute_in_process(
-            instance=instance, asset_selection=[key], tags=tags, raise_on_error=False
-        )
+        return run_days(job, instance, key, first, last)
 
     assert run(dg.AssetKey(["models", model.name]), trained[0], trained[-1]).success
     result = run(scores_key, scored[0], scored[-1])
