@@ -304,7 +304,7 @@ def test_scoring_runs_under_the_driver_when_it_can_with_its_marker_beside_the_sc
     (the model partition that scores it). A driver built before ``--attempt-flag``
     existed gets the inference command as it is."""
     from tests.conftest import TRAINERS
-    from zipline_dagster import EventSource, ModelTransforms
+    from tests.scoring.test_scores import transforms_for
     from zipline_dagster.scoring.assets import scoring_request
     from zipline_dagster.training.archive import build_trainer_archive
     from zipline_dagster.training.launchers.ray_job import RayJobRunner, has_attempt_flag
@@ -315,12 +315,7 @@ def test_scoring_runs_under_the_driver_when_it_can_with_its_marker_beside_the_sc
     assert has_attempt_flag(current) and not has_attempt_flag(older)
 
     model = make_model("a" * 12, "s3://b/wh")
-    t = ModelTransforms(
-        sources=[EventSource(table="ctr.training_v1")],
-        models=[model],
-        passthrough_fields=["listing_id"],
-        output_namespace="ctr",
-    )
+    t = transforms_for(model)
     model_dir = f"s3://b/wh/models/listing_ctr_model/{'a' * 12}"
 
     def day(ds: str, model_ds: str) -> TrainingRequest:
