@@ -307,3 +307,72 @@ def test_a_long_stage_writes_no_progress_bar_to_the_console(tmp_path: Any) -> No
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "[Stage" not in done.stderr, done.stderr[-2000:]
+
+
+def test_a_day_that_cannot_be_committed_fails_alone(spark_resource: Any, tmp_path: Any) -> None:
+    """A producer's range run (one Spark job for its days) in which one day cannot be
+    committed (its partition's path is taken by a stray file: a real write that fails):
+    the other days are committed and each materialized with its own rows, the step fails
+    naming the day and why, and Dagster and storage agree on every day; once the path is
+    free, that day alone runs."""
+    import dagster as dg
+
+    from tests.helpers import local, run_days
+    from zipline_dagster.features.assets import build_producer_asset
+    from zipline_dagster.storage.resources import WarehouseResource
+    from zipline_dagster.storage.tables import STAGING_DIR, committed_partitions
+
+    base = (tmp_path / "wh").as_uri()
+    write_events(base)
+    sq = StagingQuery(
+        name="labels",
+        table="ctr.labels",
+        query="SELECT listing_id, clicked AS label, ds FROM ctr.views WHERE ds BETWEEN '{{ start_date }}' AND '{{ end_date }}'",
+        dependencies=["ctr.views"],
+    )
+    asset = build_producer_asset(sq)
+    defs = dg.Definitions(
+        assets=[asset],
+        resources={"spark": spark_resource, "warehouse": WarehouseResource(uri=base)},
+    )
+    job = defs.resolve_implicit_global_asset_job_def()
+    instance = dg.DagsterInstance.ephemeral()
+    blocked = local(f"{base}/ctr/labels/ds=2026-07-03")
+    blocked.parent.mkdir(parents=True)
+    blocked.write_text("not a partition folder")
+
+    result = run_days(job, instance, asset.key, "2026-07-02", "2026-07-04")
+    assert not result.success
+    err = result.get_step_failure_events()[0].step_failure_data.error
+    assert err is not None and err.cls_name == "Failure"
+    assert "1 of 3 partitions of ctr.labels failed (2 committed and materialized)" in err.message
+    assert "- 2026-07-03: committing file:///" in err.message, err.message
+    assert (
+        "ds=2026-07-03 failed, so the partition is left as it was (FileExistsError" in err.message
+    )
+
+    def recorded() -> dict[str, int]:
+        records = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=asset.key), limit=100
+        ).records
+        out = {}
+        for r in records:
+            m = r.asset_materialization
+            assert m is not None and m.partition is not None
+            out.setdefault(m.partition, m.metadata["rows"].value)
+        return out
+
+    store = blob_store(base)
+    held = {ds: len(f) for ds, f in committed_partitions(store, base, "ctr.labels").items()}
+    assert recorded() == {"2026-07-02": 2, "2026-07-04": 2}
+    assert sorted(held) == ["2026-07-02", "2026-07-04"]  # Dagster and storage agree
+    assert not local(f"{base}/ctr/labels/{STAGING_DIR}").exists()  # nothing half-written
+
+    blocked.unlink()
+    assert run_days(job, instance, asset.key, "2026-07-03", "2026-07-03").success
+    assert recorded() == {"2026-07-02": 2, "2026-07-03": 2, "2026-07-04": 2}
+    assert sorted(committed_partitions(store, base, "ctr.labels")) == [
+        "2026-07-02",
+        "2026-07-03",
+        "2026-07-04",
+    ]

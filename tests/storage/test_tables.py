@@ -194,3 +194,58 @@ def test_a_listing_names_each_committed_partition_with_its_files(
     assert list(listed) == [*days[:10], days[11]]
     assert {ds: listed[ds] for ds in days[:10]} == {ds: [written[ds]] for ds in days[:10]}
     assert listed[days[11]] == [f"{root}/ds={days[11]}/part-0.parquet"]
+
+
+def test_a_commit_whose_replaced_files_cannot_be_deleted_is_still_committed(
+    s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On S3 as a role allowed to write but not to delete (the loopback server behind a
+    proxy that answers every DELETE with S3's 403, a real refusal on the wire): the marker
+    swap commits the partition, readers see exactly the new data, and the file it
+    replaced stays (never read) and is named; the partition's next commit, allowed to
+    delete, removes it."""
+    import io
+
+    from s3fs import S3FileSystem
+
+    from tests.tcp_proxy import TcpProxy
+    from zipline_dagster.storage.paths import join_uri, table_partition_uri
+    from zipline_dagster.storage.tables import commit_partition
+
+    base, ds = f"{s3_bucket}/wh", "2026-07-02"
+    host, port = os.environ["AWS_ENDPOINT_URL"].removeprefix("http://").split(":")
+    proxy = TcpProxy(host, int(port))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+    S3FileSystem.clear_instance_cache()  # clients from the environment as it is now
+    try:
+        store = blob_store(base)
+        folder = table_partition_uri(base, TABLE, ds)
+
+        def commit(version: int) -> tuple[list[str], str]:
+            buf = io.BytesIO()
+            pd.DataFrame({"version": [version] * 3}).to_parquet(buf, index=False)
+            new = join_uri(folder, f"part-v{version}.parquet")
+            store.write_bytes(new, buf.getvalue())
+            return commit_partition(
+                store, folder, [new.rsplit("/", 1)[1]], write_id=f"v{version}", rows=3
+            ), new
+
+        def read() -> set[int]:
+            (only,) = committed_partitions(store, base, TABLE)[ds]
+            return set(pd.read_parquet(io.BytesIO(store.read_bytes(only)))["version"])
+
+        write_partition(base, TABLE, ds, pd.DataFrame({"version": [1] * 3}))
+        (old,) = committed_partitions(store, base, TABLE)[ds]
+        proxy.deny("DELETE")
+        left, v2 = commit(2)
+        assert proxy.denied >= 1
+        assert left == [old]  # named, not lost
+        assert read() == {2}  # committed: readers see the new data alone
+        assert set(store.list(folder)) == {join_uri(folder, COMMIT_NAME), old, v2}
+        proxy.restore()
+        left, v3 = commit(3)
+        assert left == [] and read() == {3}
+        assert set(store.list(folder)) == {join_uri(folder, COMMIT_NAME), v3}
+    finally:
+        proxy.close()
+        S3FileSystem.clear_instance_cache()

@@ -13,6 +13,7 @@ import dagster as dg
 from zipline_dagster.declarations.features import GroupBy, Join, Producer, StagingQuery
 from zipline_dagster.errors import failure
 from zipline_dagster.features.spark import (
+    DaysNotCommitted,
     ProducerError,
     SparkResource,
     compute_group_by,
@@ -20,8 +21,13 @@ from zipline_dagster.features.spark import (
     compute_staging_query,
     write_days,
 )
-from zipline_dagster.lineage.partitions import PARTITIONS_START, daily_partitions, table_asset_key
-from zipline_dagster.storage.paths import table_uri
+from zipline_dagster.lineage.partitions import (
+    PARTITIONS_START,
+    daily_partitions,
+    record_range,
+    table_asset_key,
+)
+from zipline_dagster.storage.paths import table_partition_uri
 from zipline_dagster.storage.resources import WarehouseResource
 from zipline_dagster.storage.tables import one_listing_per_table
 
@@ -107,15 +113,34 @@ def build_producer_asset(
                 )
         except ProducerError as exc:
             raise failure(exc) from None
-        counts = write_days(df, store, warehouse.uri, producer.table, days)
-        return dg.MaterializeResult(
-            metadata={
+        errors: dict[str, str] = {}
+        try:
+            counts = write_days(
+                df, store, warehouse.uri, producer.table, days, warn=context.log.warning
+            )
+        except DaysNotCommitted as exc:  # the days committed are recorded, the rest fail
+            counts, errors = exc.committed, exc.failed
+        # the range, when the run wrote several days in one Spark job
+        ranged = {"range": dg.MetadataValue.text(f"{days[0]}..{days[-1]}")} if days[1:] else {}
+        done = {
+            ds: {
                 "table": producer.table,
-                "path": table_uri(warehouse.uri, producer.table),
-                "partitions_written": len(days),
-                "rows": dg.MetadataValue.int(sum(counts.values())),
-                "rows_per_day": dg.MetadataValue.json(counts),
+                "path": dg.MetadataValue.path(
+                    table_partition_uri(warehouse.uri, producer.table, ds)
+                ),
+                "rows": dg.MetadataValue.int(rows),
+                **ranged,
             }
+            for ds, rows in counts.items()
+        }
+        return record_range(
+            context,
+            days,
+            done,
+            errors,
+            name=producer.table,
+            verb="committed",
+            code_version=declaration_version(producer),
         )
 
     return _producer_asset

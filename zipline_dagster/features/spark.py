@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import dagster as dg
@@ -16,7 +16,7 @@ from pydantic import Field
 
 from zipline_dagster.declarations.features import GroupBy, Join, Operation, StagingQuery
 from zipline_dagster.settings import settings
-from zipline_dagster.storage.blobs import BlobStore
+from zipline_dagster.storage.blobs import BlobStorageError, BlobStore
 from zipline_dagster.storage.paths import join_uri, table_partition_uri, table_uri
 from zipline_dagster.storage.tables import (
     STAGING_DIR,
@@ -164,8 +164,28 @@ def read_days(
     return spark.read.option("basePath", root).parquet(*files)
 
 
+class DaysNotCommitted(ProducerError):
+    """Some days of a range write could not be committed (each named with why); the
+    others were (``committed``: their rows), and stay committed."""
+
+    def __init__(self, table: str, committed: dict[str, int], failed: dict[str, str]) -> None:
+        self.table, self.committed, self.failed = table, committed, failed
+        lines = "\n".join(f"- {ds}: {why}" for ds, why in sorted(failed.items()))
+        super().__init__(
+            f"table {table}: {len(failed)} of {len(committed) + len(failed)} days could not "
+            f"be committed (each is left as it was; {format_days(sorted(committed))} "
+            f"committed):\n{lines}"
+        )
+
+
 def write_days(
-    df: Any, store: BlobStore, warehouse: str, table: str, days: Sequence[str]
+    df: Any,
+    store: BlobStore,
+    warehouse: str,
+    table: str,
+    days: Sequence[str],
+    *,
+    warn: Callable[[str], None] | None = None,
 ) -> dict[str, int]:
     """Replace exactly the partitions ``days`` of ``table`` (re-runs are idempotent).
 
@@ -174,8 +194,18 @@ def write_days(
     crash at any point leaves every partition old or new, never a mix. Every day gets a
     partition, an empty one too (a schema-only file), so "the day was computed and had
     no rows" differs from "the day was never computed". Returns rows written per day.
+
+    Raises:
+        DaysNotCommitted: a day's files could not be moved in or its marker written;
+            that day is left as it was, and every other day is still committed (the
+            error says which), so that the caller records exactly what storage holds.
+            Tidying after a commit (the replaced files, the staging folder) never fails
+            the write: what is left is never read, and a later write removes it
+            (``warn`` is told what was left).
     """
     from pyspark.sql import functions as F
+
+    from zipline_dagster.errors import describe
 
     write_id = new_write_id()
     staging = join_uri(table_uri(warehouse, table), STAGING_DIR, write_id)
@@ -190,24 +220,45 @@ def write_days(
             )
     finally:
         df.unpersist()
+    committed: dict[str, int] = {}
+    failed: dict[str, str] = {}
     for ds in days:
         folder = table_partition_uri(warehouse, table, ds)
         rows = counts.get(ds, 0)
         src = join_uri(staging, f"ds={ds}") if rows else join_uri(staging, "_empty")
-        begin_partition(store, folder)
-        names = []
-        for i, uri in enumerate(u for u in store.list(src) if u.endswith(".parquet")):
-            name = f"part-{write_id}-{i:05d}.parquet"
-            if rows:
-                store.move(uri, join_uri(folder, name))
-            else:  # the one schema-only file serves every empty day
-                store.write_bytes(join_uri(folder, name), store.read_bytes(uri))
-            names.append(name)
-        commit_partition(store, folder, names, write_id=write_id, rows=rows)
-    for uri in store.list(staging):
-        store.delete(uri)
-    remove_empty_folders(staging)
-    return {d: counts.get(d, 0) for d in days}
+        try:
+            begin_partition(store, folder)
+            names = []
+            for i, uri in enumerate(u for u in store.list(src) if u.endswith(".parquet")):
+                name = f"part-{write_id}-{i:05d}.parquet"
+                if rows:
+                    store.move(uri, join_uri(folder, name))
+                else:  # the one schema-only file serves every empty day
+                    store.write_bytes(join_uri(folder, name), store.read_bytes(uri))
+                names.append(name)
+            left = commit_partition(store, folder, names, write_id=write_id, rows=rows)
+        except (BlobStorageError, OSError) as exc:  # this day only; files moved in unread
+            failed[ds] = (
+                f"committing {folder} failed, so the partition is left as it was "
+                f"({type(exc).__name__}: {describe(exc)})"
+            )
+            continue
+        committed[ds] = rows
+        if left and warn is not None:
+            warn(
+                f"{table} {ds} is committed, but the files it replaced could not be deleted "
+                f"(left for its next write to delete, never read): {', '.join(left)}"
+            )
+    try:
+        for uri in store.list(staging):
+            store.delete(uri)
+        remove_empty_folders(staging)
+    except (BlobStorageError, OSError) as exc:  # nothing reads a write's staging folder
+        if warn is not None:
+            warn(f"the staging folder {staging} could not be removed: {describe(exc)}")
+    if failed:
+        raise DaysNotCommitted(table, committed, failed)
+    return committed
 
 
 def remove_empty_folders(uri: str) -> None:

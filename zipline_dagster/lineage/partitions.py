@@ -1,7 +1,11 @@
 """Shared Dagster conventions: the one daily partitions definition every feature, label,
-table and model uses, and the asset key of a table."""
+table and model uses, the asset key of a table, and how a step over a range of
+partitions records each of them."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
 
 import dagster as dg
 
@@ -25,4 +29,44 @@ def starting_at(
         cron_schedule=partitions_def.cron_schedule,
         timezone=partitions_def.timezone,
         end_offset=partitions_def.end_offset,
+    )
+
+
+def record_range(
+    context: dg.AssetExecutionContext,
+    days: Sequence[str],
+    done: dict[str, dict[str, Any]],
+    errors: dict[str, str],
+    *,
+    name: str,
+    verb: str,
+    code_version: str,
+) -> dg.MaterializeResult:
+    """A range step's outcome in Dagster: each finished partition its own materialization
+    with its own metadata; when any failed, exactly the finished ones are recorded and
+    the step fails naming each failed partition and why (``verb``: what finishing one
+    means, for the message)."""
+    if not errors:
+        for ds, md in done.items():
+            context.add_asset_metadata(md, partition_key=ds)
+        return dg.MaterializeResult()
+    for ds, md in done.items():
+        context.log_event(
+            dg.AssetMaterialization(
+                asset_key=context.asset_key,
+                partition=ds,
+                metadata=md,
+                tags={"dagster/code_version": code_version},
+            )
+        )
+    lines = "\n".join(f"- {ds}: {why}" for ds, why in sorted(errors.items()))
+    raise dg.Failure(
+        description=(
+            f"{len(errors)} of {len(days)} partitions of {name} failed "
+            f"({len(done)} {verb} and materialized):\n{lines}"
+        ),
+        metadata={
+            "failed_partitions": dg.MetadataValue.json(sorted(errors)),
+            "materialized_partitions": dg.MetadataValue.json(sorted(done)),
+        },
     )

@@ -12,6 +12,7 @@ see the old scores or the new ones, never a mix.
 import datetime as dt
 import io
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +20,12 @@ import dagster as dg
 
 from zipline_dagster.declarations.transforms import ModelTransforms
 from zipline_dagster.errors import failure
-from zipline_dagster.lineage.partitions import daily_partitions, starting_at, table_asset_key
+from zipline_dagster.lineage.partitions import (
+    daily_partitions,
+    record_range,
+    starting_at,
+    table_asset_key,
+)
 from zipline_dagster.rollout import champion as ch
 from zipline_dagster.rollout.assets import champion_asset_key, model_asset_key
 from zipline_dagster.storage.blobs import BlobStorageError
@@ -39,7 +45,6 @@ from zipline_dagster.storage.tables import (
 from zipline_dagster.training.assets import (
     PARTITIONS_PER_RUN,
     load_archive,
-    record_range,
     run_range_job,
     trainable_partitions,
 )
@@ -171,12 +176,15 @@ def commit_day(
     *,
     job_id: str,
     job_url: str | None,
+    warn: Callable[[str], None],
 ) -> dict[str, Any]:
-    """Commit the file the day's run wrote (named by ``job_id``); its metadata.
+    """Commit the file the day's run wrote (named by ``job_id``); its metadata. The files
+    the commit replaced and could not delete are left for the day's next commit, and
+    ``warn`` is told (the day is committed: readers see only its new file).
 
     Raises:
         dg.Failure: the run wrote no file, or one that cannot be read (the partition is
-            left as it was), or the commit failed (named).
+            left as it was), or the commit's marker could not be written (named).
     """
     import numpy as np
     import pyarrow.parquet as pq
@@ -201,8 +209,8 @@ def commit_day(
         ) from exc
     rows = len(scores)
     try:
-        commit_partition(store, day.folder, [name], write_id=job_id, rows=rows)
-    except BlobStorageError as exc:
+        left = commit_partition(store, day.folder, [name], write_id=job_id, rows=rows)
+    except (BlobStorageError, OSError) as exc:
         raise dg.Failure(
             f"{transforms.table} {ds}: committing {written} failed ({exc}); readers see the "
             "old scores or the new ones, never a mix (the marker is swapped in one write)"
@@ -223,6 +231,11 @@ def commit_day(
         md["score_p50"] = dg.MetadataValue.float(float(np.median(values)))
     if job_url:
         md["ray_job"] = dg.MetadataValue.url(job_url)
+    if left:
+        warn(
+            f"{transforms.table} {ds} is committed, but the files it replaced could not be "
+            f"deleted (left for its next commit to delete, never read): {', '.join(left)}"
+        )
     return md
 
 
@@ -250,7 +263,14 @@ def score_day(
         )
     except Exception as exc:
         raise failure(exc) from exc
-    md = commit_day(transforms, day, warehouse, job_id=outcome.job_id, job_url=outcome.job_url)
+    md = commit_day(
+        transforms,
+        day,
+        warehouse,
+        job_id=outcome.job_id,
+        job_url=outcome.job_url,
+        warn=context.log.warning,
+    )
     context.log.info(json.dumps({"scored_rows": md["rows"].value, "uri": md["uri"].value}))
     return md
 
@@ -359,7 +379,14 @@ def _score_in_one_job(
             errors[ds] = problem
             continue
         try:
-            md = commit_day(transforms, day, warehouse, job_id=ran.sid, job_url=ran.url)
+            md = commit_day(
+                transforms,
+                day,
+                warehouse,
+                job_id=ran.sid,
+                job_url=ran.url,
+                warn=context.log.warning,
+            )
         except dg.Failure as exc:
             errors[ds] = exc.description or "failed"
             continue

@@ -20,7 +20,7 @@ import time
 import uuid
 from collections.abc import Iterator
 
-from zipline_dagster.storage.blobs import BlobStore, LocalStore
+from zipline_dagster.storage.blobs import BlobStorageError, BlobStore, LocalStore
 from zipline_dagster.storage.paths import join_uri, table_partition_uri, table_uri
 
 #: The partition's commit marker; the trainers read the same file (``trainer/io.py``).
@@ -135,15 +135,30 @@ def begin_partition(store: BlobStore, folder: str) -> None:
 
 def commit_partition(
     store: BlobStore, folder: str, files: list[str], *, write_id: str, rows: int
-) -> None:
-    """Swap the marker to ``files`` (names inside ``folder``), then delete the rest."""
+) -> list[str]:
+    """Swap the marker to ``files`` (names inside ``folder``), then delete the rest.
+
+    The partition is committed once the marker is written: only that write's failure
+    raises. Deleting the files it replaced is tidying (readers never read them), so a
+    delete that fails (a role allowed to write but not to delete, say) leaves the file
+    where it is, for the partition's next commit to delete; returns those left behind
+    (the folder itself when it could not even be listed).
+    """
     marker = join_uri(folder, COMMIT_NAME)
     body = {"files": files, "write_id": write_id, "rows": rows, "committed_at": time.time()}
     store.write_bytes(marker, json.dumps(body, sort_keys=True).encode())
     keep = {join_uri(folder, f) for f in files} | {marker}
-    for uri in store.list(folder):
-        if uri not in keep:
+    left = []
+    try:
+        replaced = [uri for uri in store.list(folder) if uri not in keep]
+    except (BlobStorageError, OSError):  # not even listed: the next commit lists again
+        return [folder]
+    for uri in replaced:
+        try:
             store.delete(uri)
+        except (BlobStorageError, OSError):
+            left.append(uri)
+    return left
 
 
 def format_days(days: list[str]) -> str:

@@ -8,7 +8,12 @@ import dagster as dg
 
 from zipline_dagster.declarations.model import Model
 from zipline_dagster.errors import failure
-from zipline_dagster.lineage.partitions import daily_partitions, starting_at, table_asset_key
+from zipline_dagster.lineage.partitions import (
+    daily_partitions,
+    record_range,
+    starting_at,
+    table_asset_key,
+)
 from zipline_dagster.storage.blobs import BlobNotFoundError, BlobStorageError
 from zipline_dagster.storage.paths import join_uri
 from zipline_dagster.storage.resources import WarehouseResource
@@ -355,46 +360,6 @@ def train_range(
                 errors[request.ds] = exc.description or "failed"
     return record_range(
         context, days, done, errors, name=model.name, verb="trained", code_version=model.version
-    )
-
-
-def record_range(
-    context: dg.AssetExecutionContext,
-    days: list[str],
-    done: dict[str, dict[str, Any]],
-    errors: dict[str, str],
-    *,
-    name: str,
-    verb: str,
-    code_version: str,
-) -> dg.MaterializeResult:
-    """A range step's outcome in Dagster: each finished partition its own materialization
-    with its own metadata; when any failed, exactly the finished ones are recorded and
-    the step fails naming each failed partition and why (``verb``: what finishing one
-    means, for the message)."""
-    if not errors:
-        for ds, md in done.items():
-            context.add_asset_metadata(md, partition_key=ds)
-        return dg.MaterializeResult()
-    for ds, md in done.items():
-        context.log_event(
-            dg.AssetMaterialization(
-                asset_key=context.asset_key,
-                partition=ds,
-                metadata=md,
-                tags={"dagster/code_version": code_version},
-            )
-        )
-    lines = "\n".join(f"- {ds}: {why}" for ds, why in sorted(errors.items()))
-    raise dg.Failure(
-        description=(
-            f"{len(errors)} of {len(days)} partitions of {name} failed "
-            f"({len(done)} {verb} and materialized):\n{lines}"
-        ),
-        metadata={
-            "failed_partitions": dg.MetadataValue.json(sorted(errors)),
-            "materialized_partitions": dg.MetadataValue.json(sorted(done)),
-        },
     )
 
 
