@@ -1,11 +1,13 @@
-"""Test data: small training tables written exactly as producers write them; and what
-the loopback S3 server was asked (``s3_requests``)."""
+"""Test data: small training tables written exactly as producers write them; what the
+loopback S3 server was asked (``s3_requests``); that server behind a proxy a test can
+break (``s3_through_proxy``)."""
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
 import json
+import os
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -82,6 +84,28 @@ def s3_requests(endpoint: str) -> Iterator[list[tuple[str, str]]]:
             entry = json.loads(line)
             path = unquote(urlparse(entry["url"]).path).strip("/").split("/", 1)
             seen.append((entry["method"], path[1].rsplit("/", 1)[-1] if len(path) > 1 else ""))
+
+
+@contextlib.contextmanager
+def s3_through_proxy() -> Iterator[Any]:
+    """The loopback S3 server the environment names, behind a ``TcpProxy`` (yielded):
+    every S3 client made inside the block goes through it (a real socket a test can
+    cut, stall or make refuse a kind of request); the environment is restored after."""
+    import pytest
+    from s3fs import S3FileSystem
+
+    from tests.tcp_proxy import TcpProxy
+
+    host, port = os.environ["AWS_ENDPOINT_URL"].removeprefix("http://").split(":")
+    proxy = TcpProxy(host, int(port))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AWS_ENDPOINT_URL", proxy.url)
+        S3FileSystem.clear_instance_cache()  # fsspec keeps a client per settings
+        try:
+            yield proxy
+        finally:
+            proxy.close()
+            S3FileSystem.clear_instance_cache()
 
 
 def run_days(job: Any, instance: Any, key: Any, first: str, last: str) -> Any:

@@ -197,7 +197,7 @@ def test_a_listing_names_each_committed_partition_with_its_files(
 
 
 def test_a_commit_whose_replaced_files_cannot_be_deleted_is_still_committed(
-    s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+    s3_bucket: str,
 ) -> None:
     """On S3 as a role allowed to write but not to delete (the loopback server behind a
     proxy that answers every DELETE with S3's 403, a real refusal on the wire): the marker
@@ -206,18 +206,12 @@ def test_a_commit_whose_replaced_files_cannot_be_deleted_is_still_committed(
     delete, removes it."""
     import io
 
-    from s3fs import S3FileSystem
-
-    from tests.tcp_proxy import TcpProxy
+    from tests.helpers import s3_through_proxy
     from zipline_dagster.storage.paths import join_uri, table_partition_uri
     from zipline_dagster.storage.tables import commit_partition
 
     base, ds = f"{s3_bucket}/wh", "2026-07-02"
-    host, port = os.environ["AWS_ENDPOINT_URL"].removeprefix("http://").split(":")
-    proxy = TcpProxy(host, int(port))
-    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
-    S3FileSystem.clear_instance_cache()  # clients from the environment as it is now
-    try:
+    with s3_through_proxy() as proxy:
         store = blob_store(base)
         folder = table_partition_uri(base, TABLE, ds)
 
@@ -226,9 +220,8 @@ def test_a_commit_whose_replaced_files_cannot_be_deleted_is_still_committed(
             pd.DataFrame({"version": [version] * 3}).to_parquet(buf, index=False)
             new = join_uri(folder, f"part-v{version}.parquet")
             store.write_bytes(new, buf.getvalue())
-            return commit_partition(
-                store, folder, [new.rsplit("/", 1)[1]], write_id=f"v{version}", rows=3
-            ), new
+            name = new.rsplit("/", 1)[1]
+            return commit_partition(store, folder, [name], write_id=f"v{version}", rows=3), new
 
         def read() -> set[int]:
             (only,) = committed_partitions(store, base, TABLE)[ds]
@@ -246,6 +239,3 @@ def test_a_commit_whose_replaced_files_cannot_be_deleted_is_still_committed(
         left, v3 = commit(3)
         assert left == [] and read() == {3}
         assert set(store.list(folder)) == {join_uri(folder, COMMIT_NAME), v3}
-    finally:
-        proxy.close()
-        S3FileSystem.clear_instance_cache()

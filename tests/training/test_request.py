@@ -482,3 +482,26 @@ def test_the_logged_command_sums_up_a_range_but_keeps_anything_else_whole() -> N
     )
     for other in ("python train.py --partitions='{", "python -m m --partitions=[1,2]"):
         assert loggable_command(other) == other  # not a range spec: as it is
+
+
+def test_a_promotion_whose_copies_cannot_be_deleted_is_committed(s3_bucket: str) -> None:
+    """On S3 as a role allowed to write but not to delete (a proxy answering every DELETE
+    with S3's 403): the manifest commits the partition; the attempt's copied files and
+    the lock stay behind, named, and the promotion does not fail (Dagster records what
+    storage holds); the attempt's note, which keeps a late run from promoting it again
+    over a newer one, is written."""
+    from tests.helpers import s3_through_proxy
+
+    d = f"{s3_bucket}/models/m/{'a' * 12}/2026-07-10"
+    with s3_through_proxy() as proxy:
+        store = blob_store(d)
+        _attempt(store, d, "a1", {"metrics.json": b'{"train": {}}', "model.json": b"{}"})
+        proxy.deny("DELETE")
+        p = promote_attempt(store, d, "a1", extra={})
+        assert proxy.denied >= 3
+        assert is_committed(store, d) and p.manifest["attempt"] == "a1"
+        adir = attempt_dir(d, "a1")
+        assert sorted(p.left_behind) == sorted(
+            [f"{adir}/metrics.json", f"{adir}/model.json", f"{d}/_PROMOTING.lock"]
+        )
+        assert store.exists(f"{adir}/_PROMOTED.json")

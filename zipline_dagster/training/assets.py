@@ -275,6 +275,11 @@ def finish_partition(
         )
     if promotion.already:
         context.log.info(f"attempt {attempt_id} had already been promoted by another run")
+    if promotion.left_behind:
+        context.log.warning(
+            f"{model.version}/{ds} is committed, but these could not be deleted (never read; "
+            f"a stale lock is broken by the next promotion): {', '.join(promotion.left_behind)}"
+        )
     metadata: dict[str, Any] = {
         "version": model.version,
         "archive_uri": request.archive_uri,

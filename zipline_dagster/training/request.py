@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from zipline_dagster.declarations.model import Model
-from zipline_dagster.storage.blobs import BlobStore
+from zipline_dagster.storage.blobs import BlobStorageError, BlobStore
 from zipline_dagster.storage.paths import (
     MANIFEST_NAME,
     join_uri,
@@ -402,12 +402,16 @@ def promotion_lock(
     wait_s: float = 900.0,
     stale_s: float = 600.0,
     lock_name: str = PROMOTE_LOCK_NAME,
+    left: list[str] | None = None,
 ) -> Iterator[None]:
     """Hold ``{model_dir}/_PROMOTING.lock`` while the partition folder changes.
 
     Two runs of one partition (both attached to the same Ray job, or a retrain racing a
     late one) promote one at a time, so neither moves the other's files. A lock older
     than ``stale_s`` belongs to a run that died mid-promotion and is broken.
+
+    ``left``: when given, a lock that cannot be deleted at the end is added to it rather
+    than failing what the block did (the next promotion breaks it once stale).
     """
     uri = join_uri(model_dir, lock_name)
     owner = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "at": time.time()})
@@ -430,7 +434,12 @@ def promotion_lock(
     try:
         yield
     finally:
-        store.delete(uri)
+        try:
+            store.delete(uri)
+        except (BlobStorageError, OSError):
+            if left is None:
+                raise
+            left.append(uri)
 
 
 @dataclass(frozen=True)
@@ -442,6 +451,9 @@ class Promotion:
     already: bool
     #: the promoted attempt's report (None when ``already``: read it from the partition)
     report: dict[str, Any] | None = None
+    #: what could not be deleted once the manifest was written (the attempt's copied
+    #: files, the lock): tidying, never read, and never a failed promotion
+    left_behind: list[str] = field(default_factory=list)
 
 
 def read_json_object(store: BlobStore, uri: str) -> dict[str, Any] | None:
@@ -470,10 +482,11 @@ def promote_attempt(
     """
     adir = attempt_dir(model_dir, attempt_id)
     manifest_uri = join_uri(model_dir, MANIFEST_NAME)
-    with promotion_lock(store, model_dir):
+    left: list[str] = []
+    with promotion_lock(store, model_dir, left=left):
         current = read_json_object(store, manifest_uri)
         if current and current.get("attempt") == attempt_id and is_committed(store, model_dir):
-            return Promotion(manifest=current, superseded=None, already=True)
+            return Promotion(manifest=current, superseded=None, already=True, left_behind=left)
         if store.exists(join_uri(adir, PROMOTED_NAME)):
             raise ArtifactError(
                 f"attempt {attempt_id} was promoted into {model_dir} by another run and has "
@@ -504,11 +517,19 @@ def promote_attempt(
         }
         body = json.dumps(manifest, indent=2, sort_keys=True).encode()
         store.write_bytes(manifest_uri, body)
-        # The attempt folder keeps only a note of what it became.
+        # The attempt folder keeps only a note of what it became. The note is what stops
+        # a late run promoting this attempt over a newer one: its write may fail the step
+        # (a retry finds the manifest and records it); deleting the copies never does.
         store.write_bytes(join_uri(adir, PROMOTED_NAME), body)
         for uri in files:
-            store.delete(uri)
-    return Promotion(manifest=manifest, superseded=superseded, already=False, report=report)
+            try:
+                store.delete(uri)
+            except (BlobStorageError, OSError):
+                left.append(uri)
+        promotion = Promotion(
+            manifest=manifest, superseded=superseded, already=False, report=report, left_behind=left
+        )
+    return promotion
 
 
 def read_report(store: BlobStore, model_dir: str) -> dict[str, Any]:
