@@ -195,3 +195,13 @@ def test_promote_refuses_an_untrained_partition_even_forced(file_base: str, tmp_
     assert (
         "model 'nope' is not declared" in unknown.stderr and "listing_ctr_model" in unknown.stderr
     )
+    # a day or version that is not one never becomes a storage path to look in
+    for flag, value, said in [
+        ("--ds", "08/10/2026", "ds='08/10/2026' is not a day; expected YYYY-MM-DD"),
+        ("--ds", "2026-13-01", "ds='2026-13-01' is not a day; expected YYYY-MM-DD"),
+        ("--version", "latest", "version='latest' is not a trainer archive's content address"),
+    ]:
+        args = ["--ds", DS1, flag, value] if flag == "--version" else [flag, value]
+        bad = run_cli("promote", "listing_ctr_model", *args, "--module", "champ_defs", env=env)
+        assert bad.returncode == 1 and said in bad.stderr, bad.stderr
+        assert "_MANIFEST" not in bad.stderr

@@ -65,7 +65,8 @@ class ModelBackend(enum.Enum):
     RAY = "RAY"
 
 
-def _is_day(value: object) -> bool:
+def is_day(value: object) -> bool:
+    """``value`` is a day as partitions name it: ``YYYY-MM-DD``, a real date."""
     if not isinstance(value, str) or not DATE_RE.match(value):
         return False
     try:
@@ -89,7 +90,7 @@ class Query:
     wheres: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.start_partition is not None and not _is_day(self.start_partition):
+        if self.start_partition is not None and not is_day(self.start_partition):
             raise ModelSpecError(
                 f"Query.start_partition={self.start_partition!r} is invalid; "
                 "expected a day as YYYY-MM-DD."

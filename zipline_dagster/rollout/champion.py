@@ -19,7 +19,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from zipline_dagster.declarations.model import Model
+from zipline_dagster.declarations.model import VERSION_RE, Model, is_day
 from zipline_dagster.rollout import gates as g
 from zipline_dagster.storage.blobs import BlobNotFoundError, BlobStore
 from zipline_dagster.storage.paths import MANIFEST_NAME, join_uri, model_dir_uri
@@ -197,9 +197,22 @@ def promote(
     """Point the champion at ``ds`` (of ``version``) by hand.
 
     Raises:
-        ChampionError: the partition is not trained (no manifest), or a gate failed and
-            ``force`` is not set; the message lists each failed gate with its numbers.
+        ChampionError: ``ds`` is not a day or ``version`` not a content address (both
+            name storage paths), the partition is not trained (no manifest), or a gate
+            failed and ``force`` is not set; the message lists each failed gate with its
+            numbers.
     """
+    if not is_day(ds):
+        raise ChampionError(
+            f"cannot promote {model.name}: ds={ds!r} is not a day; expected YYYY-MM-DD "
+            "(a model partition, e.g. 2026-07-10)"
+        )
+    if version is not None and not VERSION_RE.match(version):
+        raise ChampionError(
+            f"cannot promote {model.name}: version={version!r} is not a trainer archive's "
+            "content address; expected 12 to 64 lowercase hex characters (`zipline-dagster "
+            f"build-trainer` prints it), or none for the model's own ({model.version})"
+        )
     version = version or model.version
     model_dir = model_dir_uri(model.model_artifact_base_uri, model.name, version, ds)
     with promotion_lock(store, model_root(model), lock_name=LOCK_NAME):
