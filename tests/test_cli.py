@@ -76,6 +76,21 @@ def test_verify_missing_archive_fails_with_path(file_base: str) -> None:
     assert f"{file_base}/builds/m-abcdefabcdef.zip" in res.stderr
 
 
+def test_verify_refuses_a_name_or_version_that_cannot_name_an_archive(file_base: str) -> None:
+    """Both make the archive's path: a value that is not one is named, with what is
+    accepted, before any path is made from it."""
+    for name, version, said in [
+        ("m", "../../etc", "version '../../etc' is not a trainer archive's content address"),
+        ("m", "latest", "expected 12 to 64 lowercase hex characters"),
+        ("../x", "abcdefabcdef", "model name '../x' is invalid"),
+    ]:
+        res = run_cli(
+            "verify-trainer", "--model-name", name, "--version", version, "--base", file_base
+        )
+        assert res.returncode == 1 and said in res.stderr, res.stderr
+        assert "builds/" not in res.stderr  # no path was made
+
+
 def test_build_refuses_escaping_symlink(trainer_copy: Path, tmp_path: Path, file_base: str) -> None:
     (tmp_path / "secret").write_text("x")
     (trainer_copy / "link").symlink_to(tmp_path / "secret")

@@ -247,6 +247,17 @@ class PublishedArchive:
     size: int
 
 
+def check_model_name(model_name: str) -> None:
+    """``model_name`` can name an archive (it is part of the archive's path)."""
+    from zipline_dagster.declarations.model import MODEL_NAME_RE
+
+    if not MODEL_NAME_RE.match(model_name):
+        raise TrainerArchiveError(
+            f"model name {model_name!r} is invalid; expected a safe path segment matching "
+            "[a-z0-9_][a-z0-9_-]*"
+        )
+
+
 def publish_trainer_archive(
     source: str | os.PathLike[str],
     *,
@@ -258,15 +269,10 @@ def publish_trainer_archive(
 
     Uploading the same bytes twice is a no-op in effect: the name is the content.
     """
-    from zipline_dagster.declarations.model import MODEL_NAME_RE
     from zipline_dagster.storage.blobs import blob_store
     from zipline_dagster.storage.paths import archive_uri
 
-    if not MODEL_NAME_RE.match(model_name):
-        raise TrainerArchiveError(
-            f"model name {model_name!r} is invalid; expected a safe path segment matching "
-            "[a-z0-9_][a-z0-9_-]*"
-        )
+    check_model_name(model_name)
     archive = build_trainer_archive(source)
     uri = archive_uri(base, model_name, archive.version)
     store = blob_store(uri, options=options)
@@ -284,12 +290,21 @@ def load_verified_archive(
         The archive URI and its bytes.
 
     Raises:
+        TrainerArchiveError: ``model_name`` or ``version`` cannot name an archive (they
+            make its path; nothing is read).
         ArchiveVerificationError: absent, or its bytes hash to another version (both
             messages name the path).
     """
+    from zipline_dagster.declarations.model import VERSION_RE
     from zipline_dagster.storage.blobs import BlobNotFoundError, blob_store
     from zipline_dagster.storage.paths import archive_uri
 
+    check_model_name(model_name)
+    if not VERSION_RE.match(version):
+        raise TrainerArchiveError(
+            f"version {version!r} is not a trainer archive's content address; expected 12 "
+            "to 64 lowercase hex characters (`zipline-dagster build-trainer` prints it)"
+        )
     uri = archive_uri(base, model_name, version)
     try:
         data = blob_store(uri, options=options).read_bytes(uri)
