@@ -159,3 +159,23 @@ def test_ray_up_with_an_unusable_state_folder_says_so(tmp_path: Path) -> None:
     (tmp_path / "a_file").write_text("")
     res = run_cli("ray", "up", "--state-dir", str(tmp_path / "a_file" / "ray"))
     _clean_error(res, "cannot use", "state folder", "NotADirectoryError", "RAY_ADDRESS")
+
+
+def test_backfill_wait_refuses_a_workspace_that_is_not_there(tmp_path: Path) -> None:
+    """``--wait`` runs the backfill's runs from the workspace file: one that is not there
+    is named before anything is planned or launched (no backfill left for nobody)."""
+    import dagster as dg
+
+    home = tmp_path / "dagster"
+    home.mkdir()
+    missing = tmp_path / "nowhere.yaml"
+    res = run_cli(
+        *("backfill", "listing_ctr_model", "--start-ds", "2026-07-11", "--end-ds", "2026-07-11"),
+        *("--wait", "--workspace", str(missing)),
+        env={"DAGSTER_HOME": str(home), "ZIPLINE_HOME": str(tmp_path / "zipline")},
+    )
+    assert res.returncode == 1
+    assert f"--workspace={missing} is not a file" in res.stderr, res.stderr
+    assert "backfill_id" not in res.stdout
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        assert instance.get_backfills() == []

@@ -201,6 +201,12 @@ def _backfill(args: argparse.Namespace) -> int:
         plan_backfill,
     )
 
+    if args.wait and not Path(args.workspace).is_file():  # before any backfill is launched
+        raise CliError(
+            f"--workspace={args.workspace} is not a file; --wait runs the backfill's runs from "
+            "the code locations it names (the project's workspace.yaml; run from the project "
+            "folder or pass its path)"
+        )
     defs: dg.Definitions = load_definitions(  # type: ignore[assignment]
         args.module or project_code_location()
     )
