@@ -19,6 +19,11 @@ from zipline_dagster.declarations.deployment import DeploymentSpec, RolloutStrat
 from zipline_dagster.declarations.errors import ModelSpecError
 
 VERSION_RE = re.compile(r"^[0-9a-f]{12,64}$")
+#: What a version must be, for every message refusing one.
+VERSION_ACCEPTED = (
+    "12 to 64 lowercase hex characters (mutable tags like '1.0' or 'latest' are refused; "
+    "`zipline-dagster build-trainer` prints it)"
+)
 MODEL_NAME_RE = re.compile(r"^[a-z0-9_][a-z0-9_-]*$")
 JOB_CONFIG_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 # ns.name; a catalog-qualified cat.ns.name is accepted here so that the registry can
@@ -228,9 +233,7 @@ class Model:
                 name,
                 "version",
                 self.version,
-                "expected the trainer archive's content address: 12 to 64 lowercase hex "
-                "characters (mutable tags like '1.0' or 'latest' are refused; "
-                "`zipline-dagster build-trainer` prints it)",
+                f"expected the trainer archive's content address: {VERSION_ACCEPTED}",
             )
         if self.inference_spec.model_backend is not ModelBackend.RAY:
             raise _fail(

@@ -15,6 +15,7 @@ import dagster as dg
 from pydantic import Field
 
 from zipline_dagster.declarations.features import GroupBy, Join, Operation, StagingQuery
+from zipline_dagster.errors import describe
 from zipline_dagster.settings import settings
 from zipline_dagster.storage.blobs import BlobStorageError, BlobStore
 from zipline_dagster.storage.paths import join_uri, table_partition_uri, table_uri
@@ -25,6 +26,7 @@ from zipline_dagster.storage.tables import (
     committed_partitions,
     days_between,
     format_days,
+    left_behind,
     new_write_id,
     shift_day,
 )
@@ -205,8 +207,6 @@ def write_days(
     """
     from pyspark.sql import functions as F
 
-    from zipline_dagster.errors import describe
-
     write_id = new_write_id()
     staging = join_uri(table_uri(warehouse, table), STAGING_DIR, write_id)
     df = df.filter(F.col("ds").isin(list(days))).persist()
@@ -245,10 +245,7 @@ def write_days(
             continue
         committed[ds] = rows
         if left and warn is not None:
-            warn(
-                f"{table} {ds} is committed, but the files it replaced could not be deleted "
-                f"(left for its next write to delete, never read): {', '.join(left)}"
-            )
+            warn(left_behind(table, ds, left))
     try:
         for uri in store.list(staging):
             store.delete(uri)

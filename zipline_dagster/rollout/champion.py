@@ -19,7 +19,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from zipline_dagster.declarations.model import VERSION_RE, Model, is_day
+from zipline_dagster.declarations.model import VERSION_ACCEPTED, VERSION_RE, Model, is_day
 from zipline_dagster.rollout import gates as g
 from zipline_dagster.storage.blobs import BlobNotFoundError, BlobStore
 from zipline_dagster.storage.paths import MANIFEST_NAME, join_uri, model_dir_uri
@@ -210,8 +210,8 @@ def promote(
     if version is not None and not VERSION_RE.match(version):
         raise ChampionError(
             f"cannot promote {model.name}: version={version!r} is not a trainer archive's "
-            "content address; expected 12 to 64 lowercase hex characters (`zipline-dagster "
-            f"build-trainer` prints it), or none for the model's own ({model.version})"
+            f"content address; expected {VERSION_ACCEPTED}, or none for the model's own "
+            f"({model.version})"
         )
     version = version or model.version
     model_dir = model_dir_uri(model.model_artifact_base_uri, model.name, version, ds)

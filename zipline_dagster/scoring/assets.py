@@ -40,6 +40,7 @@ from zipline_dagster.storage.tables import (
     begin_partition,
     commit_partition,
     existing_partitions,
+    left_behind,
     shift_day,
 )
 from zipline_dagster.training.assets import (
@@ -232,10 +233,7 @@ def commit_day(
     if job_url:
         md["ray_job"] = dg.MetadataValue.url(job_url)
     if left:
-        warn(
-            f"{transforms.table} {ds} is committed, but the files it replaced could not be "
-            f"deleted (left for its next commit to delete, never read): {', '.join(left)}"
-        )
+        warn(left_behind(transforms.table, ds, left))
     return md
 
 

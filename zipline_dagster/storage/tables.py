@@ -161,6 +161,15 @@ def commit_partition(
     return left
 
 
+def left_behind(table: str, ds: str, left: list[str]) -> str:
+    """The warning for a committed partition whose replaced files ``commit_partition``
+    could not delete."""
+    return (
+        f"{table} {ds} is committed, but the files it replaced could not be deleted (left "
+        f"for the partition's next commit to delete, never read): {', '.join(left)}"
+    )
+
+
 def format_days(days: list[str]) -> str:
     """Compact day ranges: 2026-07-01..2026-07-03, 2026-07-05."""
     if not days:

@@ -295,15 +295,15 @@ def load_verified_archive(
         ArchiveVerificationError: absent, or its bytes hash to another version (both
             messages name the path).
     """
-    from zipline_dagster.declarations.model import VERSION_RE
+    from zipline_dagster.declarations.model import VERSION_ACCEPTED, VERSION_RE
     from zipline_dagster.storage.blobs import BlobNotFoundError, blob_store
     from zipline_dagster.storage.paths import archive_uri
 
     check_model_name(model_name)
     if not VERSION_RE.match(version):
         raise TrainerArchiveError(
-            f"version {version!r} is not a trainer archive's content address; expected 12 "
-            "to 64 lowercase hex characters (`zipline-dagster build-trainer` prints it)"
+            f"version {version!r} is not a trainer archive's content address; expected "
+            f"{VERSION_ACCEPTED}"
         )
     uri = archive_uri(base, model_name, version)
     try:
