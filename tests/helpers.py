@@ -87,17 +87,18 @@ def s3_requests(endpoint: str) -> Iterator[list[tuple[str, str]]]:
 
 
 @contextlib.contextmanager
-def s3_through_proxy() -> Iterator[Any]:
+def s3_through_proxy(latency: float = 0.0) -> Iterator[Any]:
     """The loopback S3 server the environment names, behind a ``TcpProxy`` (yielded):
     every S3 client made inside the block goes through it (a real socket a test can
-    cut, stall or make refuse a kind of request); the environment is restored after."""
+    cut, stall or make refuse a kind of request, each request held ``latency`` seconds);
+    the environment is restored after."""
     import pytest
     from s3fs import S3FileSystem
 
     from tests.tcp_proxy import TcpProxy
 
     host, port = os.environ["AWS_ENDPOINT_URL"].removeprefix("http://").split(":")
-    proxy = TcpProxy(host, int(port))
+    proxy = TcpProxy(host, int(port), latency=latency)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("AWS_ENDPOINT_URL", proxy.url)
         S3FileSystem.clear_instance_cache()  # fsspec keeps a client per settings

@@ -20,8 +20,7 @@ import pytest
 
 from tests.bench.record import Case, Series, record
 from tests.conftest import _fresh_bucket, moto_server
-from tests.helpers import days_ending, write_partition
-from tests.tcp_proxy import TcpProxy
+from tests.helpers import days_ending, s3_through_proxy, write_partition
 from tests.training.test_assets import DS, TABLE
 from tests.training.test_fanout import market_rows
 from zipline_dagster.storage import tables
@@ -53,15 +52,8 @@ def distant_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         base = f"s3://{_fresh_bucket('s3', env)}/wh"
         for ds in days_ending(DS, DAYS):  # written straight to the server
             write_partition(base, TABLE, ds, market_rows(ds, 50, ROWS // 50))
-        host, port = env["AWS_ENDPOINT_URL"].removeprefix("http://").split(":")
-        proxy = TcpProxy(host, int(port), latency=LATENCY)
-        mp.setenv("AWS_ENDPOINT_URL", proxy.url)
-        fresh_s3_clients()
-        try:
+        with s3_through_proxy(latency=LATENCY):
             yield base
-        finally:
-            proxy.close()
-            fresh_s3_clients()
 
 
 def compare(
