@@ -19,6 +19,8 @@ from tests.training.test_assets import BUCKETS, make_model
 from zipline_dagster.storage.blobs import blob_store
 from zipline_dagster.storage.paths import MANIFEST_NAME
 from zipline_dagster.training.request import (
+    PROMOTE_LOCK_NAME,
+    PROMOTED_NAME,
     ArtifactError,
     attempt_dir,
     build_training_request,
@@ -502,6 +504,6 @@ def test_a_promotion_whose_copies_cannot_be_deleted_is_committed(s3_bucket: str)
         assert is_committed(store, d) and p.manifest["attempt"] == "a1"
         adir = attempt_dir(d, "a1")
         assert sorted(p.left_behind) == sorted(
-            [f"{adir}/metrics.json", f"{adir}/model.json", f"{d}/_PROMOTING.lock"]
+            [f"{adir}/metrics.json", f"{adir}/model.json", f"{d}/{PROMOTE_LOCK_NAME}"]
         )
-        assert store.exists(f"{adir}/_PROMOTED.json")
+        assert store.exists(f"{adir}/{PROMOTED_NAME}")
