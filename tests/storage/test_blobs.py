@@ -206,3 +206,47 @@ def test_promotion_on_object_stores(scheme: str, request: pytest.FixtureRequest)
     p = promote_attempt(store, d, "a1", extra={})
     assert sorted(f["path"] for f in p.manifest["files"]) == ["metrics.json", "model.json"]
     assert is_committed(store, d) and not store.exists(f"{d}/_PROMOTING.lock")
+
+
+def test_a_write_whose_answers_are_lost_succeeds_when_it_landed(
+    s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On S3 behind a proxy that lets every PUT through and resets the connection in
+    place of S3's answer (the network failing once the store has the object): the SDK
+    gives up, yet the object holds what was written, so the write succeeds (a partition's
+    commit marker, a champion pointer: the caller records what storage holds). A write
+    that never reached the store still fails, naming the object."""
+    from tests.helpers import s3_through_proxy
+
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")  # the SDK's retries, fewer: a shorter test
+    uri = f"{s3_bucket}/lost/_COMMITTED.json"
+    with s3_through_proxy() as proxy:
+        store = blob_store(uri)
+        proxy.lose_answers("PUT")
+        store.write_bytes(uri, b'{"files": ["a.parquet"]}')
+        assert proxy.lost >= 2  # the SDK's attempts, each landed and unanswered
+        store.write_bytes(uri, b'{"files": ["b.parquet"]}')  # replacing works alike
+        proxy.restore()
+        assert store.read_bytes(uri) == b'{"files": ["b.parquet"]}'
+        proxy.deny("PUT")
+        with pytest.raises(BlobStorageError, match=r"could not write s3://.*/lost/_COMMITTED"):
+            store.write_bytes(uri, b'{"files": ["c.parquet"]}')
+        proxy.restore()
+        assert store.read_bytes(uri) == b'{"files": ["b.parquet"]}'
+
+
+def test_an_exclusive_create_whose_answer_is_lost_is_still_the_callers(s3_bucket: str) -> None:
+    """A conditional put whose answer is lost: the SDK retries it and S3 answers "already
+    there" (412), the object being the caller's own. It holds the caller's bytes, so the
+    create is the caller's (a promotion lock taken, not waited on for its 600 s until
+    stale); another caller's create still is not."""
+    from tests.helpers import s3_through_proxy
+
+    lock = f"{s3_bucket}/lost/_PROMOTING.lock"
+    with s3_through_proxy() as proxy:
+        store = blob_store(lock)
+        proxy.lose_answers("PUT", count=1)
+        assert store.create_exclusive(lock, b'{"pid": 1, "at": 1.5}')
+        assert proxy.lost == 1
+        assert not store.create_exclusive(lock, b'{"pid": 2, "at": 2.5}')
+        assert store.read_bytes(lock) == b'{"pid": 1, "at": 1.5}'

@@ -507,3 +507,22 @@ def test_a_promotion_whose_copies_cannot_be_deleted_is_committed(s3_bucket: str)
             [f"{adir}/metrics.json", f"{adir}/model.json", f"{d}/{PROMOTE_LOCK_NAME}"]
         )
         assert store.exists(f"{adir}/{PROMOTED_NAME}")
+
+
+@pytest.mark.timeout(120)  # without the fix: the run waits on its own lock (900 s), then fails
+def test_a_promotion_whose_lock_answer_is_lost_goes_on(s3_bucket: str) -> None:
+    """On S3, the lock's conditional put lands and its answer is lost (a proxy resets the
+    connection in place of it); the SDK's retry is told the lock is taken, by this very
+    run. The run knows its own lock (it holds the run's bytes): the promotion commits at
+    once and releases the lock, rather than waiting on itself until the lock is stale."""
+    from tests.helpers import s3_through_proxy
+
+    d = f"{s3_bucket}/models/m/{'a' * 12}/2026-07-11"
+    with s3_through_proxy() as proxy:
+        store = blob_store(d)
+        _attempt(store, d, "a1", {"metrics.json": b'{"train": {}}', "model.json": b"{}"})
+        proxy.lose_answers("PUT", count=1)  # the first PUT: the lock
+        p = promote_attempt(store, d, "a1", extra={})
+        assert proxy.lost == 1
+        assert is_committed(store, d) and p.manifest["attempt"] == "a1" and not p.left_behind
+        assert not store.exists(f"{d}/{PROMOTE_LOCK_NAME}")

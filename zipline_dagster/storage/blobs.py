@@ -38,7 +38,12 @@ class BlobNotFoundError(BlobStorageError, FileNotFoundError):
 
 
 class BlobStore(Protocol):
-    def write_bytes(self, uri: str, data: bytes) -> None: ...
+    def write_bytes(self, uri: str, data: bytes) -> None:
+        """Make the object at ``uri`` hold ``data``. Raises only when it does not: a write
+        whose answer was lost (the network failed after the store had it) but which
+        landed is read back and succeeds."""
+        ...
+
     def read_bytes(self, uri: str) -> bytes: ...
     def exists(self, uri: str) -> bool: ...
     def list(self, prefix_uri: str) -> list[str]:
@@ -72,7 +77,9 @@ class BlobStore(Protocol):
         """Write ``data`` only if nothing is at ``uri``; False when something already is.
 
         The one atomic primitive locks are built on (``O_EXCL`` locally, a conditional
-        put on object stores).
+        put on object stores). ``data`` must be unique to the caller (an owner and a
+        time, say): a conditional put whose answer was lost and whose retry found the
+        object there is this caller's when the object holds ``data``, and is True.
         """
         ...
 
@@ -299,12 +306,21 @@ class ObjectStore:
         return BlobStorageError(f"could not {action} {uri}: {type(exc).__name__}: {first}")
 
     def write_bytes(self, uri: str, data: bytes) -> None:
+        path = self._path(uri)
         try:
-            self.fs.pipe_file(self._path(uri), data)
-        except BlobStorageError:
-            raise
+            self.fs.pipe_file(path, data)
         except Exception as exc:  # each SDK raises its own types; name the URI in all
+            if self._holds(uri, data):  # it landed; only the answer was lost
+                return
             raise self._err("write", uri, exc) from exc
+
+    def _holds(self, uri: str, data: bytes) -> bool:
+        """Whether the object at ``uri`` holds exactly ``data`` (False when it cannot be
+        read): after a write that failed, whether it landed all the same."""
+        try:
+            return self.read_bytes(uri) == data
+        except Exception:
+            return False
 
     @contextlib.contextmanager
     def _reading(self, action: str, uri: str) -> Iterator[None]:
@@ -465,10 +481,12 @@ class ObjectStore:
                 return False
             self.fs.pipe_file(path, data, mode="create")
             return True
-        except FileExistsError:
-            return False
         except Exception as exc:
-            if _precondition_failed(exc):
+            # A conditional put whose answer was lost: the SDK's retry finds the object
+            # there (412), or the error is the lost answer itself; ours if it holds data.
+            if self._holds(uri, data):
+                return True
+            if isinstance(exc, FileExistsError) or _precondition_failed(exc):
                 return False
             raise self._err("create", uri, exc) from exc
 
