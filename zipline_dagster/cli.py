@@ -121,36 +121,45 @@ def _print_pointer(pointer: dict[str, object]) -> None:
     print(json.dumps(pointer, indent=2, sort_keys=True))
 
 
+def _moved(
+    args: argparse.Namespace, model: object, pointer: dict[str, object], left: list[str]
+) -> int:
+    """Say where the champion moved (and any lock left behind), print the pointer."""
+    from zipline_dagster.rollout.champion import lock_left_behind
+
+    print(
+        f"{args.model} champion -> {pointer['version']}/{pointer['ds']} ({pointer['why']})",
+        file=sys.stderr,
+    )
+    if left:
+        print(f"warning: {lock_left_behind(model, left)}", file=sys.stderr)  # type: ignore[arg-type]
+    _print_pointer(pointer)
+    return 0
+
+
 def _promote(args: argparse.Namespace) -> int:
     from zipline_dagster.rollout.champion import promote
 
     model = find_model(args.module or project_code_location(), args.model)
+    left: list[str] = []
     pointer = promote(
         _champion_store(model),  # type: ignore[arg-type]
         model,  # type: ignore[arg-type]
         args.ds,
         version=args.version,
         force=args.force,
+        left=left,
     )
-    print(
-        f"{args.model} champion -> {pointer['version']}/{pointer['ds']} ({pointer['why']})",
-        file=sys.stderr,
-    )
-    _print_pointer(pointer)
-    return 0
+    return _moved(args, model, pointer, left)
 
 
 def _rollback(args: argparse.Namespace) -> int:
     from zipline_dagster.rollout.champion import rollback
 
     model = find_model(args.module or project_code_location(), args.model)
-    pointer = rollback(_champion_store(model), model)  # type: ignore[arg-type]
-    print(
-        f"{args.model} champion -> {pointer['version']}/{pointer['ds']} ({pointer['why']})",
-        file=sys.stderr,
-    )
-    _print_pointer(pointer)
-    return 0
+    left: list[str] = []
+    pointer = rollback(_champion_store(model), model, left=left)  # type: ignore[arg-type]
+    return _moved(args, model, pointer, left)
 
 
 def project_code_location(start: Path | None = None) -> str:

@@ -11,6 +11,7 @@ from typing import Any
 
 import dagster as dg
 import numpy as np
+from dagster_aws.s3 import S3Resource
 
 from tests.conftest import ROOT, run_cli
 from tests.helpers import ctr_rows, days_ending, write_partition, write_table
@@ -205,3 +206,69 @@ def test_promote_refuses_an_untrained_partition_even_forced(file_base: str, tmp_
         bad = run_cli("promote", "listing_ctr_model", *args, "--module", "champ_defs", env=env)
         assert bad.returncode == 1 and said in bad.stderr, bad.stderr
         assert "_MANIFEST" not in bad.stderr
+
+
+def test_a_champion_lock_that_cannot_be_deleted_leaves_the_move_standing(
+    s3_bucket: str, tmp_path: Path
+) -> None:
+    """On S3 as a role allowed to write but not to delete (a proxy answering every DELETE
+    with S3's 403, a real refusal on the wire): once the pointer is written, the lock
+    that cannot be deleted no longer fails the move. The champion asset is materialized
+    with the pointer storage holds and names the lock in a warning and its metadata;
+    `promote` and `rollback` exit 0, move the pointer and warn."""
+    from tests.helpers import s3_through_proxy
+    from tests.training.test_request import _attempt
+    from zipline_dagster.storage.resources import WarehouseResource
+    from zipline_dagster.training.request import promote_attempt
+
+    version, base = "0123456789ab", f"{s3_bucket}/wh"
+    model = gated(version, base)
+    report = json.dumps(
+        {
+            "train": {"rows": 300, "metrics": {"auc": 0.9}},
+            "holdout": {"rows": 100, "metrics": {"auc": 0.8}},
+        }
+    ).encode()
+    env = write_code_location(tmp_path, version, base)
+    lock = f"{ch.model_root(model)}/{ch.LOCK_NAME}"
+    with s3_through_proxy() as proxy:
+        store = blob_store(base)
+        for ds in (DS1, DS2):
+            d = f"{base}/models/{model.name}/{version}/{ds}"
+            _attempt(store, d, "a1", {"metrics.json": report, "model.json": b"{}"})
+            promote_attempt(store, d, "a1", extra={})
+        proxy.deny("DELETE")
+        instance = dg.DagsterInstance.ephemeral()
+        warehouse = WarehouseResource(uri=base, s3=S3Resource(endpoint_url=proxy.url))
+        result = dg.materialize(
+            [build_champion_asset(model)], resources={"warehouse": warehouse}, instance=instance
+        )
+        assert result.success and proxy.denied >= 1
+        (event,) = result.get_asset_materialization_events()
+        md = event.event_specific_data.materialization.metadata  # type: ignore[union-attr]
+        assert md["moved"].value is True, md["rejected"].value
+        assert md["ds"].value == DS2
+        assert md["left_behind"].value == [lock]
+        warned = [
+            e.user_message
+            for e in instance.all_logs(result.run_id)
+            if e.level == 30 and "champion lock could not be deleted" in e.user_message
+        ]
+        assert len(warned) == 1 and lock in warned[0] and "600s old" in warned[0], warned
+        assert (ch.read_champion(store, model) or {}).get("ds") == DS2  # as Dagster says
+
+        for argv, ds in (
+            (["promote", model.name, "--ds", DS1], DS1),
+            (["rollback", model.name], DS2),
+        ):
+            proxy.restore()
+            store.delete(lock)  # a person clears it rather than wait 600 s
+            proxy.deny("DELETE")
+            res = run_cli(*argv, "--module", "champ_defs", env=env)
+            assert res.returncode == 0, res.stderr
+            assert f"champion -> {version}/{ds}" in res.stderr
+            assert f"warning: {model.name}'s champion lock could not be deleted: {lock}" in (
+                res.stderr
+            )
+            assert json.loads(res.stdout)["ds"] == ds
+            assert (ch.read_champion(store, model) or {}).get("ds") == ds

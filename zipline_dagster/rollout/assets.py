@@ -198,6 +198,9 @@ def build_champion_asset(
                 f"{model.name} {ds} not promoted: "
                 + "; ".join(f"{r.gate}: {r.summary}" for r in failed)
             )
+        if decision.left_behind:  # the pointer is written: recorded as it is on storage
+            md["left_behind"] = dg.MetadataValue.json(decision.left_behind)
+            context.log.warning(ch.lock_left_behind(model, decision.left_behind))
         return dg.MaterializeResult(metadata=md)
 
     return _champion

@@ -16,14 +16,14 @@ import datetime as dt
 import getpass
 import json
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from zipline_dagster.declarations.model import VERSION_ACCEPTED, VERSION_RE, Model, is_day
 from zipline_dagster.rollout import gates as g
 from zipline_dagster.storage.blobs import BlobNotFoundError, BlobStore
 from zipline_dagster.storage.paths import MANIFEST_NAME, join_uri, model_dir_uri
-from zipline_dagster.training.request import promotion_lock
+from zipline_dagster.training.request import STALE_LOCK_S, promotion_lock
 
 CHAMPION_NAME = "CHAMPION.json"
 HISTORY_DIR = "_champions"
@@ -96,6 +96,19 @@ class Decision:
     moved: bool
     rejected: dict[str, list[g.GateResult]]
     reason: str
+    #: the champion's lock, when it could not be deleted once the decision was made
+    #: (``lock_left_behind`` says what that means)
+    left_behind: list[str] = field(default_factory=list)
+
+
+def lock_left_behind(model: Model, left: list[str]) -> str:
+    """The warning for a champion lock that could not be deleted once the pointer was
+    written (or left as it was): the move stands; the next one waits for the lock."""
+    return (
+        f"{model.name}'s champion lock could not be deleted: {', '.join(left)}. The pointer "
+        f"is as reported; the next move of {model.name}'s champion waits until the lock is "
+        f"{STALE_LOCK_S:.0f}s old and breaks it (delete it by hand to move sooner)"
+    )
 
 
 def _write(
@@ -145,44 +158,52 @@ def _pointer(
 
 def advance(store: BlobStore, model: Model, *, by: str) -> Decision:
     """Move the champion to the newest trained partition of the model's version that is
-    newer than it and passes every gate; stay when there is none."""
-    with promotion_lock(store, model_root(model), lock_name=LOCK_NAME):
-        current = read_champion(store, model)
-        newer = [
-            ds
-            for ds in trained_partitions(store, model)
-            if current is None
-            or ds > str(current.get("ds"))
-            or (ds == current.get("ds") and model.version != current.get("version"))
-        ]
-        rejected: dict[str, list[g.GateResult]] = {}
-        for ds in reversed(newer):
-            results = g.evaluate(model, store, ds, champion=current)
-            failed = [r for r in results.values() if not r.passed]
-            if failed:
-                rejected[ds] = failed
-                continue
-            model_dir = model_dir_uri(model.model_artifact_base_uri, model.name, model.version, ds)
-            report = g.read_partition_report(store, model_dir)
-            why = (
-                f"newest partition passing every gate (after {len(rejected)} newer rejected)"
-                if rejected
-                else "newest partition passing every gate"
-            )
-            pointer = _write(
-                store,
-                model,
-                _pointer(model, model.version, ds, results, by=by, why=why, report=report),
-                current,
-            )
-            return Decision(pointer, True, rejected, why)
-        if current is None:
-            reason = "no trained partition passes every gate yet" if newer else "nothing trained"
-        else:
-            reason = f"stays at {current.get('version')}/{current.get('ds')}: " + (
-                "no newer partition passes every gate" if newer else "no newer trained partition"
-            )
-        return Decision(current, False, rejected, reason)
+    newer than it and passes every gate; stay when there is none. A lock that cannot be
+    deleted afterwards is in ``left_behind``, the decision standing."""
+    left: list[str] = []
+    with promotion_lock(store, model_root(model), lock_name=LOCK_NAME, left=left):
+        decision = _advance(store, model, by=by)
+    return replace(decision, left_behind=left)
+
+
+def _advance(store: BlobStore, model: Model, *, by: str) -> Decision:
+    """``advance`` under the lock."""
+    current = read_champion(store, model)
+    newer = [
+        ds
+        for ds in trained_partitions(store, model)
+        if current is None
+        or ds > str(current.get("ds"))
+        or (ds == current.get("ds") and model.version != current.get("version"))
+    ]
+    rejected: dict[str, list[g.GateResult]] = {}
+    for ds in reversed(newer):
+        results = g.evaluate(model, store, ds, champion=current)
+        failed = [r for r in results.values() if not r.passed]
+        if failed:
+            rejected[ds] = failed
+            continue
+        model_dir = model_dir_uri(model.model_artifact_base_uri, model.name, model.version, ds)
+        report = g.read_partition_report(store, model_dir)
+        why = (
+            f"newest partition passing every gate (after {len(rejected)} newer rejected)"
+            if rejected
+            else "newest partition passing every gate"
+        )
+        pointer = _write(
+            store,
+            model,
+            _pointer(model, model.version, ds, results, by=by, why=why, report=report),
+            current,
+        )
+        return Decision(pointer, True, rejected, why)
+    if current is None:
+        reason = "no trained partition passes every gate yet" if newer else "nothing trained"
+    else:
+        reason = f"stays at {current.get('version')}/{current.get('ds')}: " + (
+            "no newer partition passes every gate" if newer else "no newer trained partition"
+        )
+    return Decision(current, False, rejected, reason)
 
 
 def promote(
@@ -193,8 +214,12 @@ def promote(
     version: str | None = None,
     force: bool = False,
     by: str | None = None,
+    left: list[str] | None = None,
 ) -> dict[str, Any]:
     """Point the champion at ``ds`` (of ``version``) by hand.
+
+    ``left``: when given, a lock that cannot be deleted once the pointer is written is
+    added to it (see ``lock_left_behind``) rather than raised, the pointer having moved.
 
     Raises:
         ChampionError: ``ds`` is not a day or ``version`` not a content address (both
@@ -215,7 +240,7 @@ def promote(
         )
     version = version or model.version
     model_dir = model_dir_uri(model.model_artifact_base_uri, model.name, version, ds)
-    with promotion_lock(store, model_root(model), lock_name=LOCK_NAME):
+    with promotion_lock(store, model_root(model), lock_name=LOCK_NAME, left=left):
         current = read_champion(store, model)
         results = g.evaluate(model, store, ds, champion=current, version=version)
         if not results[g.MANIFEST_VERIFIES].passed:
@@ -254,14 +279,17 @@ def promote(
         )
 
 
-def rollback(store: BlobStore, model: Model, *, by: str | None = None) -> dict[str, Any]:
-    """Point the champion back at the pointer the current one replaced.
+def rollback(
+    store: BlobStore, model: Model, *, by: str | None = None, left: list[str] | None = None
+) -> dict[str, Any]:
+    """Point the champion back at the pointer the current one replaced (``left``: as for
+    ``promote``).
 
     Raises:
         ChampionError: there is no champion, no earlier one, or the earlier partition is
             no longer a finished model on storage.
     """
-    with promotion_lock(store, model_root(model), lock_name=LOCK_NAME):
+    with promotion_lock(store, model_root(model), lock_name=LOCK_NAME, left=left):
         current = read_champion(store, model)
         if current is None:
             raise ChampionError(f"{model.name} has no champion ({champion_uri(model)} is absent)")

@@ -394,13 +394,17 @@ class PromotionLockError(ArtifactError):
     """Another run held the partition's promotion lock for too long."""
 
 
+#: A promotion lock older than this belongs to a run that died holding it, and is broken.
+STALE_LOCK_S = 600.0
+
+
 @contextlib.contextmanager
 def promotion_lock(
     store: BlobStore,
     model_dir: str,
     *,
     wait_s: float = 900.0,
-    stale_s: float = 600.0,
+    stale_s: float = STALE_LOCK_S,
     lock_name: str = PROMOTE_LOCK_NAME,
     left: list[str] | None = None,
 ) -> Iterator[None]:
