@@ -45,6 +45,43 @@ def process_start(pid: int) -> str | None:
     return out or None
 
 
+def pid_namespace() -> str:
+    """This process's PID namespace ("" where there is none to tell: not Linux): PIDs
+    compare only within one namespace (containers on one kernel each have their own)."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
+def holder_gone(owner: dict[str, object]) -> bool:
+    """Whether the process an ``owner`` record names (``lock_owner``) has ended, as far as
+    this process can tell: only one on this host, in this PID namespace and since this
+    boot is checked (its PID with its start time, so a reused PID is not it); anything
+    else is never taken for gone."""
+    start, pid = owner.get("start"), owner.get("pid")
+    if not isinstance(start, str) or not start or not isinstance(pid, int):
+        return False
+    import socket
+
+    here = owner.get("host") == socket.gethostname() and owner.get("pidns") == pid_namespace()
+    this_boot = (process_start(os.getpid()) or "").split(":", 1)[0] == start.split(":", 1)[0]
+    return here and this_boot and process_start(pid) != start
+
+
+def lock_owner() -> dict[str, object]:
+    """Who holds a lock: this process (host, PID namespace, PID and start time) and when."""
+    import socket
+
+    return {
+        "host": socket.gethostname(),
+        "pidns": pid_namespace(),
+        "pid": os.getpid(),
+        "start": process_start(os.getpid()) or "",
+        "at": time.time(),
+    }
+
+
 @dataclass(frozen=True)
 class ProcessIdentity:
     """A process as it was when started: its PID and start token."""

@@ -526,3 +526,55 @@ def test_a_promotion_whose_lock_answer_is_lost_goes_on(s3_bucket: str) -> None:
         assert proxy.lost == 1
         assert is_committed(store, d) and p.manifest["attempt"] == "a1" and not p.left_behind
         assert not store.exists(f"{d}/{PROMOTE_LOCK_NAME}")
+
+
+def test_a_lock_whose_holder_was_killed_is_broken_at_once(file_base: str) -> None:
+    """A process holding the promotion lock is killed with kill -9 (a step killed
+    mid-promotion): the next promotion on this machine sees its holder has ended and
+    takes the lock at once, not after 600 s. A live holder's lock is waited on, and so is
+    one whose holder this machine cannot check (another host), however recent."""
+    import signal
+
+    d = f"{file_base}/models/m/{'a' * 12}/2026-07-12"
+    lock = f"{d}/{PROMOTE_LOCK_NAME}"
+    store = blob_store(d)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\n"
+            "from zipline_dagster.storage.blobs import blob_store\n"
+            "from zipline_dagster.training.request import promotion_lock\n"
+            f"with promotion_lock(blob_store({d!r}), {d!r}):\n"
+            "    print('held', flush=True)\n"
+            "    time.sleep(300)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        with (  # alive: waited on
+            pytest.raises(ArtifactError, match="held by another run"),
+            promotion_lock(store, d, wait_s=1.0),
+        ):
+            pass
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait(timeout=30)
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+    assert store.exists(lock)  # left by the killed holder
+    with promotion_lock(store, d, wait_s=1.0):  # within a second, not 600
+        assert json.loads(store.read_bytes(lock))["pid"] == os.getpid()
+    assert not store.exists(lock)
+
+    elsewhere = {"host": "another-host", "pidns": "pid:[1]", "pid": 1, "start": "x:1"}
+    store.write_bytes(lock, json.dumps({**elsewhere, "at": time.time()}).encode())
+    with (
+        pytest.raises(ArtifactError, match="held by another run"),
+        promotion_lock(store, d, wait_s=1.0),
+    ):
+        pass
+    assert store.exists(lock)

@@ -11,9 +11,7 @@ import datetime as dt
 import hashlib
 import io
 import json
-import os
 import shlex
-import socket
 import time
 import zipfile
 from collections.abc import Iterator
@@ -21,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from zipline_dagster.declarations.model import Model
+from zipline_dagster.processes import holder_gone, lock_owner
 from zipline_dagster.storage.blobs import BlobStorageError, BlobStore
 from zipline_dagster.storage.paths import (
     MANIFEST_NAME,
@@ -412,21 +411,24 @@ def promotion_lock(
 
     Two runs of one partition (both attached to the same Ray job, or a retrain racing a
     late one) promote one at a time, so neither moves the other's files. A lock older
-    than ``stale_s`` belongs to a run that died mid-promotion and is broken.
+    than ``stale_s`` belongs to a run that died mid-promotion and is broken; so is, at
+    once, one whose holder this process can see has ended (same host and PID namespace:
+    a step killed with ``kill -9``, retried on the same machine).
 
     ``left``: when given, a lock that cannot be deleted at the end is added to it rather
     than failing what the block did (the next promotion breaks it once stale).
     """
     uri = join_uri(model_dir, lock_name)
-    owner = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "at": time.time()})
+    owner = json.dumps(lock_owner())
     deadline = time.monotonic() + wait_s
     while not store.create_exclusive(uri, owner.encode()):
         try:
             held = json.loads(store.read_bytes(uri))
             age = time.time() - float(held.get("at", 0))
+            gone = holder_gone(held)
         except Exception:  # vanished or half-visible: look again
-            age = 0.0
-        if age > stale_s:
+            age, gone = 0.0, False
+        if age > stale_s or gone:
             store.delete(uri)
             continue
         if time.monotonic() > deadline:
