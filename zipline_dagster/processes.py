@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import time
 from dataclasses import asdict, dataclass
@@ -54,32 +55,27 @@ def pid_namespace() -> str:
         return ""
 
 
+def _here() -> dict[str, str]:
+    """Where PIDs of this process's kind compare: host, boot and PID namespace."""
+    return {"host": socket.gethostname(), "boot": _boot_id(), "pidns": pid_namespace()}
+
+
 def holder_gone(owner: dict[str, object]) -> bool:
     """Whether the process an ``owner`` record names (``lock_owner``) has ended, as far as
-    this process can tell: only one on this host, in this PID namespace and since this
-    boot is checked (its PID with its start time, so a reused PID is not it); anything
-    else is never taken for gone."""
+    this process can tell: only one on this host, since this boot and in this PID
+    namespace is checked (its PID with its start time, so a reused PID is not it);
+    anything else is never taken for gone."""
     start, pid = owner.get("start"), owner.get("pid")
     if not isinstance(start, str) or not start or not isinstance(pid, int):
         return False
-    import socket
-
-    here = owner.get("host") == socket.gethostname() and owner.get("pidns") == pid_namespace()
-    this_boot = (process_start(os.getpid()) or "").split(":", 1)[0] == start.split(":", 1)[0]
-    return here and this_boot and process_start(pid) != start
+    here = all(owner.get(k) == v for k, v in _here().items())
+    return here and process_start(pid) != start
 
 
 def lock_owner() -> dict[str, object]:
-    """Who holds a lock: this process (host, PID namespace, PID and start time) and when."""
-    import socket
-
-    return {
-        "host": socket.gethostname(),
-        "pidns": pid_namespace(),
-        "pid": os.getpid(),
-        "start": process_start(os.getpid()) or "",
-        "at": time.time(),
-    }
+    """Who holds a lock: this process (where it runs, its PID and start time) and when."""
+    pid = os.getpid()
+    return {**_here(), "pid": pid, "start": process_start(pid) or "", "at": time.time()}
 
 
 @dataclass(frozen=True)

@@ -262,7 +262,7 @@ def test_a_champion_lock_that_cannot_be_deleted_leaves_the_move_standing(
             (["rollback", model.name], DS2),
         ):
             proxy.restore()
-            store.delete(lock)  # a person clears it rather than wait 600 s
+            store.delete(lock)  # a person clears it: breaking it needs the delete denied
             proxy.deny("DELETE")
             res = run_cli(*argv, "--module", "champ_defs", env=env)
             assert res.returncode == 0, res.stderr

@@ -103,11 +103,12 @@ class Decision:
 
 def lock_left_behind(model: Model, left: list[str]) -> str:
     """The warning for a champion lock that could not be deleted once the pointer was
-    written (or left as it was): the move stands; the next one waits for the lock."""
+    written (or left as it was): the move stands; the next one has to break the lock."""
     return (
         f"{model.name}'s champion lock could not be deleted: {', '.join(left)}. The pointer "
-        f"is as reported; the next move of {model.name}'s champion waits until the lock is "
-        f"{STALE_LOCK_S:.0f}s old and breaks it (delete it by hand to move sooner)"
+        f"is as reported; the next move of {model.name}'s champion breaks the lock once its "
+        f"holder has ended (seen from the same machine) or it is {STALE_LOCK_S:.0f}s old, "
+        "which needs permission to delete it (or delete it by hand)"
     )
 
 
