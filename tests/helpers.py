@@ -1,6 +1,6 @@
 """Test data: small training tables written exactly as producers write them; what the
-loopback S3 server was asked (``s3_requests``); that server behind a proxy a test can
-break (``s3_through_proxy``)."""
+loopback S3 server was asked (``s3_requests``); that server, or Azurite, behind a proxy
+a test can break (``through_proxy``, ``s3_through_proxy``)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import contextlib
 import datetime as dt
 import json
 import os
+import re
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -86,27 +87,47 @@ def s3_requests(endpoint: str) -> Iterator[list[tuple[str, str]]]:
             seen.append((entry["method"], path[1].rsplit("/", 1)[-1] if len(path) > 1 else ""))
 
 
+#: Where the environment names each loopback object store, for ``through_proxy``.
+PROXIED = {"s3": "AWS_ENDPOINT_URL", "abfss": "AZURE_STORAGE_CONNECTION_STRING"}
+
+
 @contextlib.contextmanager
-def s3_through_proxy(latency: float = 0.0) -> Iterator[Any]:
-    """The loopback S3 server the environment names, behind a ``TcpProxy`` (yielded):
-    every S3 client made inside the block goes through it (a real socket a test can
-    cut, stall or make refuse a kind of request, each request held ``latency`` seconds);
-    the environment is restored after."""
+def through_proxy(scheme: str, latency: float = 0.0) -> Iterator[Any]:
+    """The loopback server of ``scheme`` (``PROXIED``) the environment names, behind a
+    ``TcpProxy`` (yielded): every client of that store made inside the block goes
+    through it (a real socket a test can cut, stall, make refuse a kind of request or
+    lose its answers, each request held ``latency`` seconds); the environment is
+    restored after."""
     import pytest
+    from adlfs import AzureBlobFileSystem
     from s3fs import S3FileSystem
 
     from tests.tcp_proxy import TcpProxy
 
-    host, port = os.environ["AWS_ENDPOINT_URL"].removeprefix("http://").split(":")
+    var = PROXIED[scheme]
+    value = os.environ[var]
+    found = re.search(r"http://([^:/;]+):(\d+)", value)
+    assert found is not None, f"{var} names no http://host:port"
+    host, port = found.groups()
     proxy = TcpProxy(host, int(port), latency=latency)
+    caches = (S3FileSystem, AzureBlobFileSystem)  # fsspec keeps a client per settings
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("AWS_ENDPOINT_URL", proxy.url)
-        S3FileSystem.clear_instance_cache()  # fsspec keeps a client per settings
+        mp.setenv(var, value.replace(f"{host}:{port}", f"127.0.0.1:{proxy.port}", 1))
+        for fs in caches:
+            fs.clear_instance_cache()
         try:
             yield proxy
         finally:
             proxy.close()
-            S3FileSystem.clear_instance_cache()
+            for fs in caches:
+                fs.clear_instance_cache()
+
+
+@contextlib.contextmanager
+def s3_through_proxy(latency: float = 0.0) -> Iterator[Any]:
+    """``through_proxy`` for the loopback S3 server."""
+    with through_proxy("s3", latency) as proxy:
+        yield proxy
 
 
 def run_days(job: Any, instance: Any, key: Any, first: str, last: str) -> Any:

@@ -235,15 +235,18 @@ def test_a_write_whose_answers_are_lost_succeeds_when_it_landed(
         assert store.read_bytes(uri) == b'{"files": ["b.parquet"]}'
 
 
-def test_an_exclusive_create_whose_answer_is_lost_is_still_the_callers(s3_bucket: str) -> None:
-    """A conditional put whose answer is lost: the SDK retries it and S3 answers "already
-    there" (412), the object being the caller's own. It holds the caller's bytes, so the
-    create is the caller's (a promotion lock taken, not waited on for its 600 s until
-    stale); another caller's create still is not."""
-    from tests.helpers import s3_through_proxy
+@pytest.mark.parametrize("scheme", ["s3", "abfss"])
+def test_an_exclusive_create_whose_answer_is_lost_is_still_the_callers(
+    scheme: str, request: pytest.FixtureRequest
+) -> None:
+    """A conditional put whose answer is lost, on S3 and on Azure: the SDK retries it and
+    the store answers "already there" (412, 409), the object being the caller's own. It
+    holds the caller's bytes, so the create is the caller's (a promotion lock taken, not
+    waited on by its own run until stale); another caller's create still is not."""
+    from tests.helpers import through_proxy
 
-    lock = f"{s3_bucket}/lost/_PROMOTING.lock"
-    with s3_through_proxy() as proxy:
+    lock = f"{request.getfixturevalue(BUCKETS[scheme])}/lost/_PROMOTING.lock"
+    with through_proxy(scheme) as proxy:
         store = blob_store(lock)
         proxy.lose_answers("PUT", count=1)
         assert store.create_exclusive(lock, b'{"pid": 1, "at": 1.5}')
