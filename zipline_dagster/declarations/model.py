@@ -25,6 +25,8 @@ VERSION_ACCEPTED = (
     "`zipline-dagster build-trainer` prints it)"
 )
 MODEL_NAME_RE = re.compile(r"^[a-z0-9_][a-z0-9_-]*$")
+#: What a model name must be, for every message refusing one.
+MODEL_NAME_ACCEPTED = f"a safe path segment matching {MODEL_NAME_RE.pattern.strip('^$')}"
 JOB_CONFIG_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 # ns.name; a catalog-qualified cat.ns.name is accepted here so that the registry can
 # report it as a near miss of the table an asset actually emits.
@@ -225,7 +227,7 @@ class Model:
                 None,
                 "inference_spec.model_backend_params['model_name']",
                 name,
-                "expected a safe path segment matching [a-z0-9_][a-z0-9_-]* "
+                f"expected {MODEL_NAME_ACCEPTED} "
                 "(it names the trainer archive and the output directory)",
             )
         if not isinstance(self.version, str) or not VERSION_RE.match(self.version):

@@ -249,12 +249,11 @@ class PublishedArchive:
 
 def check_model_name(model_name: str) -> None:
     """``model_name`` can name an archive (it is part of the archive's path)."""
-    from zipline_dagster.declarations.model import MODEL_NAME_RE
+    from zipline_dagster.declarations.model import MODEL_NAME_ACCEPTED, MODEL_NAME_RE
 
     if not MODEL_NAME_RE.match(model_name):
         raise TrainerArchiveError(
-            f"model name {model_name!r} is invalid; expected a safe path segment matching "
-            "[a-z0-9_][a-z0-9_-]*"
+            f"model name {model_name!r} is invalid; expected {MODEL_NAME_ACCEPTED}"
         )
 
 
