@@ -5,6 +5,7 @@ and the realized metrics equal an independent pandas/scikit-learn computation.""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 from pathlib import Path
@@ -25,6 +26,8 @@ from zipline_dagster import EventSource, ModelSpecError, ModelTransforms
 from zipline_dagster.lineage.backfill import FreshnessResolver
 from zipline_dagster.lineage.partitions import table_asset_key
 from zipline_dagster.lineage.registry import ExternalTable, build_definitions
+from zipline_dagster.rollout import champion as ch
+from zipline_dagster.rollout.assets import champion_asset_key
 from zipline_dagster.scoring.monitoring import monitoring_asset_key
 from zipline_dagster.storage.blobs import blob_store
 from zipline_dagster.storage.tables import committed_partitions
@@ -74,13 +77,14 @@ def test_model_transforms_is_validated_at_load() -> None:
 
 
 def scoring_defs(
-    trainer: Path, base: str, launcher: str | None
+    trainer: Path, base: str, launcher: str | None, *, champion: bool = False
 ) -> tuple[str, Any, ModelTransforms, dg.Definitions]:
     """The trainer published under ``base``; its version, the model, its scores table
-    (``transforms_for``) and the definitions over the source and labels tables."""
+    (``transforms_for``; scored by the model's champion with ``champion``) and the
+    definitions over the source and labels tables."""
     version = publish_trainer_archive(trainer, model_name="listing_ctr_model", base=base).version
     model = make_model(version, base)
-    t = transforms_for(model)
+    t = dataclasses.replace(transforms_for(model), use_champion=champion)
     defs = build_definitions(
         external_tables=[ExternalTable(TABLE), ExternalTable(LABELS)],
         models=[model],
@@ -89,6 +93,23 @@ def scoring_defs(
         automation=False,
     )
     return version, model, t, defs
+
+
+def write_days(base: str, days: list[str], rows: int = 300) -> None:
+    """``rows`` source rows a day, and their labels."""
+    for ds in days:
+        frame = ctr_rows(ds, rows)
+        write_partition(base, TABLE, ds, frame)
+        write_partition(base, LABELS, ds, frame[["listing_id", "label"]])
+
+
+def attempt_of(result: Any) -> str:
+    """The attempt the one model materialization of ``result`` records."""
+    (mat,) = [
+        e.event_specific_data.materialization  # type: ignore[union-attr]
+        for e in result.get_asset_materialization_events()
+    ]
+    return str(mat.metadata["attempt"].value)
 
 
 def read_partition(base: str, table: str, ds: str) -> tuple[list[str], pd.DataFrame]:
@@ -101,10 +122,7 @@ def read_partition(base: str, table: str, ds: str) -> tuple[list[str], pd.DataFr
 def test_scores_served_by_the_day_before_and_monitored(
     ray_head: Any, file_base: str, trainer_copy: Path
 ) -> None:
-    for ds in days_ending(D3, 6):
-        rows = ctr_rows(ds, 300)
-        write_partition(file_base, TABLE, ds, rows)
-        write_partition(file_base, LABELS, ds, rows[["listing_id", "label"]])
+    write_days(file_base, days_ending(D3, 6))
     version, model, t, defs = scoring_defs(trainer_copy, file_base, ray_head.dashboard_url)
     job = defs.resolve_implicit_global_asset_job_def()
     instance = dg.DagsterInstance.ephemeral()
@@ -315,3 +333,113 @@ def test_a_scores_file_that_cannot_be_read_is_never_committed(
     assert "which cannot be read" in error.message and "left as it was" in error.message
     assert D2 not in committed_partitions(blob_store(file_base), file_base, t.table)
     assert instance.get_materialized_partitions(table_asset_key(t.table)) == set()
+
+
+def test_a_model_dagster_never_recorded_is_not_served_and_is_planned_again(
+    file_base: str,
+) -> None:
+    """A run stopped after it promoted its model and before Dagster recorded it (a kill -9
+    in between) leaves storage ahead of Dagster: the partition's folder holds an attempt
+    that no materialization describes. That state is made here by a real second run of
+    the partition recorded on another instance, which ours never sees (a kill cannot be
+    timed into that window). The planner then calls the partition stale, scoring refuses
+    to serve it (naming both attempts, writing nothing), and a new run makes them agree."""
+    write_days(file_base, days_ending(D2, 5))
+    version, model, t, defs = scoring_defs(TRAINERS / "listing_ctr_model", file_base, None)
+    job = defs.resolve_implicit_global_asset_job_def()
+    graph = defs.resolve_asset_graph()
+    ours, elsewhere = dg.DagsterInstance.ephemeral(), dg.DagsterInstance.ephemeral()
+    model_key, scores_key = dg.AssetKey(["models", model.name]), table_asset_key(t.table)
+    manifest = Path(
+        file_base[len("file://") :], "models", model.name, version, D1, "_MANIFEST.json"
+    )
+
+    def run(instance: dg.DagsterInstance, key: dg.AssetKey, ds: str) -> Any:
+        return job.execute_in_process(
+            instance=instance, asset_selection=[key], partition_key=ds, raise_on_error=False
+        )
+
+    first = run(ours, model_key, D1)
+    assert first.success and json.loads(manifest.read_text())["attempt"] == attempt_of(first)
+    assert FreshnessResolver(ours, graph).status(model_key, D1) == "fresh"
+    other = run(elsewhere, model_key, D1)
+    assert other.success
+    held, recorded = attempt_of(other), attempt_of(first)
+    assert held != recorded and json.loads(manifest.read_text())["attempt"] == held
+
+    assert FreshnessResolver(ours, graph).status(model_key, D1) == (
+        f"stale: storage holds attempt {held} (promoted by run {other.run_id}), not attempt "
+        f"{recorded} that Dagster recorded last: a run stopped between promoting its model "
+        "and recording it"
+    )
+    refused = run(ours, scores_key, D2)
+    assert not refused.success
+    (failed,) = refused.get_step_failure_events()
+    message = failed.step_failure_data.error.message  # type: ignore[union-attr]
+    assert f"storage holds attempt {held}" in message and f"not attempt {recorded}" in message
+    assert f"Materialize models/{model.name} partition {D1} again" in message
+    assert D2 not in committed_partitions(blob_store(file_base), file_base, t.table)
+
+    again = run(ours, model_key, D1)
+    assert again.success and json.loads(manifest.read_text())["attempt"] == attempt_of(again)
+    assert FreshnessResolver(ours, graph).status(model_key, D1) == "fresh"
+    assert run(ours, scores_key, D2).success
+    assert D2 in committed_partitions(blob_store(file_base), file_base, t.table)
+
+
+def test_scoring_by_the_champion_serves_only_the_attempt_its_gates_judged(
+    file_base: str,
+) -> None:
+    """The champion pins the attempt its gates judged. Its partition trained again holds
+    another attempt, never judged: scoring by the champion refuses it (naming both), the
+    champion asset judges the partition again and pins the new attempt, and a rollback to
+    the pointer that named the old attempt is refused, since storage no longer holds it."""
+    write_days(file_base, days_ending(D2, 5))
+    version, model, t, defs = scoring_defs(
+        TRAINERS / "listing_ctr_model", file_base, None, champion=True
+    )
+    job = defs.resolve_implicit_global_asset_job_def()
+    instance = dg.DagsterInstance.ephemeral()
+    store = blob_store(file_base)
+
+    def run(key: dg.AssetKey, ds: str | None = None) -> Any:
+        return job.execute_in_process(
+            instance=instance, asset_selection=[key], partition_key=ds, raise_on_error=False
+        )
+
+    model_key, scores_key = dg.AssetKey(["models", model.name]), table_asset_key(t.table)
+    judged = attempt_of(run(model_key, D1))
+    assert run(champion_asset_key(model)).success
+    pointer = ch.read_champion(store, model)
+    assert pointer is not None and (pointer["ds"], pointer["attempt"]) == (D1, judged)
+    assert run(scores_key, D2).success
+    files, scores = read_partition(file_base, t.table, D2)
+    assert set(scores["model_ds"]) == {D1}
+
+    retrained = attempt_of(run(model_key, D1))
+    refused = run(scores_key, D2)
+    assert not refused.success
+    (failed,) = refused.get_step_failure_events()
+    assert (
+        f"but {version}/{D1} was trained again after it became champion: it holds attempt "
+        f"{retrained}, not the attempt {judged} that was judged"
+    ) in failed.step_failure_data.error.message  # type: ignore[union-attr]
+    assert read_partition(file_base, t.table, D2)[0] == files  # the served scores stand
+
+    moved = run(champion_asset_key(model))
+    (event,) = moved.get_asset_materialization_events()
+    md = event.event_specific_data.materialization.metadata  # type: ignore[union-attr]
+    assert md["moved"].value is True
+    assert f"trained again: attempt {retrained} judged" in md["reason"].value
+    assert ch.read_champion(store, model)["attempt"] == retrained  # type: ignore[index]
+    assert run(scores_key, D2).success
+
+    with pytest.raises(ch.ChampionError) as err:
+        ch.rollback(store, model)
+    assert str(err.value) == (
+        f"cannot roll {model.name} back: {version}/{D1} was trained again after it became "
+        f"champion: it holds attempt {retrained}, not the attempt {judged} that was judged. "
+        f"Promote it by hand (`zipline-dagster promote {model.name} --ds {D1} --version "
+        f"{version}`) to judge what it holds now"
+    )
+    assert ch.read_champion(store, model)["attempt"] == retrained  # type: ignore[index]

@@ -64,6 +64,7 @@ class FreshnessResolver:
         self._ids: dict[dg.AssetKey, dict[str, int]] = {}
         self._versions: dict[dg.AssetKey, dict[str, str]] = {}
         self._artifacts: dict[dg.AssetKey, dict[str, str]] = {}
+        self._attempts: dict[dg.AssetKey, dict[str, str]] = {}
         self._memo: dict[tuple[dg.AssetKey, str], str] = {}
         self._observed: dict[dg.AssetKey, dict[str, str | None]] = {}
 
@@ -117,6 +118,7 @@ class FreshnessResolver:
             ids = self.latest_ids(key)
             versions: dict[str, str] = {}
             artifacts: dict[str, str] = {}
+            attempts: dict[str, str] = {}
             if ids:
                 records = self.instance.fetch_materializations(
                     dg.AssetRecordsFilter(asset_key=key, storage_ids=list(ids.values())),
@@ -129,29 +131,36 @@ class FreshnessResolver:
                         uri = mat.metadata.get("artifact_uri")
                         if uri is not None:
                             artifacts[mat.partition] = str(uri.value)
+                        attempt = mat.metadata.get("attempt")
+                        if attempt is not None:
+                            attempts[mat.partition] = str(attempt.value)
             self._versions[key] = versions
             self._artifacts[key] = artifacts
+            self._attempts[key] = attempts
         return self._versions[key]
 
-    def finished_model_missing(self, key: dg.AssetKey, partition: str) -> str | None:
-        """Why a model partition Dagster calls materialized has no finished model on
-        storage (no manifest, or a file it lists is gone), or None when it has one."""
+    def model_on_storage(self, key: dg.AssetKey, partition: str) -> str | None:
+        """Why storage does not hold the finished model Dagster recorded for a model
+        partition (no manifest, a file it lists gone, or another attempt than the one
+        recorded), or None when it does."""
         from zipline_dagster.storage.blobs import BlobStorageError, blob_store
         from zipline_dagster.storage.paths import MANIFEST_NAME, join_uri
-        from zipline_dagster.training.request import is_committed
+        from zipline_dagster.training.request import committed_manifest, unrecorded_attempt
 
         self._code_versions(key)
         uri = self._artifacts.get(key, {}).get(partition)
         if uri is None:
             return None  # not a model partition
         try:
-            if is_committed(blob_store(uri), uri, checksums=False):
-                return None
+            manifest = committed_manifest(blob_store(uri), uri, checksums=False)
         except BlobStorageError as exc:
             return f"its artifacts at {uri} cannot be read ({exc})"
-        return (
-            f"its finished model is missing on storage (no complete {join_uri(uri, MANIFEST_NAME)})"
-        )
+        if manifest is None:
+            return (
+                "its finished model is missing on storage "
+                f"(no complete {join_uri(uri, MANIFEST_NAME)})"
+            )
+        return unrecorded_attempt(manifest, self._attempts[key].get(partition))
 
     def parents(self, key: dg.AssetKey, partition: str) -> list[tuple[dg.AssetKey, str]]:
         """The upstream partitions ``partition`` of ``key`` reads (existing keys only)."""
@@ -192,7 +201,7 @@ class FreshnessResolver:
             result = "missing"
         else:
             result = "fresh"
-            missing_model = self.finished_model_missing(key, partition)
+            missing_model = self.model_on_storage(key, partition)
             if node.code_version and self._code_versions(key).get(partition) != node.code_version:
                 result = f"stale: code version changed to {node.code_version}"
             elif missing_model:

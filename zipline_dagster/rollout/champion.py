@@ -23,7 +23,7 @@ from zipline_dagster.declarations.model import VERSION_ACCEPTED, VERSION_RE, Mod
 from zipline_dagster.rollout import gates as g
 from zipline_dagster.storage.blobs import BlobNotFoundError, BlobStore
 from zipline_dagster.storage.paths import MANIFEST_NAME, join_uri, model_dir_uri
-from zipline_dagster.training.request import STALE_LOCK_S, promotion_lock
+from zipline_dagster.training.request import STALE_LOCK_S, manifest_attempt, promotion_lock
 
 CHAMPION_NAME = "CHAMPION.json"
 HISTORY_DIR = "_champions"
@@ -141,6 +141,7 @@ def _pointer(
     why: str,
     forced: bool = False,
     report: dict[str, Any] | None = None,
+    attempt: str | None = None,
 ) -> dict[str, Any]:
     metrics = {k: v for k, v in g.report_metrics(report or {}).items() if v is not None}
     return {
@@ -148,6 +149,8 @@ def _pointer(
         "version": version,
         "ds": ds,
         "artifact_uri": model_dir_uri(model.model_artifact_base_uri, model.name, version, ds),
+        # the attempt judged: the partition trained again holds another, never judged
+        "attempt": attempt,
         "metrics": metrics,
         "checks_passed": [n for n, r in results.items() if r.passed],
         "checks_failed": {n: r.summary for n, r in results.items() if not r.passed},
@@ -155,6 +158,47 @@ def _pointer(
         "moved_by": by,
         "why": why,
     }
+
+
+def _judge(
+    store: BlobStore,
+    model: Model,
+    ds: str,
+    champion: dict[str, Any] | None,
+    version: str | None = None,
+) -> tuple[dict[str, g.GateResult], str | None]:
+    """Every gate of partition ``ds`` and the attempt they judged (its manifest's).
+
+    Raises:
+        ChampionError: the partition was trained again while it was judged.
+    """
+    version = version or model.version
+    model_dir = model_dir_uri(model.model_artifact_base_uri, model.name, version, ds)
+    before = manifest_attempt(store, model_dir)
+    results = g.evaluate(model, store, ds, champion=champion, version=version)
+    after = manifest_attempt(store, model_dir)
+    if after != before:
+        raise ChampionError(
+            f"{model.name} {version}/{ds} was trained again while its gates were read "
+            f"(attempt {before}, now {after}); the champion did not move: run it again"
+        )
+    return results, after
+
+
+def pinned_attempt_gone(store: BlobStore, pointer: dict[str, Any]) -> str | None:
+    """Why the partition a champion ``pointer`` names no longer holds the attempt that
+    was judged when it moved there (it was trained again since), or None when it does
+    (or the pointer, written by an older release, names no attempt)."""
+    judged = pointer.get("attempt")
+    if not judged:
+        return None
+    held = manifest_attempt(store, str(pointer.get("artifact_uri")))
+    if held == judged:
+        return None
+    return (
+        f"{pointer.get('version')}/{pointer.get('ds')} was trained again after it became "
+        f"champion: it holds attempt {held}, not the attempt {judged} that was judged"
+    )
 
 
 def advance(store: BlobStore, model: Model, *, by: str) -> Decision:
@@ -170,16 +214,18 @@ def advance(store: BlobStore, model: Model, *, by: str) -> Decision:
 def _advance(store: BlobStore, model: Model, *, by: str) -> Decision:
     """``advance`` under the lock."""
     current = read_champion(store, model)
+    # the champion's own partition trained again is judged again: it holds another attempt
+    again = current is not None and pinned_attempt_gone(store, current) is not None
     newer = [
         ds
         for ds in trained_partitions(store, model)
         if current is None
         or ds > str(current.get("ds"))
-        or (ds == current.get("ds") and model.version != current.get("version"))
+        or (ds == current.get("ds") and (model.version != current.get("version") or again))
     ]
     rejected: dict[str, list[g.GateResult]] = {}
     for ds in reversed(newer):
-        results = g.evaluate(model, store, ds, champion=current)
+        results, attempt = _judge(store, model, ds, current)
         failed = [r for r in results.values() if not r.passed]
         if failed:
             rejected[ds] = failed
@@ -191,10 +237,14 @@ def _advance(store: BlobStore, model: Model, *, by: str) -> Decision:
             if rejected
             else "newest partition passing every gate"
         )
+        if current is not None and ds == current.get("ds") and again:
+            why += f" (its partition was trained again: attempt {attempt} judged)"
         pointer = _write(
             store,
             model,
-            _pointer(model, model.version, ds, results, by=by, why=why, report=report),
+            _pointer(
+                model, model.version, ds, results, by=by, why=why, report=report, attempt=attempt
+            ),
             current,
         )
         return Decision(pointer, True, rejected, why)
@@ -243,7 +293,7 @@ def promote(
     model_dir = model_dir_uri(model.model_artifact_base_uri, model.name, version, ds)
     with promotion_lock(store, model_root(model), lock_name=LOCK_NAME, left=left):
         current = read_champion(store, model)
-        results = g.evaluate(model, store, ds, champion=current, version=version)
+        results, attempt = _judge(store, model, ds, current, version)
         if not results[g.MANIFEST_VERIFIES].passed:
             raise ChampionError(
                 f"cannot promote {model.name} {version}/{ds}: "
@@ -275,6 +325,7 @@ def promote(
                 why=why,
                 forced=bool(failed),
                 report=report,
+                attempt=attempt,
             ),
             current,
         )
@@ -307,6 +358,13 @@ def rollback(
             raise ChampionError(
                 f"cannot roll {model.name} back to {earlier.get('version')}/{earlier.get('ds')}: "
                 f"{verdict.summary}"
+            )
+        retrained = pinned_attempt_gone(store, earlier)
+        if retrained:
+            raise ChampionError(
+                f"cannot roll {model.name} back: {retrained}. Promote it by hand "
+                f"(`zipline-dagster promote {model.name} --ds {earlier.get('ds')} --version "
+                f"{earlier.get('version')}`) to judge what it holds now"
             )
         pointer = {k: v for k, v in earlier.items() if k not in ("history_name", "moved_at")}
         pointer.update(

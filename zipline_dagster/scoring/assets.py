@@ -52,7 +52,8 @@ from zipline_dagster.training.assets import (
 from zipline_dagster.training.request import (
     TrainingRequest,
     build_range_request,
-    is_committed,
+    committed_manifest,
+    unrecorded_attempt,
 )
 from zipline_dagster.training.resources import TrainingLauncher
 from zipline_dagster.training.trainer_io import model_partition_of
@@ -104,10 +105,25 @@ def _key_prefix(transforms: ModelTransforms) -> str:
     return f"score-{transforms.table.replace('.', '-')}"
 
 
+def recorded_attempt(instance: dg.DagsterInstance, key: dg.AssetKey, ds: str) -> str | None:
+    """The attempt Dagster's latest materialization of model partition ``ds`` names
+    (None: no materialization, or one that names none)."""
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=key, asset_partitions=[ds]), limit=1
+    ).records
+    mat = records[0].asset_materialization if records else None
+    attempt = mat.metadata.get("attempt") if mat is not None else None
+    return None if attempt is None else str(attempt.value)
+
+
 def resolve_model_dir(
-    transforms: ModelTransforms, ds: str, warehouse: WarehouseResource
+    transforms: ModelTransforms,
+    ds: str,
+    warehouse: WarehouseResource,
+    instance: dg.DagsterInstance | None = None,
 ) -> tuple[str, str]:
-    """(model partition URI, why that one) for scoring day ``ds``."""
+    """(model partition URI, why that one) for scoring day ``ds``. With the run's
+    ``instance``, the day before's model on storage must be the one Dagster recorded."""
     model = transforms.model
     store = warehouse.store(model.model_artifact_base_uri)
     if transforms.use_champion:
@@ -117,15 +133,34 @@ def resolve_model_dir(
                 f"{transforms.table} {ds}: scored by the champion of {model.name}, which has "
                 f"none yet ({ch.champion_uri(model)} is absent)"
             )
+        retrained = ch.pinned_attempt_gone(store, pointer)
+        if retrained:
+            raise ScoringError(
+                f"{transforms.table} {ds} is scored by the champion of {model.name}, but "
+                f"{retrained}. Move the champion again (materialize "
+                f"{champion_asset_key(model).to_user_string()}, or `zipline-dagster promote "
+                f"{model.name} --ds {pointer['ds']}`) so that what serves has passed the gates"
+            )
         return str(pointer["artifact_uri"]), f"champion {pointer['version']}/{pointer['ds']}"
     model_ds = shift_day(ds, -1)
     model_dir = model_dir_uri(model.model_artifact_base_uri, model.name, model.version, model_ds)
-    if not is_committed(store, model_dir, checksums=False):
+    manifest = committed_manifest(store, model_dir, checksums=False)
+    if manifest is None:
         raise ScoringError(
             f"{transforms.table} {ds} is scored by {model.name} partition {model_ds} "
             f"(trained on data before {ds}), which is not trained: no finished model at "
             f"{model_dir}. Materialize models/{model.name} partition {model_ds} first."
         )
+    if instance is not None:
+        why = unrecorded_attempt(
+            manifest, recorded_attempt(instance, model_asset_key(model), model_ds)
+        )
+        if why:
+            raise ScoringError(
+                f"{transforms.table} {ds} is scored by {model.name} partition {model_ds}, "
+                f"but {why}. Materialize models/{model.name} partition {model_ds} again, so "
+                "that Dagster and storage hold the same model."
+            )
     return model_dir, f"partition {model_ds} (the day before)"
 
 
@@ -148,14 +183,16 @@ def prepare_day(
     warehouse: WarehouseResource,
     *,
     have: dict[str, int] | None = None,
+    instance: dg.DagsterInstance | None = None,
 ) -> ScoringDay:
     """Day ``ds``'s job, once its model and its source day are there (``have``: the
-    source table's committed days, when the caller listed them once for a range).
+    source table's committed days, when the caller listed them once for a range;
+    ``instance``: the run's, see ``resolve_model_dir``).
 
     Raises:
         ScoringError, BlobStorageError: naming what is missing.
     """
-    model_dir, chosen = resolve_model_dir(transforms, ds, warehouse)
+    model_dir, chosen = resolve_model_dir(transforms, ds, warehouse, instance)
     if have is None:
         have = existing_partitions(
             warehouse.store(warehouse.uri), warehouse.uri, transforms.source.table
@@ -302,7 +339,9 @@ def score_range(
     ready: list[ScoringDay] = []
     for ds in days:
         try:
-            ready.append(prepare_day(transforms, ds, warehouse, have=have))
+            ready.append(
+                prepare_day(transforms, ds, warehouse, have=have, instance=context.instance)
+            )
         except (ScoringError, BlobStorageError) as exc:
             errors[ds] = str(exc)
     together = isinstance(launcher, RayJobsResource) and len(ready) > 1
@@ -440,7 +479,7 @@ def build_scores_asset(
         if len(days) > 1:
             return score_range(context, transforms, days, launcher, warehouse)
         try:
-            day = prepare_day(transforms, days[0], warehouse)
+            day = prepare_day(transforms, days[0], warehouse, instance=context.instance)
         except (ScoringError, BlobStorageError) as exc:
             raise failure(exc) from exc
         return dg.MaterializeResult(

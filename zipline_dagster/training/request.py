@@ -549,23 +549,56 @@ def read_report(store: BlobStore, model_dir: str) -> dict[str, Any]:
     return report
 
 
-def is_committed(store: BlobStore, model_dir: str, *, checksums: bool = True) -> bool:
-    """A partition is a finished model only when its manifest exists and every file matches.
+def committed_manifest(
+    store: BlobStore, model_dir: str, *, checksums: bool = True
+) -> dict[str, Any] | None:
+    """The partition's manifest when it is a finished model (the manifest exists and every
+    file it lists matches), else None.
 
     ``checksums=False`` checks that every listed file exists (one listing, no reads).
     """
     manifest = read_json_object(store, join_uri(model_dir, MANIFEST_NAME))
     if manifest is None:
-        return False
+        return None
     entries = manifest.get("files", [])
     if not checksums:
         present = set(_artifact_files(store, model_dir))
-        return all(join_uri(model_dir, e["path"]) in present for e in entries)
+        whole = all(join_uri(model_dir, e["path"]) in present for e in entries)
+        return manifest if whole else None
     for entry in entries:
         try:
             digest, _ = store.sha256(join_uri(model_dir, entry["path"]))
         except FileNotFoundError:
-            return False
+            return None
         if digest != entry["sha256"]:
-            return False
-    return True
+            return None
+    return manifest
+
+
+def is_committed(store: BlobStore, model_dir: str, *, checksums: bool = True) -> bool:
+    """A partition is a finished model only when its manifest exists and every file matches
+    (``committed_manifest``)."""
+    return committed_manifest(store, model_dir, checksums=checksums) is not None
+
+
+def manifest_attempt(store: BlobStore, model_dir: str) -> str | None:
+    """The attempt the partition's manifest names (None: no manifest, or one naming none)."""
+    manifest = read_json_object(store, join_uri(model_dir, MANIFEST_NAME))
+    attempt = manifest.get("attempt") if manifest is not None else None
+    return str(attempt) if attempt else None
+
+
+def unrecorded_attempt(manifest: dict[str, Any], recorded: str | None) -> str | None:
+    """Why the finished model on storage (its ``manifest``) is not the one Dagster
+    recorded for the partition (``recorded``: the attempt of its latest materialization),
+    or None when they agree or no record says. They differ when a run was stopped (killed,
+    its machine lost) after it promoted its attempt and before Dagster recorded it: storage
+    then holds a model that no materialization describes."""
+    held = manifest.get("attempt")
+    if not recorded or not held or held == recorded:
+        return None
+    run = manifest.get("dagster_run_id") or "unknown"
+    return (
+        f"storage holds attempt {held} (promoted by run {run}), not attempt {recorded} that "
+        "Dagster recorded last: a run stopped between promoting its model and recording it"
+    )
