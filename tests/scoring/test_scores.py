@@ -112,6 +112,13 @@ def attempt_of(result: Any) -> str:
     return str(mat.metadata["attempt"].value)
 
 
+def champion_metadata(result: Any) -> dict[str, Any]:
+    """The metadata of the one champion materialization of ``result``."""
+    (event,) = result.get_asset_materialization_events()
+    mat = event.event_specific_data.materialization  # type: ignore[union-attr]
+    return {k: v.value for k, v in mat.metadata.items()}
+
+
 def read_partition(base: str, table: str, ds: str) -> tuple[list[str], pd.DataFrame]:
     store = blob_store(base)
     files = committed_partitions(store, base, table)[ds]
@@ -367,7 +374,8 @@ def test_a_model_dagster_never_recorded_is_not_served_and_is_planned_again(
     held, recorded = attempt_of(other), attempt_of(first)
     assert held != recorded and json.loads(manifest.read_text())["attempt"] == held
 
-    assert FreshnessResolver(ours, graph).status(model_key, D1) == (
+    status = FreshnessResolver(ours, graph).status(model_key, D1)
+    assert status == (
         f"stale: storage holds attempt {held} (promoted by run {other.run_id}), not attempt "
         f"{recorded} that Dagster recorded last: a run stopped between promoting its model "
         "and recording it"
@@ -379,12 +387,19 @@ def test_a_model_dagster_never_recorded_is_not_served_and_is_planned_again(
     assert f"storage holds attempt {held}" in message and f"not attempt {recorded}" in message
     assert f"Materialize models/{model.name} partition {D1} again" in message
     assert D2 not in committed_partitions(blob_store(file_base), file_base, t.table)
+    # nor does the champion move to it: its gates would judge what Dagster never recorded
+    stays = champion_metadata(run(ours, champion_asset_key(model), None))
+    assert stays["moved"] is False and stays["rejected"] == {
+        D1: {"recorded_by_dagster": status.removeprefix("stale: ")}
+    }
 
     again = run(ours, model_key, D1)
     assert again.success and json.loads(manifest.read_text())["attempt"] == attempt_of(again)
     assert FreshnessResolver(ours, graph).status(model_key, D1) == "fresh"
     assert run(ours, scores_key, D2).success
     assert D2 in committed_partitions(blob_store(file_base), file_base, t.table)
+    moves = champion_metadata(run(ours, champion_asset_key(model), None))
+    assert moves["moved"] is True and moves["pointer"]["attempt"] == attempt_of(again)
 
 
 def test_scoring_by_the_champion_serves_only_the_attempt_its_gates_judged(
@@ -426,11 +441,9 @@ def test_scoring_by_the_champion_serves_only_the_attempt_its_gates_judged(
     ) in failed.step_failure_data.error.message  # type: ignore[union-attr]
     assert read_partition(file_base, t.table, D2)[0] == files  # the served scores stand
 
-    moved = run(champion_asset_key(model))
-    (event,) = moved.get_asset_materialization_events()
-    md = event.event_specific_data.materialization.metadata  # type: ignore[union-attr]
-    assert md["moved"].value is True
-    assert f"trained again: attempt {retrained} judged" in md["reason"].value
+    moved = champion_metadata(run(champion_asset_key(model)))
+    assert moved["moved"] is True
+    assert f"trained again: attempt {retrained} judged" in moved["reason"]
     assert ch.read_champion(store, model)["attempt"] == retrained  # type: ignore[index]
     assert run(scores_key, D2).success
 

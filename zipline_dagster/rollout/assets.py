@@ -19,6 +19,7 @@ from zipline_dagster.rollout import champion as ch
 from zipline_dagster.rollout import gates as g
 from zipline_dagster.storage.paths import model_dir_uri
 from zipline_dagster.storage.resources import WarehouseResource
+from zipline_dagster.training.metadata import recorded_attempt
 
 # Partitioned asset checks are marked preview in Dagster 1.13; per-partition gates are
 # what we need, so we rely on them deliberately and say so once here.
@@ -167,7 +168,13 @@ def build_champion_asset(
         context: dg.AssetExecutionContext, warehouse: WarehouseResource
     ) -> dg.MaterializeResult:
         store = warehouse.store(model.model_artifact_base_uri)
-        decision = ch.advance(store, model, by=f"dagster run {context.run.run_id}")
+        key = model_asset_key(model)
+        decision = ch.advance(
+            store,
+            model,
+            by=f"dagster run {context.run.run_id}",
+            recorded=lambda ds: recorded_attempt(context.instance, key, ds),
+        )
         md: dict[str, Any] = {
             "moved": dg.MetadataValue.bool(decision.moved),
             "reason": dg.MetadataValue.text(decision.reason),

@@ -16,6 +16,7 @@ import datetime as dt
 import getpass
 import json
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -23,7 +24,13 @@ from zipline_dagster.declarations.model import VERSION_ACCEPTED, VERSION_RE, Mod
 from zipline_dagster.rollout import gates as g
 from zipline_dagster.storage.blobs import BlobNotFoundError, BlobStore
 from zipline_dagster.storage.paths import MANIFEST_NAME, join_uri, model_dir_uri
-from zipline_dagster.training.request import STALE_LOCK_S, manifest_attempt, promotion_lock
+from zipline_dagster.training.request import (
+    STALE_LOCK_S,
+    manifest_attempt,
+    promotion_lock,
+    read_json_object,
+    unrecorded_attempt,
+)
 
 CHAMPION_NAME = "CHAMPION.json"
 HISTORY_DIR = "_champions"
@@ -201,17 +208,37 @@ def pinned_attempt_gone(store: BlobStore, pointer: dict[str, Any]) -> str | None
     )
 
 
-def advance(store: BlobStore, model: Model, *, by: str) -> Decision:
+def advance(
+    store: BlobStore,
+    model: Model,
+    *,
+    by: str,
+    recorded: Callable[[str], str | None] | None = None,
+) -> Decision:
     """Move the champion to the newest trained partition of the model's version that is
     newer than it and passes every gate; stay when there is none. A lock that cannot be
-    deleted afterwards is in ``left_behind``, the decision standing."""
+    deleted afterwards is in ``left_behind``, the decision standing.
+
+    ``recorded`` (a partition -> the attempt Dagster recorded for it): a partition whose
+    storage holds another attempt (see ``unrecorded_attempt``) is passed over, the reason
+    in ``rejected`` under ``RECORDED``."""
     left: list[str] = []
     with promotion_lock(store, model_root(model), lock_name=LOCK_NAME, left=left):
-        decision = _advance(store, model, by=by)
+        decision = _advance(store, model, by=by, recorded=recorded)
     return replace(decision, left_behind=left)
 
 
-def _advance(store: BlobStore, model: Model, *, by: str) -> Decision:
+#: ``Decision.rejected``'s name for a partition storage holds but Dagster did not record
+RECORDED = "recorded_by_dagster"
+
+
+def _advance(
+    store: BlobStore,
+    model: Model,
+    *,
+    by: str,
+    recorded: Callable[[str], str | None] | None,
+) -> Decision:
     """``advance`` under the lock."""
     current = read_champion(store, model)
     # the champion's own partition trained again is judged again: it holds another attempt
@@ -225,12 +252,22 @@ def _advance(store: BlobStore, model: Model, *, by: str) -> Decision:
     ]
     rejected: dict[str, list[g.GateResult]] = {}
     for ds in reversed(newer):
+        model_dir = model_dir_uri(model.model_artifact_base_uri, model.name, model.version, ds)
+        unrecorded = (
+            unrecorded_attempt(
+                read_json_object(store, join_uri(model_dir, MANIFEST_NAME)) or {}, recorded(ds)
+            )
+            if recorded is not None
+            else None
+        )
+        if unrecorded:
+            rejected[ds] = [g.GateResult(RECORDED, False, unrecorded)]
+            continue
         results, attempt = _judge(store, model, ds, current)
         failed = [r for r in results.values() if not r.passed]
         if failed:
             rejected[ds] = failed
             continue
-        model_dir = model_dir_uri(model.model_artifact_base_uri, model.name, model.version, ds)
         report = g.read_partition_report(store, model_dir)
         why = (
             f"newest partition passing every gate (after {len(rejected)} newer rejected)"

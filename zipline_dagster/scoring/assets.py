@@ -49,6 +49,7 @@ from zipline_dagster.training.assets import (
     run_range_job,
     trainable_partitions,
 )
+from zipline_dagster.training.metadata import recorded_attempt
 from zipline_dagster.training.request import (
     TrainingRequest,
     build_range_request,
@@ -103,17 +104,6 @@ def scoring_request(
 
 def _key_prefix(transforms: ModelTransforms) -> str:
     return f"score-{transforms.table.replace('.', '-')}"
-
-
-def recorded_attempt(instance: dg.DagsterInstance, key: dg.AssetKey, ds: str) -> str | None:
-    """The attempt Dagster's latest materialization of model partition ``ds`` names
-    (None: no materialization, or one that names none)."""
-    records = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=key, asset_partitions=[ds]), limit=1
-    ).records
-    mat = records[0].asset_materialization if records else None
-    attempt = mat.metadata.get("attempt") if mat is not None else None
-    return None if attempt is None else str(attempt.value)
 
 
 def resolve_model_dir(
