@@ -298,6 +298,41 @@ def test_a_range_of_days_scores_in_one_ray_job_and_a_failing_day_fails_only_itse
     (alone,) = committed_partitions(store, file_base, t.table)[scored[0]]
     assert alone != committed[scored[0]][0] and store.read_bytes(alone) == in_range
 
+    # Monitoring a range is one run too: each day its own materialization and check
+    # result; a day whose scores were never committed fails alone, naming itself.
+    monitoring = monitoring_asset_key(t)
+    partly = run(monitoring, scored[0], scored[2])
+    assert not partly.success
+    text = partly.get_step_failure_events()[0].step_failure_data.error.message  # type: ignore[union-attr]
+    assert f"1 of 3 partitions of {monitoring.to_user_string()} failed (2 monitored" in text
+    assert f"- {bad}: cannot monitor {t.table} {bad}: {t.table} partition {bad} is missing" in text
+    assert instance.get_materialized_partitions(monitoring) == set(scored[:2])
+    whole = run(monitoring, scored[0], scored[1])
+    assert whole.success
+    realized = {
+        r.partition_key: {k: v.value for k, v in r.asset_materialization.metadata.items()}
+        for r in instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=monitoring), limit=100
+        ).records
+        if r.run_id == whole.run_id and r.asset_materialization is not None
+    }
+    assert sorted(realized) == scored[:2]
+    checks = {
+        e.partition: e
+        for e in whole.get_asset_check_evaluations()
+        if e.check_name == "realized_auc"
+    }
+    assert sorted(checks) == scored[:2]
+    for ds in scored[:2]:
+        _, frame = read_partition(file_base, t.table, ds)
+        _, labels = read_partition(file_base, LABELS, ds)
+        joined = frame.merge(labels, on="listing_id")
+        assert realized[ds]["rows_joined"] == len(joined) == 200
+        assert realized[ds]["realized/auc"] == pytest.approx(
+            roc_auc_score(joined["label"], joined["score"]), abs=1e-12
+        )
+        assert checks[ds].metadata["realized_auc"].value == realized[ds]["realized/auc"]
+
 
 def test_a_scores_file_that_cannot_be_read_is_never_committed(
     file_base: str, trainer_copy: Path

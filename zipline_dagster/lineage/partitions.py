@@ -40,7 +40,7 @@ def record_range(
     *,
     name: str,
     verb: str,
-    code_version: str,
+    code_version: str | None = None,
 ) -> dg.MaterializeResult:
     """A range step's outcome in Dagster: each finished partition its own materialization
     with its own metadata; when any failed, exactly the finished ones are recorded and
@@ -56,7 +56,7 @@ def record_range(
                 asset_key=context.asset_key,
                 partition=ds,
                 metadata=md,
-                tags={"dagster/code_version": code_version},
+                tags={"dagster/code_version": code_version} if code_version else None,
             )
         )
     lines = "\n".join(f"- {ds}: {why}" for ds, why in sorted(errors.items()))

@@ -27,7 +27,7 @@ from zipline_dagster.rollout.assets import (
     champion_condition,
 )
 from zipline_dagster.scoring.assets import build_scores_asset
-from zipline_dagster.scoring.monitoring import build_monitoring_asset
+from zipline_dagster.scoring.monitoring import build_monitoring_asset, build_monitoring_checks
 from zipline_dagster.settings import settings
 from zipline_dagster.storage.blobs import BlobStore
 from zipline_dagster.storage.paths import model_archive_uri, table_uri
@@ -261,6 +261,7 @@ def build_definitions(
         assets.append(build_scores_asset(mt, automation_condition=condition))
         if mt.labels is not None:
             assets.append(build_monitoring_asset(mt, automation_condition=condition))
+            checks += build_monitoring_checks(mt)
     assets += list(extra_assets)
     return dg.Definitions(
         assets=assets,

@@ -9,7 +9,7 @@
 """
 
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import dagster as dg
@@ -74,6 +74,50 @@ def _target(instance: dg.DagsterInstance, key: dg.AssetKey, ds: str) -> Any:
     )
 
 
+def judge_partitions(
+    context: dg.AssetCheckExecutionContext,
+    key: dg.AssetKey,
+    judge: Callable[[str], list[tuple[str, dg.AssetCheckResult]]],
+    *,
+    blocking: bool,
+    what: str,
+) -> Iterator[dg.AssetCheckResult]:
+    """The results ``judge`` gives (check name, result) for each partition of the run, of
+    checks on ``key``: yielded for a run of one partition; for a range, each recorded
+    against its own partition and that partition's latest materialization (Dagster cannot
+    yet attach a yielded result to one partition of a range), a failed one logged as a
+    warning naming ``what``."""
+    if context.has_partition_key:
+        for name, result in judge(context.partition_key):
+            yield dg.AssetCheckResult(
+                passed=result.passed,
+                asset_key=key,
+                check_name=name,
+                severity=result.severity,
+                description=result.description,
+                metadata=result.metadata,
+            )
+        return
+    for ds in context.partition_keys:
+        target = _target(context.instance, key, ds)
+        for name, result in judge(ds):
+            # log_event records check evaluations too (its annotation predates them)
+            evaluation: Any = dg.AssetCheckEvaluation(
+                asset_key=key,
+                check_name=name,
+                passed=result.passed,
+                metadata=result.metadata,
+                target_materialization_data=target,
+                severity=result.severity,
+                description=result.description,
+                blocking=blocking,
+                partition=ds,
+            )
+            context.op_execution_context.log_event(evaluation)
+            if not result.passed:
+                context.log.warning(f"{what} {ds} {name} failed: {result.description}")
+
+
 def build_model_checks(
     model: Model, partitions_def: dg.PartitionsDefinition
 ) -> list[dg.AssetChecksDefinition]:
@@ -115,35 +159,7 @@ def build_model_checks(
             uri = model_dir_uri(base, model.name, model.version, ds)
             return [(gate, check_result(results[gate], artifact_uri=uri)) for gate in selected]
 
-        if context.has_partition_key:
-            for gate, result in judge(context.partition_key):
-                yield dg.AssetCheckResult(
-                    passed=result.passed,
-                    asset_key=key,
-                    check_name=gate,
-                    severity=result.severity,
-                    description=result.description,
-                    metadata=result.metadata,
-                )
-            return
-        for ds in context.partition_keys:
-            target = _target(context.instance, key, ds)
-            for gate, result in judge(ds):
-                # log_event records check evaluations too (its annotation predates them)
-                evaluation: Any = dg.AssetCheckEvaluation(
-                    asset_key=key,
-                    check_name=gate,
-                    passed=result.passed,
-                    metadata=result.metadata,
-                    target_materialization_data=target,
-                    severity=result.severity,
-                    description=result.description,
-                    blocking=True,
-                    partition=ds,
-                )
-                context.op_execution_context.log_event(evaluation)
-                if not result.passed:
-                    context.log.warning(f"{model.name} {ds} {gate} failed: {result.description}")
+        yield from judge_partitions(context, key, judge, blocking=True, what=model.name)
 
     return [_gates]
 

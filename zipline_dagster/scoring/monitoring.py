@@ -9,20 +9,22 @@ produced the scores.
 """
 
 import io
-import json
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import dagster as dg
 
 from zipline_dagster.declarations.transforms import ModelTransforms
-from zipline_dagster.lineage.partitions import table_asset_key
+from zipline_dagster.lineage.partitions import record_range, table_asset_key
 from zipline_dagster.rollout import gates as g
+from zipline_dagster.rollout.assets import judge_partitions
 from zipline_dagster.scoring.assets import scoring_partitions
 from zipline_dagster.storage.blobs import BlobStore
 from zipline_dagster.storage.paths import model_dir_uri
 from zipline_dagster.storage.resources import WarehouseResource
 from zipline_dagster.storage.tables import committed_partitions
+from zipline_dagster.training.assets import PARTITIONS_PER_RUN
 
 REALIZED_CHECK = "realized_auc"
 
@@ -36,11 +38,14 @@ def monitoring_asset_key(transforms: ModelTransforms) -> dg.AssetKey:
     return dg.AssetKey(["monitoring", ns, name])
 
 
-def _read(store: BlobStore, warehouse: str, table: str, ds: str, columns: list[str]) -> Any:
+def _read(
+    store: BlobStore, committed: dict[str, list[str]], table: str, ds: str, columns: list[str]
+) -> Any:
+    """Day ``ds``'s ``columns`` of ``table`` (``committed``: its committed days' files)."""
     import pandas as pd
     import pyarrow.parquet as pq
 
-    files = committed_partitions(store, warehouse, table).get(ds)
+    files = committed.get(ds)
     if files is None:
         raise MonitoringError(f"{table} partition {ds} is missing (not committed)")
     frames = [
@@ -85,10 +90,12 @@ def realized_metrics(
 def build_monitoring_asset(
     transforms: ModelTransforms, *, automation_condition: dg.AutomationCondition | None = None
 ) -> dg.AssetsDefinition:
+    """The realized metrics of a scores table, one partition per scored day. A backfill
+    hands a run up to ``PARTITIONS_PER_RUN`` days, each its own materialization; a day
+    whose scores or labels are missing fails only itself."""
     assert transforms.labels is not None
     labels_table = transforms.labels.table
     key = monitoring_asset_key(transforms)
-    model = transforms.model
     same_day = dg.TimeWindowPartitionMapping(start_offset=0, end_offset=0)
 
     @dg.asset(
@@ -99,17 +106,9 @@ def build_monitoring_asset(
             dg.AssetDep(table_asset_key(transforms.table), partition_mapping=same_day),
             dg.AssetDep(table_asset_key(labels_table), partition_mapping=same_day),
         ],
+        backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=PARTITIONS_PER_RUN),
         kinds={"python"},
         automation_condition=automation_condition,
-        check_specs=[
-            dg.AssetCheckSpec(
-                REALIZED_CHECK,
-                asset=key,
-                description="Warns when the realized AUC is below the model's holdout_auc "
-                "threshold or drops more than realized_auc_tolerance below the holdout AUC "
-                "of the model partition that scored the day.",
-            )
-        ],
         description=(
             f"Realized metrics of {transforms.table} against the labels in {labels_table} "
             f"(joined on {', '.join(transforms.label_keys)}), per scored day."
@@ -118,54 +117,136 @@ def build_monitoring_asset(
     def _monitor(
         context: dg.AssetExecutionContext, warehouse: WarehouseResource
     ) -> dg.MaterializeResult:
-        ds = context.partition_key
         store = warehouse.store(warehouse.uri)
-        keys = list(transforms.label_keys)
-        try:
-            scores = _read(
-                store,
-                warehouse.uri,
-                transforms.table,
-                ds,
-                [*keys, "score", "model_version", "model_ds"],
-            )
-            labels = _read(store, warehouse.uri, labels_table, ds, [*keys, transforms.label_column])
-        except MonitoringError as exc:
-            raise dg.Failure(f"cannot monitor {transforms.table} {ds}: {exc}") from exc
-        m = realized_metrics(scores, labels, keys, transforms.label_column)
-        md: dict[str, Any] = {
-            f"realized/{k}": dg.MetadataValue.float(float(v))
-            for k, v in m.items()
-            if k not in ("status", "rows_scored", "rows_labelled", "rows_joined") and v is not None
+        days = list(context.partition_keys)
+        # each table listed once for the run's days
+        committed = {
+            t: committed_partitions(store, warehouse.uri, t)
+            for t in (transforms.table, labels_table)
         }
-        for k in ("rows_scored", "rows_labelled", "rows_joined"):
-            md[k] = dg.MetadataValue.int(int(m[k]))
-        md["status"] = dg.MetadataValue.json(m["status"] or {"all": "every metric computed"})
-        # The model partition(s) that produced the day's scores, and their holdout AUC.
-        used = sorted(
-            {
-                (str(v), str(d))
-                for v, d in zip(scores["model_version"], scores["model_ds"], strict=True)
-            }
+        done: dict[str, dict[str, Any]] = {}
+        errors: dict[str, str] = {}
+        for ds in days:
+            try:
+                done[ds] = monitor_day(transforms, ds, store, committed, warehouse)
+                context.log.info(
+                    f"{ds}: "
+                    + ", ".join(f"{k} {v.value}" for k, v in done[ds].items() if k != "status")
+                )
+            except MonitoringError as exc:
+                errors[ds] = f"cannot monitor {transforms.table} {ds}: {exc}"
+        if len(days) == 1 and errors:
+            raise dg.Failure(errors[days[0]])
+        return record_range(
+            context, days, done, errors, name=key.to_user_string(), verb="monitored"
         )
-        holdout: float | None = None
-        if len(used) == 1:
-            version, model_ds = used[0]
-            md["model_version"] = dg.MetadataValue.text(version)
-            md["model_ds"] = dg.MetadataValue.text(model_ds)
-            model_store = warehouse.store(model.model_artifact_base_uri)
-            report = g.read_partition_report(
-                model_store,
-                model_dir_uri(model.model_artifact_base_uri, model.name, version, model_ds),
-            )
-            holdout = g.report_metrics(report or {}).get("holdout_auc")
-            if holdout is not None:
-                md["training/holdout_auc"] = dg.MetadataValue.float(holdout)
-        check = realized_check(transforms, m["auc"], holdout, m["status"].get("auc"))
-        context.log.info(json.dumps({"ds": ds, **{k: v for k, v in m.items() if k != "status"}}))
-        return dg.MaterializeResult(metadata=md, check_results=[check])
 
     return _monitor
+
+
+def monitor_day(
+    transforms: ModelTransforms,
+    ds: str,
+    store: BlobStore,
+    committed: dict[str, dict[str, list[str]]],
+    warehouse: WarehouseResource,
+) -> dict[str, Any]:
+    """Day ``ds``'s realized metrics as materialization metadata (``committed``: the
+    scores and labels tables' committed days, by table).
+
+    Raises:
+        MonitoringError: the day's scores or labels are not committed.
+    """
+    keys = list(transforms.label_keys)
+    assert transforms.labels is not None
+    scores = _read(
+        store,
+        committed[transforms.table],
+        transforms.table,
+        ds,
+        [*keys, "score", "model_version", "model_ds"],
+    )
+    labels_table = transforms.labels.table
+    labels = _read(
+        store, committed[labels_table], labels_table, ds, [*keys, transforms.label_column]
+    )
+    m = realized_metrics(scores, labels, keys, transforms.label_column)
+    md: dict[str, Any] = {
+        f"realized/{k}": dg.MetadataValue.float(float(v))
+        for k, v in m.items()
+        if k not in ("status", "rows_scored", "rows_labelled", "rows_joined") and v is not None
+    }
+    for k in ("rows_scored", "rows_labelled", "rows_joined"):
+        md[k] = dg.MetadataValue.int(int(m[k]))
+    md["status"] = dg.MetadataValue.json(m["status"] or {"all": "every metric computed"})
+    # The model partition(s) that produced the day's scores, and their holdout AUC.
+    used = sorted(
+        {(str(v), str(d)) for v, d in zip(scores["model_version"], scores["model_ds"], strict=True)}
+    )
+    if len(used) == 1:
+        model = transforms.model
+        version, model_ds = used[0]
+        md["model_version"] = dg.MetadataValue.text(version)
+        md["model_ds"] = dg.MetadataValue.text(model_ds)
+        report = g.read_partition_report(
+            warehouse.store(model.model_artifact_base_uri),
+            model_dir_uri(model.model_artifact_base_uri, model.name, version, model_ds),
+        )
+        holdout = g.report_metrics(report or {}).get("holdout_auc")
+        if holdout is not None:
+            md["training/holdout_auc"] = dg.MetadataValue.float(holdout)
+    return md
+
+
+def build_monitoring_checks(
+    transforms: ModelTransforms,
+) -> list[dg.AssetChecksDefinition]:
+    """The realized-AUC check of the monitoring asset: a warning, per partition, judged
+    from the partition's latest materialization (its own step after the asset's, so that
+    a backfill run of a range judges every day of it)."""
+    key = monitoring_asset_key(transforms)
+    spec = dg.AssetCheckSpec(
+        REALIZED_CHECK,
+        asset=key,
+        description="Warns when the realized AUC is below the model's holdout_auc threshold "
+        "or drops more than realized_auc_tolerance below the holdout AUC of the model "
+        "partition that scored the day.",
+        partitions_def=scoring_partitions(transforms),
+    )
+
+    @dg.multi_asset_check(
+        specs=[spec],
+        name=f"{key.path[-1]}_{REALIZED_CHECK}",
+        can_subset=True,
+        description=spec.description,
+    )
+    def _realized(context: dg.AssetCheckExecutionContext) -> Iterator[dg.AssetCheckResult]:
+        def judge(ds: str) -> list[tuple[str, dg.AssetCheckResult]]:
+            records = context.instance.fetch_materializations(
+                dg.AssetRecordsFilter(asset_key=key, asset_partitions=[ds]), limit=1
+            ).records
+            mat = records[0].asset_materialization if records else None
+            if mat is None:
+                return [
+                    (
+                        REALIZED_CHECK,
+                        realized_check(transforms, None, None, f"{ds} is not monitored yet"),
+                    )
+                ]
+            md = {k: v.value for k, v in mat.metadata.items()}
+            status = md["status"] if isinstance(md.get("status"), dict) else {}
+            auc, holdout = md.get("realized/auc"), md.get("training/holdout_auc")
+            result = realized_check(
+                transforms,
+                float(auc) if isinstance(auc, (int, float)) else None,
+                float(holdout) if isinstance(holdout, (int, float)) else None,
+                status.get("auc") or status.get("all"),
+            )
+            return [(REALIZED_CHECK, result)]
+
+        yield from judge_partitions(context, key, judge, blocking=False, what=transforms.table)
+
+    return [_realized]
 
 
 def realized_check(
