@@ -22,7 +22,14 @@ from sklearn.metrics import log_loss, roc_auc_score
 from tests.conftest import TRAINERS
 from tests.helpers import ctr_rows, days_ending, run_days, write_partition
 from tests.training.test_assets import TABLE, make_model, resources
-from zipline_dagster import EventSource, ModelSpecError, ModelTransforms
+from zipline_dagster import (
+    DeploymentSpec,
+    EventSource,
+    Metric,
+    ModelSpecError,
+    ModelTransforms,
+    RolloutStrategy,
+)
 from zipline_dagster.lineage.backfill import FreshnessResolver
 from zipline_dagster.lineage.partitions import table_asset_key
 from zipline_dagster.lineage.registry import ExternalTable, build_definitions
@@ -77,13 +84,21 @@ def test_model_transforms_is_validated_at_load() -> None:
 
 
 def scoring_defs(
-    trainer: Path, base: str, launcher: str | None, *, champion: bool = False
+    trainer: Path,
+    base: str,
+    launcher: str | None,
+    *,
+    champion: bool = False,
+    deployment: DeploymentSpec | None = None,
 ) -> tuple[str, Any, ModelTransforms, dg.Definitions]:
-    """The trainer published under ``base``; its version, the model, its scores table
-    (``transforms_for``; scored by the model's champion with ``champion``) and the
-    definitions over the source and labels tables."""
+    """The trainer published under ``base``; its version, the model (with its
+    ``deployment``, when given), its scores table (``transforms_for``; scored by the
+    model's champion with ``champion``) and the definitions over the source and labels
+    tables."""
     version = publish_trainer_archive(trainer, model_name="listing_ctr_model", base=base).version
     model = make_model(version, base)
+    if deployment is not None:
+        model = dataclasses.replace(model, deployment_conf=deployment)
     t = dataclasses.replace(transforms_for(model), use_champion=champion)
     defs = build_definitions(
         external_tables=[ExternalTable(TABLE), ExternalTable(LABELS)],
@@ -445,8 +460,11 @@ def test_scoring_by_the_champion_serves_only_the_attempt_its_gates_judged(
     champion asset judges the partition again and pins the new attempt, and a rollback to
     the pointer that named the old attempt is refused, since storage no longer holds it."""
     write_days(file_base, days_ending(D2, 5))
+    gated = DeploymentSpec(
+        rollout_strategy=RolloutStrategy(rollout_metric_thresholds=[Metric("holdout_auc", 0.5)])
+    )
     version, model, t, defs = scoring_defs(
-        TRAINERS / "listing_ctr_model", file_base, None, champion=True
+        TRAINERS / "listing_ctr_model", file_base, None, champion=True, deployment=gated
     )
     job = defs.resolve_implicit_global_asset_job_def()
     instance = dg.DagsterInstance.ephemeral()
@@ -491,3 +509,18 @@ def test_scoring_by_the_champion_serves_only_the_attempt_its_gates_judged(
         f"{version}`) to judge what it holds now"
     )
     assert ch.read_champion(store, model)["attempt"] == retrained  # type: ignore[index]
+
+    # Trained again on a holdout day of one class, the partition has no holdout AUC and
+    # fails its threshold: the champion stays, saying what its partition holds now did not
+    # pass, and scoring by it is refused.
+    write_partition(file_base, TABLE, D1, ctr_rows(D1, 300, label=0))
+    worse = attempt_of(run(model_key, D1))
+    stays = champion_metadata(run(champion_asset_key(model)))
+    assert stays["moved"] is False and stays["reason"] == (
+        f"stays at {version}/{D1}: no newer partition passes every gate; but {version}/{D1} "
+        f"was trained again after it became champion: it holds attempt {worse}, not the "
+        f"attempt {retrained} that was judged, and what it holds now did not pass: scoring "
+        "by the champion refuses it until a partition passes or one is promoted by hand"
+    )
+    assert stays["rejected"][D1]["rollout_thresholds"].startswith("holdout_auc")
+    assert not run(scores_key, D2).success

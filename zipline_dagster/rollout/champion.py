@@ -202,9 +202,14 @@ def pinned_attempt_gone(store: BlobStore, pointer: dict[str, Any]) -> str | None
     held = manifest_attempt(store, str(pointer.get("artifact_uri")))
     if held == judged:
         return None
+    now = (
+        f"attempt {held}"
+        if held
+        else "no finished model (no manifest: it is being trained again, or was deleted)"
+    )
     return (
         f"{pointer.get('version')}/{pointer.get('ds')} was trained again after it became "
-        f"champion: it holds attempt {held}, not the attempt {judged} that was judged"
+        f"champion: it holds {now}, not the attempt {judged} that was judged"
     )
 
 
@@ -291,6 +296,12 @@ def _advance(
         reason = f"stays at {current.get('version')}/{current.get('ds')}: " + (
             "no newer partition passes every gate" if newer else "no newer trained partition"
         )
+        if again:
+            reason += (
+                f"; but {pinned_attempt_gone(store, current)}, and what it holds now did not "
+                "pass: scoring by the champion refuses it until a partition passes or one is "
+                "promoted by hand"
+            )
     return Decision(current, False, rejected, reason)
 
 
