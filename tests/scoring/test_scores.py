@@ -524,3 +524,10 @@ def test_scoring_by_the_champion_serves_only_the_attempt_its_gates_judged(
     )
     assert stays["rejected"][D1]["rollout_thresholds"].startswith("holdout_auc")
     assert not run(scores_key, D2).success
+    # between a promotion's move of the old manifest and its new one, or once deleted
+    Path(file_base[len("file://") :], "models", model.name, version, D1, "_MANIFEST.json").unlink()
+    assert ch.pinned_attempt_gone(store, ch.read_champion(store, model) or {}) == (
+        f"{version}/{D1} was trained again after it became champion: it holds no finished "
+        "model (no manifest: it is being trained again, or was deleted), not the attempt "
+        f"{retrained} that was judged"
+    )
