@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -269,7 +270,11 @@ def test_a_range_of_days_scores_in_one_ray_job_and_a_failing_day_fails_only_itse
     if launcher is not None:  # a task of the range's job
         assert f"- {bad}: its inference module exited with 1 in Ray job zd-score-" in text
     else:  # a run of its own
-        assert f"- {bad}: local trainer local-score-" in text and "FAILED (exit code 1)" in text
+        # exit code 1 (the module's uncaught error), or rarely -6: once, in CI, a C++
+        # runtime aborted at the failing interpreter's exit ("terminate called without an
+        # active exception"); the day fails alone with the module's own error either way
+        assert f"- {bad}: local trainer local-score-" in text
+        assert re.search(r"FAILED \(exit code (1|-6)\)", text), text
     assert "could not convert string to float" in text  # the module's own error
     assert f"- {scored[3]}: {t.table} {scored[3]} is scored by {model.name} partition" in text
 
