@@ -143,13 +143,11 @@ def _latest_metadata(instance: object, key: object, ds: str) -> dict[str, object
     """The metadata values of the latest materialization of ``key`` partition ``ds``."""
     import dagster as dg
 
+    from zipline_dagster.lineage.partitions import latest_materialization
+
     assert isinstance(instance, dg.DagsterInstance) and isinstance(key, dg.AssetKey)
-    records = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=key, asset_partitions=[ds]), limit=1
-    ).records
-    if not records:
-        return None
-    mat = records[0].asset_materialization
+    record = latest_materialization(instance, key, ds)
+    mat = record.asset_materialization if record is not None else None
     return {k: v.value for k, v in mat.metadata.items()} if mat else None
 
 

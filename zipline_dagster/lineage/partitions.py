@@ -1,6 +1,6 @@
 """Shared Dagster conventions: the one daily partitions definition every feature, label,
-table and model uses, the asset key of a table, and how a step over a range of
-partitions records each of them."""
+table and model uses, the asset key of a table, how a step over a range of partitions
+records each of them, and a partition's latest materialization."""
 
 from __future__ import annotations
 
@@ -12,6 +12,16 @@ import dagster as dg
 PARTITIONS_START = "2026-07-01"
 
 daily_partitions = dg.DailyPartitionsDefinition(start_date=PARTITIONS_START)
+
+
+def latest_materialization(
+    instance: dg.DagsterInstance, key: dg.AssetKey, ds: str
+) -> dg.EventLogRecord | None:
+    """The record of the latest materialization of ``key`` partition ``ds`` (None: none)."""
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=key, asset_partitions=[ds]), limit=1
+    ).records
+    return records[0] if records else None
 
 
 def table_asset_key(table: str) -> dg.AssetKey:

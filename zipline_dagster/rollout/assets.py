@@ -15,6 +15,7 @@ from typing import Any
 import dagster as dg
 
 from zipline_dagster.declarations.model import Model
+from zipline_dagster.lineage.partitions import latest_materialization
 from zipline_dagster.rollout import champion as ch
 from zipline_dagster.rollout import gates as g
 from zipline_dagster.storage.paths import model_dir_uri
@@ -63,12 +64,9 @@ def _target(instance: dg.DagsterInstance, key: dg.AssetKey, ds: str) -> Any:
         AssetCheckEvaluationTargetMaterializationData,
     )
 
-    records = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=key, asset_partitions=[ds]), limit=1
-    ).records
-    if not records:
+    r = latest_materialization(instance, key, ds)
+    if r is None:
         return None
-    r = records[0]
     return AssetCheckEvaluationTargetMaterializationData(
         storage_id=r.storage_id, run_id=r.run_id, timestamp=r.timestamp
     )

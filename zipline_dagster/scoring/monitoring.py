@@ -16,7 +16,11 @@ from typing import Any
 import dagster as dg
 
 from zipline_dagster.declarations.transforms import ModelTransforms
-from zipline_dagster.lineage.partitions import record_range, table_asset_key
+from zipline_dagster.lineage.partitions import (
+    latest_materialization,
+    record_range,
+    table_asset_key,
+)
 from zipline_dagster.rollout import gates as g
 from zipline_dagster.rollout.assets import judge_partitions
 from zipline_dagster.scoring.assets import scoring_partitions
@@ -222,10 +226,8 @@ def build_monitoring_checks(
     )
     def _realized(context: dg.AssetCheckExecutionContext) -> Iterator[dg.AssetCheckResult]:
         def judge(ds: str) -> list[tuple[str, dg.AssetCheckResult]]:
-            records = context.instance.fetch_materializations(
-                dg.AssetRecordsFilter(asset_key=key, asset_partitions=[ds]), limit=1
-            ).records
-            mat = records[0].asset_materialization if records else None
+            record = latest_materialization(context.instance, key, ds)
+            mat = record.asset_materialization if record is not None else None
             if mat is None:
                 return [
                     (
@@ -233,14 +235,15 @@ def build_monitoring_checks(
                         realized_check(transforms, None, None, f"{ds} is not monitored yet"),
                     )
                 ]
-            md = {k: v.value for k, v in mat.metadata.items()}
+            md: dict[str, Any] = {k: v.value for k, v in mat.metadata.items()}
             status = md["status"] if isinstance(md.get("status"), dict) else {}
             auc, holdout = md.get("realized/auc"), md.get("training/holdout_auc")
+            why = status.get("auc") or status.get("all")
             result = realized_check(
                 transforms,
                 float(auc) if isinstance(auc, (int, float)) else None,
                 float(holdout) if isinstance(holdout, (int, float)) else None,
-                status.get("auc") or status.get("all"),
+                str(why) if why else None,
             )
             return [(REALIZED_CHECK, result)]
 

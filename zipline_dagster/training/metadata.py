@@ -123,9 +123,9 @@ def segment_metadata(report: dict[str, Any]) -> dict[str, Any]:
 def recorded_attempt(instance: dg.DagsterInstance, key: dg.AssetKey, ds: str) -> str | None:
     """The attempt Dagster's latest materialization of model partition ``ds`` names
     (None: no materialization, or one that names none)."""
-    records = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=key, asset_partitions=[ds]), limit=1
-    ).records
-    mat = records[0].asset_materialization if records else None
+    from zipline_dagster.lineage.partitions import latest_materialization
+
+    record = latest_materialization(instance, key, ds)
+    mat = record.asset_materialization if record is not None else None
     attempt = mat.metadata.get("attempt") if mat is not None else None
     return None if attempt is None else str(attempt.value)
