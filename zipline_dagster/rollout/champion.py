@@ -27,6 +27,7 @@ from zipline_dagster.storage.paths import MANIFEST_NAME, join_uri, model_dir_uri
 from zipline_dagster.training.request import (
     STALE_LOCK_S,
     manifest_attempt,
+    named_attempt,
     promotion_lock,
     read_json_object,
     unrecorded_attempt,
@@ -173,15 +174,18 @@ def _judge(
     ds: str,
     champion: dict[str, Any] | None,
     version: str | None = None,
+    *,
+    manifest: dict[str, Any] | None = None,
 ) -> tuple[dict[str, g.GateResult], str | None]:
-    """Every gate of partition ``ds`` and the attempt they judged (its manifest's).
+    """Every gate of partition ``ds`` and the attempt they judged (its manifest's;
+    ``manifest``: the partition's, when the caller has just read it).
 
     Raises:
         ChampionError: the partition was trained again while it was judged.
     """
     version = version or model.version
     model_dir = model_dir_uri(model.model_artifact_base_uri, model.name, version, ds)
-    before = manifest_attempt(store, model_dir)
+    before = manifest_attempt(store, model_dir) if manifest is None else named_attempt(manifest)
     results = g.evaluate(model, store, ds, champion=champion, version=version)
     after = manifest_attempt(store, model_dir)
     if after != before:
@@ -258,17 +262,12 @@ def _advance(
     rejected: dict[str, list[g.GateResult]] = {}
     for ds in reversed(newer):
         model_dir = model_dir_uri(model.model_artifact_base_uri, model.name, model.version, ds)
-        unrecorded = (
-            unrecorded_attempt(
-                read_json_object(store, join_uri(model_dir, MANIFEST_NAME)) or {}, recorded(ds)
-            )
-            if recorded is not None
-            else None
-        )
+        manifest = read_json_object(store, join_uri(model_dir, MANIFEST_NAME)) or {}
+        unrecorded = unrecorded_attempt(manifest, recorded(ds)) if recorded is not None else None
         if unrecorded:
             rejected[ds] = [g.GateResult(RECORDED, False, unrecorded)]
             continue
-        results, attempt = _judge(store, model, ds, current)
+        results, attempt = _judge(store, model, ds, current, manifest=manifest)
         failed = [r for r in results.values() if not r.passed]
         if failed:
             rejected[ds] = failed

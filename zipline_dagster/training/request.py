@@ -581,11 +581,15 @@ def is_committed(store: BlobStore, model_dir: str, *, checksums: bool = True) ->
     return committed_manifest(store, model_dir, checksums=checksums) is not None
 
 
-def manifest_attempt(store: BlobStore, model_dir: str) -> str | None:
-    """The attempt the partition's manifest names (None: no manifest, or one naming none)."""
-    manifest = read_json_object(store, join_uri(model_dir, MANIFEST_NAME))
+def named_attempt(manifest: dict[str, Any] | None) -> str | None:
+    """The attempt a partition's ``manifest`` names (None: no manifest, or one naming none)."""
     attempt = manifest.get("attempt") if manifest is not None else None
     return str(attempt) if attempt else None
+
+
+def manifest_attempt(store: BlobStore, model_dir: str) -> str | None:
+    """The attempt the partition's manifest names (``named_attempt``, read from storage)."""
+    return named_attempt(read_json_object(store, join_uri(model_dir, MANIFEST_NAME)))
 
 
 def unrecorded_attempt(manifest: dict[str, Any], recorded: str | None) -> str | None:
@@ -594,7 +598,7 @@ def unrecorded_attempt(manifest: dict[str, Any], recorded: str | None) -> str | 
     or None when they agree or no record says. They differ when a run was stopped (killed,
     its machine lost) after it promoted its attempt and before Dagster recorded it: storage
     then holds a model that no materialization describes."""
-    held = manifest.get("attempt")
+    held = named_attempt(manifest)
     if not recorded or not held or held == recorded:
         return None
     run = manifest.get("dagster_run_id") or "unknown"
