@@ -251,7 +251,8 @@ def _advance(
     """``advance`` under the lock."""
     current = read_champion(store, model)
     # the champion's own partition trained again is judged again: it holds another attempt
-    again = current is not None and pinned_attempt_gone(store, current) is not None
+    retrained = pinned_attempt_gone(store, current) if current is not None else None
+    again = retrained is not None
     newer = [
         ds
         for ds in trained_partitions(store, model)
@@ -297,7 +298,7 @@ def _advance(
         )
         if again:
             reason += (
-                f"; but {pinned_attempt_gone(store, current)}, and what it holds now did not "
+                f"; but {retrained}, and what it holds now did not "
                 "pass: scoring by the champion refuses it until a partition passes or one is "
                 "promoted by hand"
             )
