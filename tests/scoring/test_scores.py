@@ -6,6 +6,7 @@ and the realized metrics equal an independent pandas/scikit-learn computation.""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import json
 import re
@@ -126,6 +127,30 @@ def attempt_of(result: Any) -> str:
         for e in result.get_asset_materialization_events()
     ]
     return str(mat.metadata["attempt"].value)
+
+
+def scoring_setup(base: str) -> tuple[str, Any, ModelTransforms, dg.JobDefinition, Any]:
+    """Source and label days up to ``D2`` under ``base``, and ``scoring_defs``' version,
+    model and scores table with the definitions' asset job and asset graph."""
+    write_days(base, days_ending(D2, 5))
+    version, model, t, defs = scoring_defs(TRAINERS / "listing_ctr_model", base, None)
+    return (
+        version,
+        model,
+        t,
+        defs.resolve_implicit_global_asset_job_def(),
+        defs.resolve_asset_graph(),
+    )
+
+
+def run_asset(
+    job: dg.JobDefinition, instance: dg.DagsterInstance, key: dg.AssetKey, ds: str | None
+) -> dg.ExecuteInProcessResult:
+    """One run of ``key`` (partition ``ds``; None: unpartitioned) on ``instance``; a
+    failure is in the result, not raised."""
+    return job.execute_in_process(
+        instance=instance, asset_selection=[key], partition_key=ds, raise_on_error=False
+    )
 
 
 def champion_metadata(result: Any) -> dict[str, Any]:
@@ -406,20 +431,14 @@ def test_a_model_dagster_never_recorded_is_not_served_and_is_planned_again(
     the partition recorded on another instance, which ours never sees (a kill cannot be
     timed into that window). The planner then calls the partition stale, scoring refuses
     to serve it (naming both attempts, writing nothing), and a new run makes them agree."""
-    write_days(file_base, days_ending(D2, 5))
-    version, model, t, defs = scoring_defs(TRAINERS / "listing_ctr_model", file_base, None)
-    job = defs.resolve_implicit_global_asset_job_def()
-    graph = defs.resolve_asset_graph()
+    version, model, t, job, graph = scoring_setup(file_base)
     ours, elsewhere = dg.DagsterInstance.ephemeral(), dg.DagsterInstance.ephemeral()
     model_key, scores_key = dg.AssetKey(["models", model.name]), table_asset_key(t.table)
     manifest = Path(
         file_base[len("file://") :], "models", model.name, version, D1, "_MANIFEST.json"
     )
 
-    def run(instance: dg.DagsterInstance, key: dg.AssetKey, ds: str) -> Any:
-        return job.execute_in_process(
-            instance=instance, asset_selection=[key], partition_key=ds, raise_on_error=False
-        )
+    run = functools.partial(run_asset, job)
 
     first = run(ours, model_key, D1)
     assert first.success and json.loads(manifest.read_text())["attempt"] == attempt_of(first)
@@ -455,6 +474,60 @@ def test_a_model_dagster_never_recorded_is_not_served_and_is_planned_again(
     assert D2 in committed_partitions(blob_store(file_base), file_base, t.table)
     moves = champion_metadata(run(ours, champion_asset_key(model), None))
     assert moves["moved"] is True and moves["pointer"]["attempt"] == attempt_of(again)
+
+
+def test_a_model_its_own_run_never_recorded_is_not_served(file_base: str) -> None:
+    """A run of this instance promoted its model and ended without recording it (killed
+    between the two): Dagster has no materialization of the partition at all, yet storage
+    holds a finished model. Scoring refuses it and the champion passes it over, each
+    naming the run and its status; once the partition is materialized, both use it. The
+    state is made with a real run recorded on another instance whose run record (not its
+    materialization) is copied into ours, failed: what a kill -9 in that window leaves,
+    which a kill cannot be timed into. An instance that knows nothing of the run cannot
+    tell a model it never recorded from one trained under another instance: it serves it."""
+    _, model, t, job, graph = scoring_setup(file_base)
+    ours, elsewhere = dg.DagsterInstance.ephemeral(), dg.DagsterInstance.ephemeral()
+    model_key, scores_key = dg.AssetKey(["models", model.name]), table_asset_key(t.table)
+
+    run = functools.partial(run_asset, job)
+
+    other = run(elsewhere, model_key, D1)
+    assert other.success
+    held = attempt_of(other)
+    killed = elsewhere.get_run_by_id(other.run_id)
+    assert killed is not None and killed.job_snapshot_id and killed.execution_plan_snapshot_id
+    ours.add_snapshot(elsewhere.get_job_snapshot(killed.job_snapshot_id))
+    ours.add_snapshot(elsewhere.get_execution_plan_snapshot(killed.execution_plan_snapshot_id))
+    ours.add_run(killed.with_status(dg.DagsterRunStatus.FAILURE))
+    assert FreshnessResolver(ours, graph).status(model_key, D1) == "missing"
+
+    why = (
+        f"storage holds attempt {held}, promoted by run {other.run_id} (FAILURE), and Dagster "
+        "has no materialization of the partition: the run ended without recording it "
+        "(stopped between promoting its model and recording it, or its record was wiped)"
+    )
+    refused = run(ours, scores_key, D2)
+    assert not refused.success
+    (failed,) = refused.get_step_failure_events()
+    assert (
+        f"{t.table} {D2} is scored by {model.name} partition {D1}, but {why}. Materialize "
+        f"models/{model.name} partition {D1} again"
+    ) in failed.step_failure_data.error.message  # type: ignore[union-attr]
+    assert D2 not in committed_partitions(blob_store(file_base), file_base, t.table)
+    stays = champion_metadata(run(ours, champion_asset_key(model), None))
+    assert stays["moved"] is False
+    assert stays["rejected"] == {D1: {"recorded_by_dagster": why}}
+
+    # an instance that never saw the run cannot tell: storage's model is served
+    assert run(dg.DagsterInstance.ephemeral(), scores_key, D2).success
+
+    recorded = attempt_of(run(ours, model_key, D1))
+    assert recorded != held
+    assert run(ours, scores_key, D2).success
+    _, scores = read_partition(file_base, t.table, D2)
+    assert set(scores["model_ds"]) == {D1}
+    moves = champion_metadata(run(ours, champion_asset_key(model), None))
+    assert moves["moved"] is True and moves["pointer"]["attempt"] == recorded
 
 
 def test_scoring_by_the_champion_serves_only_the_attempt_its_gates_judged(

@@ -20,7 +20,7 @@ from zipline_dagster.rollout import champion as ch
 from zipline_dagster.rollout import gates as g
 from zipline_dagster.storage.paths import model_dir_uri
 from zipline_dagster.storage.resources import WarehouseResource
-from zipline_dagster.training.metadata import recorded_attempt
+from zipline_dagster.training.metadata import unrecorded_on_storage
 
 # Partitioned asset checks are marked preview in Dagster 1.13; per-partition gates are
 # what we need, so we rely on them deliberately and say so once here.
@@ -187,7 +187,9 @@ def build_champion_asset(
             store,
             model,
             by=f"dagster run {context.run.run_id}",
-            recorded=lambda ds: recorded_attempt(context.instance, key, ds),
+            unrecorded=lambda ds, manifest: unrecorded_on_storage(
+                context.instance, key, ds, manifest
+            ),
         )
         md: dict[str, Any] = {
             "moved": dg.MetadataValue.bool(decision.moved),

@@ -30,7 +30,6 @@ from zipline_dagster.training.request import (
     named_attempt,
     promotion_lock,
     read_json_object,
-    unrecorded_attempt,
 )
 
 CHAMPION_NAME = "CHAMPION.json"
@@ -222,18 +221,18 @@ def advance(
     model: Model,
     *,
     by: str,
-    recorded: Callable[[str], str | None] | None = None,
+    unrecorded: Callable[[str, dict[str, Any]], str | None] | None = None,
 ) -> Decision:
     """Move the champion to the newest trained partition of the model's version that is
     newer than it and passes every gate; stay when there is none. A lock that cannot be
     deleted afterwards is in ``left_behind``, the decision standing.
 
-    ``recorded`` (a partition -> the attempt Dagster recorded for it): a partition whose
-    storage holds another attempt (see ``unrecorded_attempt``) is passed over, the reason
-    in ``rejected`` under ``RECORDED``."""
+    ``unrecorded`` (a partition and its manifest -> why storage holds a model Dagster did
+    not record for it, or None; see ``unrecorded_on_storage``): a partition it names a
+    reason for is passed over, the reason in ``rejected`` under ``RECORDED``."""
     left: list[str] = []
     with promotion_lock(store, model_root(model), lock_name=LOCK_NAME, left=left):
-        decision = _advance(store, model, by=by, recorded=recorded)
+        decision = _advance(store, model, by=by, unrecorded=unrecorded)
     return replace(decision, left_behind=left)
 
 
@@ -246,7 +245,7 @@ def _advance(
     model: Model,
     *,
     by: str,
-    recorded: Callable[[str], str | None] | None,
+    unrecorded: Callable[[str, dict[str, Any]], str | None] | None,
 ) -> Decision:
     """``advance`` under the lock."""
     current = read_champion(store, model)
@@ -264,9 +263,9 @@ def _advance(
     for ds in reversed(newer):
         model_dir = model_dir_uri(model.model_artifact_base_uri, model.name, model.version, ds)
         manifest = read_json_object(store, join_uri(model_dir, MANIFEST_NAME)) or {}
-        unrecorded = unrecorded_attempt(manifest, recorded(ds)) if recorded is not None else None
-        if unrecorded:
-            rejected[ds] = [g.GateResult(RECORDED, False, unrecorded)]
+        why_not = unrecorded(ds, manifest) if unrecorded is not None else None
+        if why_not:
+            rejected[ds] = [g.GateResult(RECORDED, False, why_not)]
             continue
         results, attempt = _judge(store, model, ds, current, manifest=manifest)
         failed = [r for r in results.values() if not r.passed]

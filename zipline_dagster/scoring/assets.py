@@ -49,12 +49,11 @@ from zipline_dagster.training.assets import (
     run_range_job,
     trainable_partitions,
 )
-from zipline_dagster.training.metadata import recorded_attempt
+from zipline_dagster.training.metadata import unrecorded_on_storage
 from zipline_dagster.training.request import (
     TrainingRequest,
     build_range_request,
     committed_manifest,
-    unrecorded_attempt,
 )
 from zipline_dagster.training.resources import TrainingLauncher
 from zipline_dagster.training.trainer_io import model_partition_of
@@ -142,9 +141,7 @@ def resolve_model_dir(
             f"{model_dir}. Materialize models/{model.name} partition {model_ds} first."
         )
     if instance is not None:
-        why = unrecorded_attempt(
-            manifest, recorded_attempt(instance, model_asset_key(model), model_ds)
-        )
+        why = unrecorded_on_storage(instance, model_asset_key(model), model_ds, manifest)
         if why:
             raise ScoringError(
                 f"{transforms.table} {ds} is scored by {model.name} partition {model_ds}, "

@@ -11,6 +11,9 @@ from typing import Any
 
 import dagster as dg
 
+from zipline_dagster.lineage.partitions import latest_materialization
+from zipline_dagster.training.request import unrecorded_attempt
+
 
 def _range_text(split: dict[str, Any]) -> str:
     rng = split.get("date_range") or {}
@@ -123,9 +126,23 @@ def segment_metadata(report: dict[str, Any]) -> dict[str, Any]:
 def recorded_attempt(instance: dg.DagsterInstance, key: dg.AssetKey, ds: str) -> str | None:
     """The attempt Dagster's latest materialization of model partition ``ds`` names
     (None: no materialization, or one that names none)."""
-    from zipline_dagster.lineage.partitions import latest_materialization
-
     record = latest_materialization(instance, key, ds)
     mat = record.asset_materialization if record is not None else None
     attempt = mat.metadata.get("attempt") if mat is not None else None
     return None if attempt is None else str(attempt.value)
+
+
+def unrecorded_on_storage(
+    instance: dg.DagsterInstance, key: dg.AssetKey, ds: str, manifest: dict[str, Any]
+) -> str | None:
+    """Why the finished model on storage for model partition ``ds`` (its ``manifest``) is
+    not the one Dagster recorded (``unrecorded_attempt``), or None when it is, or when
+    Dagster cannot tell: with no materialization of the partition, only a run of this
+    instance that promoted the model says that it was never recorded."""
+    recorded = recorded_attempt(instance, key, ds)
+    status = None
+    run_id = manifest.get("dagster_run_id")
+    if recorded is None and run_id:
+        run = instance.get_run_by_id(str(run_id))
+        status = run.status.value if run is not None else None
+    return unrecorded_attempt(manifest, recorded, run_status=status)

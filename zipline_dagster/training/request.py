@@ -592,16 +592,37 @@ def manifest_attempt(store: BlobStore, model_dir: str) -> str | None:
     return named_attempt(read_json_object(store, join_uri(model_dir, MANIFEST_NAME)))
 
 
-def unrecorded_attempt(manifest: dict[str, Any], recorded: str | None) -> str | None:
+def unrecorded_attempt(
+    manifest: dict[str, Any], recorded: str | None, *, run_status: str | None = None
+) -> str | None:
     """Why the finished model on storage (its ``manifest``) is not the one Dagster
     recorded for the partition (``recorded``: the attempt of its latest materialization),
-    or None when they agree or no record says. They differ when a run was stopped (killed,
+    or None when they agree or nothing says. They differ when a run was stopped (killed,
     its machine lost) after it promoted its attempt and before Dagster recorded it: storage
-    then holds a model that no materialization describes."""
+    then holds a model that no materialization describes.
+
+    With no materialization of the partition, ``run_status`` is the status of the run that
+    promoted the model when that run is one of the instance's (``DagsterRunStatus`` value):
+    the run then never recorded what it promoted. None: it is not (trained under another
+    Dagster instance, say), and Dagster cannot tell."""
     held = named_attempt(manifest)
-    if not recorded or not held or held == recorded:
+    if not held or held == recorded:
         return None
     run = manifest.get("dagster_run_id") or "unknown"
+    if not recorded:
+        if run_status is None:
+            return None
+        still = run_status in {"QUEUED", "NOT_STARTED", "STARTING", "STARTED"}
+        return (
+            f"storage holds attempt {held}, promoted by run {run} ({run_status}), and Dagster "
+            "has no materialization of the partition: "
+            + (
+                "that run has not recorded it yet"
+                if still
+                else "the run ended without recording it (stopped between promoting its "
+                "model and recording it, or its record was wiped)"
+            )
+        )
     return (
         f"storage holds attempt {held} (promoted by run {run}), not attempt {recorded} that "
         "Dagster recorded last: a run stopped between promoting its model and recording it"
