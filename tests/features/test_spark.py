@@ -313,14 +313,18 @@ def test_a_day_that_cannot_be_committed_fails_alone(spark_resource: Any, tmp_pat
     """A producer's range run (one Spark job for its days) in which one day cannot be
     committed (its partition's path is taken by a stray file: a real write that fails):
     the other days are committed and each materialized with its own rows, the step fails
-    naming the day and why, and Dagster and storage agree on every day; once the path is
-    free, that day alone runs."""
+    naming the day and why, and Dagster and storage agree on every day (rows, and the
+    write each marker names); once the path is free, that day alone runs. A day written
+    again on storage by a write Dagster never recorded (a run stopped between its commit
+    and its record) is then stale to the planner, which names both writes."""
     import dagster as dg
 
     from tests.helpers import local, run_days
     from zipline_dagster.features.assets import build_producer_asset
+    from zipline_dagster.features.spark import write_days
+    from zipline_dagster.lineage.backfill import FreshnessResolver
     from zipline_dagster.storage.resources import WarehouseResource
-    from zipline_dagster.storage.tables import STAGING_DIR, committed_partitions
+    from zipline_dagster.storage.tables import STAGING_DIR, committed_partitions, partition_writes
 
     base = (tmp_path / "wh").as_uri()
     write_events(base)
@@ -351,7 +355,7 @@ def test_a_day_that_cannot_be_committed_fails_alone(spark_resource: Any, tmp_pat
         "ds=2026-07-03 failed, so the partition is left as it was (FileExistsError" in err.message
     )
 
-    def recorded() -> dict[str, int]:
+    def recorded(what: str = "rows") -> dict[str, Any]:
         records = instance.fetch_materializations(
             dg.AssetRecordsFilter(asset_key=asset.key), limit=100
         ).records
@@ -359,11 +363,13 @@ def test_a_day_that_cannot_be_committed_fails_alone(spark_resource: Any, tmp_pat
         for r in records:
             m = r.asset_materialization
             assert m is not None and m.partition is not None
-            out.setdefault(m.partition, m.metadata["rows"].value)
+            out.setdefault(m.partition, m.metadata[what].value)
         return out
 
     store = blob_store(base)
     assert recorded() == {"2026-07-02": 2, "2026-07-04": 2}
+    table_root = f"{base}/ctr/labels"
+    assert recorded("write_id") == partition_writes(store, table_root)
     # Dagster and storage agree
     assert sorted(committed_partitions(store, base, "ctr.labels")) == ["2026-07-02", "2026-07-04"]
     assert not local(f"{base}/ctr/labels/{STAGING_DIR}").exists()  # nothing half-written
@@ -376,3 +382,17 @@ def test_a_day_that_cannot_be_committed_fails_alone(spark_resource: Any, tmp_pat
         "2026-07-03",
         "2026-07-04",
     ]
+    writes = recorded("write_id")
+    assert writes == partition_writes(store, table_root)
+    graph = defs.resolve_asset_graph()
+    assert FreshnessResolver(instance, graph).status(asset.key, "2026-07-02") == "fresh"
+
+    frame = spark_resource.spark_session.createDataFrame(
+        [(7, 1, "2026-07-02")], "listing_id long, label long, ds string"
+    )
+    write_days(frame, store, base, "ctr.labels", ["2026-07-02"], write_id="unrecorded-1")
+    assert FreshnessResolver(instance, graph).status(asset.key, "2026-07-02") == (
+        f"stale: storage holds write unrecorded-1, not write {writes['2026-07-02']} that "
+        "Dagster recorded last: a run stopped between committing it and recording it"
+    )
+    assert FreshnessResolver(instance, graph).status(asset.key, "2026-07-04") == "fresh"

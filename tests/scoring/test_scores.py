@@ -10,6 +10,7 @@ import functools
 import io
 import json
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -32,14 +33,14 @@ from zipline_dagster import (
     ModelTransforms,
     RolloutStrategy,
 )
-from zipline_dagster.lineage.backfill import FreshnessResolver
+from zipline_dagster.lineage.backfill import FreshnessResolver, plan_backfill
 from zipline_dagster.lineage.partitions import table_asset_key
 from zipline_dagster.lineage.registry import ExternalTable, build_definitions
 from zipline_dagster.rollout import champion as ch
 from zipline_dagster.rollout.assets import champion_asset_key
 from zipline_dagster.scoring.monitoring import monitoring_asset_key
 from zipline_dagster.storage.blobs import blob_store
-from zipline_dagster.storage.tables import committed_partitions
+from zipline_dagster.storage.tables import committed_partitions, partition_writes
 from zipline_dagster.training.archive import publish_trainer_archive
 
 LABELS = "ctr.labels_t"
@@ -129,18 +130,15 @@ def attempt_of(result: Any) -> str:
     return str(mat.metadata["attempt"].value)
 
 
-def scoring_setup(base: str) -> tuple[str, Any, ModelTransforms, dg.JobDefinition, Any]:
+def scoring_setup(
+    base: str,
+) -> tuple[str, Any, ModelTransforms, dg.Definitions, dg.JobDefinition, Any]:
     """Source and label days up to ``D2`` under ``base``, and ``scoring_defs``' version,
-    model and scores table with the definitions' asset job and asset graph."""
+    model, scores table and definitions, with their asset job and asset graph."""
     write_days(base, days_ending(D2, 5))
     version, model, t, defs = scoring_defs(TRAINERS / "listing_ctr_model", base, None)
-    return (
-        version,
-        model,
-        t,
-        defs.resolve_implicit_global_asset_job_def(),
-        defs.resolve_asset_graph(),
-    )
+    job, graph = defs.resolve_implicit_global_asset_job_def(), defs.resolve_asset_graph()
+    return version, model, t, defs, job, graph
 
 
 def run_asset(
@@ -431,7 +429,7 @@ def test_a_model_dagster_never_recorded_is_not_served_and_is_planned_again(
     the partition recorded on another instance, which ours never sees (a kill cannot be
     timed into that window). The planner then calls the partition stale, scoring refuses
     to serve it (naming both attempts, writing nothing), and a new run makes them agree."""
-    version, model, t, job, graph = scoring_setup(file_base)
+    version, model, t, _, job, graph = scoring_setup(file_base)
     ours, elsewhere = dg.DagsterInstance.ephemeral(), dg.DagsterInstance.ephemeral()
     model_key, scores_key = dg.AssetKey(["models", model.name]), table_asset_key(t.table)
     manifest = Path(
@@ -485,7 +483,7 @@ def test_a_model_its_own_run_never_recorded_is_not_served(file_base: str) -> Non
     materialization) is copied into ours, failed: what a kill -9 in that window leaves,
     which a kill cannot be timed into. An instance that knows nothing of the run cannot
     tell a model it never recorded from one trained under another instance: it serves it."""
-    _, model, t, job, graph = scoring_setup(file_base)
+    _, model, t, _, job, graph = scoring_setup(file_base)
     ours, elsewhere = dg.DagsterInstance.ephemeral(), dg.DagsterInstance.ephemeral()
     model_key, scores_key = dg.AssetKey(["models", model.name]), table_asset_key(t.table)
 
@@ -528,6 +526,47 @@ def test_a_model_its_own_run_never_recorded_is_not_served(file_base: str) -> Non
     assert set(scores["model_ds"]) == {D1}
     moves = champion_metadata(run(ours, champion_asset_key(model), None))
     assert moves["moved"] is True and moves["pointer"]["attempt"] == recorded
+
+
+def test_scores_storage_holds_but_dagster_never_recorded_are_planned_again(
+    file_base: str,
+) -> None:
+    """A scores day committed by a run that Dagster never recorded (stopped between its
+    commit and its record) is stale to the planner, which names both writes and plans the
+    day again ahead of its monitoring; a day whose files are gone from storage is stale
+    too. The unrecorded commit is made by a real run on another instance."""
+    _, model, t, defs, job, graph = scoring_setup(file_base)
+    ours, elsewhere = dg.DagsterInstance.ephemeral(), dg.DagsterInstance.ephemeral()
+    model_key, scores_key = dg.AssetKey(["models", model.name]), table_asset_key(t.table)
+    run = functools.partial(run_asset, job)
+
+    assert run(ours, model_key, D1).success
+    scored = run(ours, scores_key, D2)
+    (event,) = scored.get_asset_materialization_events()
+    recorded = event.event_specific_data.materialization.metadata  # type: ignore[union-attr]
+    write = str(recorded["write_id"].value)
+    assert write == recorded["job_id"].value
+    assert FreshnessResolver(ours, graph).status(scores_key, D2) == "fresh"
+
+    assert run(elsewhere, scores_key, D2).success
+    folder = str(recorded["path"].value)
+    held = partition_writes(blob_store(file_base), folder.rsplit("/", 1)[0])[D2]
+    assert held is not None and held != write
+    why = (
+        f"stale: storage holds write {held}, not write {write} that Dagster recorded last: "
+        "a run stopped between committing it and recording it"
+    )
+    assert FreshnessResolver(ours, graph).status(scores_key, D2) == why
+    plan = plan_backfill(defs, ours, monitoring_asset_key(t), [D2])
+    assert plan.steps == [(scores_key, [D2]), (monitoring_asset_key(t), [D2])]
+    assert plan.reasons[(scores_key, D2)] == why
+
+    assert run(ours, scores_key, D2).success
+    assert FreshnessResolver(ours, graph).status(scores_key, D2) == "fresh"
+    shutil.rmtree(folder[len("file://") :])
+    assert FreshnessResolver(ours, graph).status(scores_key, D2) == (
+        f"stale: it is not committed on storage (no complete {folder})"
+    )
 
 
 def test_scoring_by_the_champion_serves_only_the_attempt_its_gates_judged(

@@ -29,7 +29,7 @@ from zipline_dagster.lineage.partitions import (
 )
 from zipline_dagster.storage.paths import table_partition_uri
 from zipline_dagster.storage.resources import WarehouseResource
-from zipline_dagster.storage.tables import one_listing_per_table
+from zipline_dagster.storage.tables import WRITE_ID, new_write_id, one_listing_per_table
 
 # backfill_policy and allow_nonexistent_upstream_partitions are marked beta; we rely on
 # both deliberately and say so once here instead of at every load.
@@ -114,9 +114,16 @@ def build_producer_asset(
         except ProducerError as exc:
             raise failure(exc) from None
         errors: dict[str, str] = {}
+        write_id = new_write_id()  # recorded, so that storage's commit can be told from it
         try:
             counts = write_days(
-                df, store, warehouse.uri, producer.table, days, warn=context.log.warning
+                df,
+                store,
+                warehouse.uri,
+                producer.table,
+                days,
+                warn=context.log.warning,
+                write_id=write_id,
             )
         except DaysNotCommitted as exc:  # the days committed are recorded, the rest fail
             counts, errors = exc.committed, exc.failed
@@ -129,6 +136,7 @@ def build_producer_asset(
                     table_partition_uri(warehouse.uri, producer.table, ds)
                 ),
                 "rows": dg.MetadataValue.int(rows),
+                WRITE_ID: dg.MetadataValue.text(write_id),
                 **ranged,
             }
             for ds, rows in counts.items()

@@ -188,6 +188,7 @@ def write_days(
     days: Sequence[str],
     *,
     warn: Callable[[str], None] | None = None,
+    write_id: str | None = None,
 ) -> dict[str, int]:
     """Replace exactly the partitions ``days`` of ``table`` (re-runs are idempotent).
 
@@ -207,7 +208,7 @@ def write_days(
     """
     from pyspark.sql import functions as F
 
-    write_id = new_write_id()
+    write_id = write_id or new_write_id()
     staging = join_uri(table_uri(warehouse, table), STAGING_DIR, write_id)
     df = df.filter(F.col("ds").isin(list(days))).persist()
     try:

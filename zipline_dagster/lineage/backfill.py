@@ -19,6 +19,8 @@ import dagster as dg
 from dagster._core.definitions.assets.graph.asset_graph import AssetGraph
 from dagster._core.events import DagsterEventType
 
+from zipline_dagster.storage.tables import WRITE_ID, partition_writes
+
 CODE_VERSION_TAG = "dagster/code_version"
 DATA_VERSION_TAG = "dagster/data_version"
 
@@ -65,6 +67,9 @@ class FreshnessResolver:
         self._versions: dict[dg.AssetKey, dict[str, str]] = {}
         self._artifacts: dict[dg.AssetKey, dict[str, str]] = {}
         self._attempts: dict[dg.AssetKey, dict[str, str]] = {}
+        #: a table partition's recorded folder and write, and each table's writes on storage
+        self._writes: dict[dg.AssetKey, dict[str, tuple[str, str]]] = {}
+        self._stored: dict[str, dict[str, str | None]] = {}
         self._memo: dict[tuple[dg.AssetKey, str], str] = {}
         self._observed: dict[dg.AssetKey, dict[str, str | None]] = {}
 
@@ -119,6 +124,7 @@ class FreshnessResolver:
             versions: dict[str, str] = {}
             artifacts: dict[str, str] = {}
             attempts: dict[str, str] = {}
+            writes: dict[str, tuple[str, str]] = {}
             if ids:
                 records = self.instance.fetch_materializations(
                     dg.AssetRecordsFilter(asset_key=key, storage_ids=list(ids.values())),
@@ -134,9 +140,13 @@ class FreshnessResolver:
                         attempt = mat.metadata.get("attempt")
                         if attempt is not None:
                             attempts[mat.partition] = str(attempt.value)
+                        path, write = mat.metadata.get("path"), mat.metadata.get(WRITE_ID)
+                        if path is not None and write is not None:
+                            writes[mat.partition] = (str(path.value), str(write.value))
             self._versions[key] = versions
             self._artifacts[key] = artifacts
             self._attempts[key] = attempts
+            self._writes[key] = writes
         return self._versions[key]
 
     def model_on_storage(self, key: dg.AssetKey, partition: str) -> str | None:
@@ -161,6 +171,35 @@ class FreshnessResolver:
                 f"(no complete {join_uri(uri, MANIFEST_NAME)})"
             )
         return unrecorded_attempt(manifest, self._attempts[key].get(partition))
+
+    def table_on_storage(self, key: dg.AssetKey, partition: str) -> str | None:
+        """Why storage does not hold the table partition Dagster recorded (not committed,
+        or committed by another write than the recorded one: a run stopped between
+        committing it and recording it), or None when it does, or nothing says (a
+        materialization that names no write)."""
+        from zipline_dagster.storage.blobs import BlobStorageError, blob_store
+
+        self._code_versions(key)
+        recorded = self._writes.get(key, {}).get(partition)
+        if recorded is None:
+            return None
+        folder, write = recorded
+        root = folder.rstrip("/").rsplit("/", 1)[0]  # the table: {root}/ds=YYYY-MM-DD
+        if root not in self._stored:
+            try:
+                self._stored[root] = partition_writes(blob_store(root), root)
+            except BlobStorageError as exc:
+                return f"its table at {root} cannot be listed ({exc})"
+        stored = self._stored[root]
+        if partition not in stored:
+            return f"it is not committed on storage (no complete {folder})"
+        held = stored[partition]
+        if held is not None and held != write:
+            return (
+                f"storage holds write {held}, not write {write} that Dagster recorded last: "
+                "a run stopped between committing it and recording it"
+            )
+        return None
 
     def parents(self, key: dg.AssetKey, partition: str) -> list[tuple[dg.AssetKey, str]]:
         """The upstream partitions ``partition`` of ``key`` reads (existing keys only)."""
@@ -201,11 +240,13 @@ class FreshnessResolver:
             result = "missing"
         else:
             result = "fresh"
-            missing_model = self.model_on_storage(key, partition)
+            off_storage = self.model_on_storage(key, partition) or self.table_on_storage(
+                key, partition
+            )
             if node.code_version and self._code_versions(key).get(partition) != node.code_version:
                 result = f"stale: code version changed to {node.code_version}"
-            elif missing_model:
-                result = f"stale: {missing_model}"
+            elif off_storage:
+                result = f"stale: {off_storage}"
             else:
                 observed: dict[dg.AssetKey, list[str]] = {}
                 for pkey, ppart in self.parents(key, partition):

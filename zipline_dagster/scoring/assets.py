@@ -37,6 +37,7 @@ from zipline_dagster.storage.paths import (
 )
 from zipline_dagster.storage.resources import WarehouseResource
 from zipline_dagster.storage.tables import (
+    WRITE_ID,
     begin_partition,
     commit_partition,
     existing_partitions,
@@ -247,7 +248,9 @@ def commit_day(
         "model_ds": dg.MetadataValue.text(model_ds),
         "scored_by": dg.MetadataValue.text(day.chosen),
         "uri": dg.MetadataValue.path(written),
+        "path": dg.MetadataValue.path(day.folder),
         "job_id": dg.MetadataValue.text(job_id),
+        WRITE_ID: dg.MetadataValue.text(job_id),
     }
     values = scores.to_numpy().astype("float64", copy=False)  # a null is NaN here
     values = values[~np.isnan(values)]

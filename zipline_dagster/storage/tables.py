@@ -78,7 +78,16 @@ def committed_partitions(
 def _list_committed(
     store: BlobStore, warehouse: str, table: str, listed: list[str] | None = None
 ) -> dict[str, list[str]]:
-    root = table_uri(warehouse, table)
+    return {
+        ds: files for ds, (files, _) in _scan(store, table_uri(warehouse, table), listed).items()
+    }
+
+
+def _scan(
+    store: BlobStore, root: str, listed: list[str] | None = None
+) -> dict[str, tuple[list[str], str | None]]:
+    """{ds: (URIs of its committed parquet files, the write its marker names)} for every
+    complete partition of the table at ``root`` (one listing, one read per marker)."""
     parquet: dict[str, list[str]] = {}
     markers: set[str] = set()
     for uri in store.list(root) if listed is None else listed:
@@ -91,18 +100,26 @@ def _list_committed(
         elif name.endswith(".parquet"):
             parquet.setdefault(part[3:], []).append(uri)
     marked = sorted(markers)
-    folders = {ds: table_partition_uri(warehouse, table, ds) for ds in marked}
+    folders = {ds: join_uri(root, f"ds={ds}") for ds in marked}
     reads = _read_all(store, [join_uri(folders[ds], COMMIT_NAME) for ds in marked])
     bodies = dict(zip(marked, reads, strict=True))
-    out: dict[str, list[str]] = {}
+    out: dict[str, tuple[list[str], str | None]] = {}
     for ds in sorted(markers | set(parquet)):
         if ds in bodies:
-            listed = json.loads(bodies[ds]).get("files")
-            if listed is not None:  # None: a first write still in progress
-                out[ds] = [join_uri(folders[ds], name) for name in listed]
-        else:
-            out[ds] = sorted(parquet[ds])
+            body = json.loads(bodies[ds])
+            files = body.get("files")
+            if files is not None:  # None: a first write still in progress
+                write = body.get("write_id")
+                out[ds] = ([join_uri(folders[ds], n) for n in files], str(write) if write else None)
+        else:  # written before markers: no write named
+            out[ds] = (sorted(parquet[ds]), None)
     return out
+
+
+def partition_writes(store: BlobStore, table_root: str) -> dict[str, str | None]:
+    """{ds: the write (``write_id``) that committed it} for every complete partition of
+    the table at ``table_root`` (None: one whose marker names none), from one listing."""
+    return {ds: write for ds, (_, write) in _scan(store, table_root).items()}
 
 
 def _read_all(store: BlobStore, uris: list[str]) -> list[bytes]:
@@ -119,6 +136,11 @@ def _read_all(store: BlobStore, uris: list[str]) -> list[bytes]:
 def existing_partitions(store: BlobStore, warehouse: str, table: str) -> dict[str, int]:
     """{ds: number of committed parquet files} for every complete partition of the table."""
     return {ds: len(files) for ds, files in committed_partitions(store, warehouse, table).items()}
+
+
+#: The materialization metadata naming the write that committed a table partition (with
+#: ``path``, the partition's folder): what the planner compares with storage's marker.
+WRITE_ID = "write_id"
 
 
 def new_write_id() -> str:
