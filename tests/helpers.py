@@ -147,3 +147,25 @@ def run_days(job: Any, instance: Any, key: Any, first: str, last: str) -> Any:
     return job.execute_in_process(
         instance=instance, asset_selection=[key], tags=tags, raise_on_error=False
     )
+
+
+def copy_run_as_failed(source: Any, target: Any, run_id: str) -> None:
+    """Run ``run_id`` of instance ``source`` known to ``target`` as a failed run (its record
+    and snapshots, none of its events): what an instance holds of a run killed before it
+    recorded anything (a kill cannot be timed between a promotion and its record)."""
+    import dagster as dg
+
+    run = source.get_run_by_id(run_id)
+    assert run is not None and run.job_snapshot_id and run.execution_plan_snapshot_id
+    target.add_snapshot(source.get_job_snapshot(run.job_snapshot_id))
+    target.add_snapshot(source.get_execution_plan_snapshot(run.execution_plan_snapshot_id))
+    target.add_run(run.with_status(dg.DagsterRunStatus.FAILURE))
+
+
+def attempt_of(result: Any) -> str:
+    """The attempt the one model materialization of ``result`` records."""
+    (mat,) = [
+        e.event_specific_data.materialization  # type: ignore[union-attr]
+        for e in result.get_asset_materialization_events()
+    ]
+    return str(mat.metadata["attempt"].value)

@@ -137,6 +137,29 @@ def _moved(
     return 0
 
 
+def _recorded_check(model: object) -> object:
+    """What tells whether the model partition on storage is the one Dagster recorded (see
+    ``unrecorded_on_storage``), from the instance at DAGSTER_HOME; None (said on stderr)
+    when it is not set."""
+    import dagster as dg
+    from dagster._core.errors import DagsterHomeNotSetError
+
+    from zipline_dagster.rollout.assets import model_asset_key
+    from zipline_dagster.training.metadata import unrecorded_on_storage
+
+    try:
+        instance = dg.DagsterInstance.get()
+    except DagsterHomeNotSetError:
+        print(
+            "note: DAGSTER_HOME is not set, so the partition is not checked against what "
+            "Dagster recorded for it",
+            file=sys.stderr,
+        )
+        return None
+    key = model_asset_key(model)  # type: ignore[arg-type]
+    return lambda ds, manifest: unrecorded_on_storage(instance, key, ds, manifest)
+
+
 def _promote(args: argparse.Namespace) -> int:
     from zipline_dagster.rollout.champion import promote
 
@@ -149,6 +172,7 @@ def _promote(args: argparse.Namespace) -> int:
         version=args.version,
         force=args.force,
         left=left,
+        unrecorded=_recorded_check(model),  # type: ignore[arg-type]
     )
     return _moved(args, model, pointer, left)
 

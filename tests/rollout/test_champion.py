@@ -13,8 +13,15 @@ import dagster as dg
 import numpy as np
 from dagster_aws.s3 import S3Resource
 
-from tests.conftest import ROOT, run_cli
-from tests.helpers import ctr_rows, days_ending, write_partition, write_table
+from tests.conftest import ROOT, TRAINERS, run_cli
+from tests.helpers import (
+    attempt_of,
+    copy_run_as_failed,
+    ctr_rows,
+    days_ending,
+    write_partition,
+    write_table,
+)
 from tests.training.test_assets import TABLE, make_model, resources
 from zipline_dagster import DeploymentSpec, Metric, RolloutStrategy
 from zipline_dagster.declarations.model import Model
@@ -206,6 +213,58 @@ def test_promote_refuses_an_untrained_partition_even_forced(file_base: str, tmp_
         bad = run_cli("promote", "listing_ctr_model", *args, "--module", "champ_defs", env=env)
         assert bad.returncode == 1 and said in bad.stderr, bad.stderr
         assert "_MANIFEST" not in bad.stderr
+
+
+def test_promote_by_hand_checks_what_dagster_recorded(file_base: str, tmp_path: Path) -> None:
+    """`zipline-dagster promote` with DAGSTER_HOME set checks the partition against the
+    instance's records: a model that a run of the instance promoted and never recorded
+    (killed in between) fails `recorded_by_dagster` like a gate (refused, or promoted with
+    --force and recorded in the pointer); once materialized, it is promoted as usual.
+    Without DAGSTER_HOME the CLI says it did not check. The run is a real one, on another
+    instance, copied into ours as failed (``copy_run_as_failed``)."""
+    write_table(file_base, TABLE, days_ending(DS1, 6), rows=400)
+    version = publish_trainer_archive(
+        TRAINERS / "listing_ctr_model", model_name="listing_ctr_model", base=file_base
+    ).version
+    model = gated(version, file_base)
+    res = resources(None, file_base)
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    ours, elsewhere = dg.DagsterInstance.local_temp(str(home)), dg.DagsterInstance.ephemeral()
+    other = train(model, res, DS1, elsewhere)
+    assert other.success
+    copy_run_as_failed(elsewhere, ours, other.run_id)
+    env = {**write_code_location(tmp_path, version, file_base), "DAGSTER_HOME": str(home)}
+    store = blob_store(file_base)
+
+    def promote(*flags: str, **extra: str) -> Any:
+        args = ("promote", model.name, "--ds", DS1, *flags, "--module", "champ_defs")
+        return run_cli(*args, env={**env, **extra})
+
+    refused = promote()
+    assert refused.returncode == 1
+    assert (
+        f"refusing to promote {model.name} {version}/{DS1}: recorded_by_dagster: storage "
+        f"holds attempt {attempt_of(other)}, promoted by run {other.run_id} (FAILURE)"
+    ) in refused.stderr
+    assert ch.read_champion(store, model) is None
+    forced = promote("--force")
+    assert forced.returncode == 0, forced.stderr
+    pointer = json.loads(forced.stdout)
+    assert list(pointer["checks_failed"]) == ["recorded_by_dagster"]
+    assert pointer["checks_failed"]["recorded_by_dagster"].endswith(
+        "the run ended without recording it (stopped between promoting its model and "
+        "recording it, or its record was wiped)"
+    )
+    assert pointer["why"] == "promoted by hand with --force despite: recorded_by_dagster"
+
+    assert train(model, res, DS1, ours).success
+    checked = promote()
+    assert checked.returncode == 0, checked.stderr
+    assert json.loads(checked.stdout)["why"] == "promoted by hand"
+    unchecked = promote(DAGSTER_HOME="")
+    assert unchecked.returncode == 0, unchecked.stderr
+    assert "DAGSTER_HOME is not set, so the partition is not checked" in unchecked.stderr
 
 
 def test_a_champion_lock_that_cannot_be_deleted_leaves_the_move_standing(

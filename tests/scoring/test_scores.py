@@ -23,7 +23,14 @@ import xgboost as xgb
 from sklearn.metrics import log_loss, roc_auc_score
 
 from tests.conftest import TRAINERS
-from tests.helpers import ctr_rows, days_ending, run_days, write_partition
+from tests.helpers import (
+    attempt_of,
+    copy_run_as_failed,
+    ctr_rows,
+    days_ending,
+    run_days,
+    write_partition,
+)
 from tests.training.test_assets import TABLE, make_model, resources
 from zipline_dagster import (
     DeploymentSpec,
@@ -119,15 +126,6 @@ def write_days(base: str, days: list[str], rows: int = 300) -> None:
         frame = ctr_rows(ds, rows)
         write_partition(base, TABLE, ds, frame)
         write_partition(base, LABELS, ds, frame[["listing_id", "label"]])
-
-
-def attempt_of(result: Any) -> str:
-    """The attempt the one model materialization of ``result`` records."""
-    (mat,) = [
-        e.event_specific_data.materialization  # type: ignore[union-attr]
-        for e in result.get_asset_materialization_events()
-    ]
-    return str(mat.metadata["attempt"].value)
 
 
 def scoring_setup(
@@ -492,11 +490,7 @@ def test_a_model_its_own_run_never_recorded_is_not_served(file_base: str) -> Non
     other = run(elsewhere, model_key, D1)
     assert other.success
     held = attempt_of(other)
-    killed = elsewhere.get_run_by_id(other.run_id)
-    assert killed is not None and killed.job_snapshot_id and killed.execution_plan_snapshot_id
-    ours.add_snapshot(elsewhere.get_job_snapshot(killed.job_snapshot_id))
-    ours.add_snapshot(elsewhere.get_execution_plan_snapshot(killed.execution_plan_snapshot_id))
-    ours.add_run(killed.with_status(dg.DagsterRunStatus.FAILURE))
+    copy_run_as_failed(elsewhere, ours, other.run_id)
     assert FreshnessResolver(ours, graph).status(model_key, D1) == "missing"
 
     why = (

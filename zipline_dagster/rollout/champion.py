@@ -313,11 +313,14 @@ def promote(
     force: bool = False,
     by: str | None = None,
     left: list[str] | None = None,
+    unrecorded: Callable[[str, dict[str, Any]], str | None] | None = None,
 ) -> dict[str, Any]:
     """Point the champion at ``ds`` (of ``version``) by hand.
 
     ``left``: when given, a lock that cannot be deleted once the pointer is written is
     added to it (see ``lock_left_behind``) rather than raised, the pointer having moved.
+    ``unrecorded``: as for ``advance``, for a partition of the model's own version (the
+    one Dagster's model asset records); a reason it gives fails ``RECORDED`` like a gate.
 
     Raises:
         ChampionError: ``ds`` is not a day or ``version`` not a content address (both
@@ -340,7 +343,15 @@ def promote(
     model_dir = model_dir_uri(model.model_artifact_base_uri, model.name, version, ds)
     with promotion_lock(store, model_root(model), lock_name=LOCK_NAME, left=left):
         current = read_champion(store, model)
-        results, attempt = _judge(store, model, ds, current, version)
+        manifest = read_json_object(store, join_uri(model_dir, MANIFEST_NAME))
+        results, attempt = _judge(store, model, ds, current, version, manifest=manifest)
+        why_not = (
+            unrecorded(ds, manifest)
+            if unrecorded is not None and manifest is not None and version == model.version
+            else None
+        )
+        if why_not:
+            results[RECORDED] = g.GateResult(RECORDED, False, why_not)
         if not results[g.MANIFEST_VERIFIES].passed:
             raise ChampionError(
                 f"cannot promote {model.name} {version}/{ds}: "
