@@ -594,7 +594,7 @@ def test_what_storage_holds_against_what_dagster_recorded_is_named() -> None:
         "last: a run stopped between promoting its model and recording it"
     )
     assert unrecorded_attempt(manifest, None) is None  # the run is not one of the instance's
-    assert unrecorded_attempt(manifest, None, run_status="STARTED") == (
+    assert unrecorded_attempt(manifest, None, run_status="STARTED", run_finished=False) == (
         "storage holds attempt a2, promoted by run r2 (STARTED), and Dagster has no "
         "materialization of the partition: that run has not recorded it yet"
     )

@@ -240,12 +240,11 @@ class FreshnessResolver:
             result = "missing"
         else:
             result = "fresh"
-            off_storage = self.model_on_storage(key, partition) or self.table_on_storage(
-                key, partition
-            )
             if node.code_version and self._code_versions(key).get(partition) != node.code_version:
                 result = f"stale: code version changed to {node.code_version}"
-            elif off_storage:
+            elif off_storage := (
+                self.model_on_storage(key, partition) or self.table_on_storage(key, partition)
+            ):  # read from storage only when Dagster's own record does not already say
                 result = f"stale: {off_storage}"
             else:
                 observed: dict[dg.AssetKey, list[str]] = {}

@@ -140,9 +140,10 @@ def unrecorded_on_storage(
     Dagster cannot tell: with no materialization of the partition, only a run of this
     instance that promoted the model says that it was never recorded."""
     recorded = recorded_attempt(instance, key, ds)
-    status = None
     run_id = manifest.get("dagster_run_id")
-    if recorded is None and run_id:
-        run = instance.get_run_by_id(str(run_id))
-        status = run.status.value if run is not None else None
-    return unrecorded_attempt(manifest, recorded, run_status=status)
+    run = instance.get_run_by_id(str(run_id)) if recorded is None and run_id else None
+    if run is None:
+        return unrecorded_attempt(manifest, recorded)
+    return unrecorded_attempt(
+        manifest, recorded, run_status=run.status.value, run_finished=run.is_finished
+    )

@@ -593,7 +593,11 @@ def manifest_attempt(store: BlobStore, model_dir: str) -> str | None:
 
 
 def unrecorded_attempt(
-    manifest: dict[str, Any], recorded: str | None, *, run_status: str | None = None
+    manifest: dict[str, Any],
+    recorded: str | None,
+    *,
+    run_status: str | None = None,
+    run_finished: bool = True,
 ) -> str | None:
     """Why the finished model on storage (its ``manifest``) is not the one Dagster
     recorded for the partition (``recorded``: the attempt of its latest materialization),
@@ -602,9 +606,10 @@ def unrecorded_attempt(
     then holds a model that no materialization describes.
 
     With no materialization of the partition, ``run_status`` is the status of the run that
-    promoted the model when that run is one of the instance's (``DagsterRunStatus`` value):
-    the run then never recorded what it promoted. None: it is not (trained under another
-    Dagster instance, say), and Dagster cannot tell."""
+    promoted the model when that run is one of the instance's (``DagsterRunStatus`` value;
+    ``run_finished``: whether Dagster counts it finished): the run then never recorded what
+    it promoted, or has not yet. None: it is not (trained under another Dagster instance,
+    say), and Dagster cannot tell."""
     held = named_attempt(manifest)
     if not held or held == recorded:
         return None
@@ -612,15 +617,14 @@ def unrecorded_attempt(
     if not recorded:
         if run_status is None:
             return None
-        still = run_status in {"QUEUED", "NOT_STARTED", "STARTING", "STARTED"}
         return (
             f"storage holds attempt {held}, promoted by run {run} ({run_status}), and Dagster "
             "has no materialization of the partition: "
             + (
-                "that run has not recorded it yet"
-                if still
-                else "the run ended without recording it (stopped between promoting its "
-                "model and recording it, or its record was wiped)"
+                "the run ended without recording it (stopped between promoting its model "
+                "and recording it, or its record was wiped)"
+                if run_finished
+                else "that run has not recorded it yet"
             )
         )
     return (
