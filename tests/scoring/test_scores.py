@@ -527,8 +527,9 @@ def test_scores_storage_holds_but_dagster_never_recorded_are_planned_again(
 ) -> None:
     """A scores day committed by a run that Dagster never recorded (stopped between its
     commit and its record) is stale to the planner, which names both writes and plans the
-    day again ahead of its monitoring; a day whose files are gone from storage is stale
-    too. The unrecorded commit is made by a real run on another instance."""
+    day again ahead of its monitoring, and monitoring it by hand is refused until it is
+    scored again; a day whose files are gone from storage is stale too. The unrecorded
+    commit is made by a real run on another instance."""
     _, model, t, defs, job, graph = scoring_setup(file_base)
     ours, elsewhere = dg.DagsterInstance.ephemeral(), dg.DagsterInstance.ephemeral()
     model_key, scores_key = dg.AssetKey(["models", model.name]), table_asset_key(t.table)
@@ -554,9 +555,19 @@ def test_scores_storage_holds_but_dagster_never_recorded_are_planned_again(
     plan = plan_backfill(defs, ours, monitoring_asset_key(t), [D2])
     assert plan.steps == [(scores_key, [D2]), (monitoring_asset_key(t), [D2])]
     assert plan.reasons[(scores_key, D2)] == why
+    # monitoring the day by hand refuses the scores Dagster does not describe
+    refused = run(ours, monitoring_asset_key(t), D2)
+    assert not refused.success
+    (failed,) = refused.get_step_failure_events()
+    assert (
+        f"cannot monitor {t.table} {D2}: its scores: {why.removeprefix('stale: ')}. "
+        f"Materialize {t.table} {D2} again first"
+    ) in failed.step_failure_data.error.message  # type: ignore[union-attr]
+    assert not ours.get_materialized_partitions(monitoring_asset_key(t))
 
     assert run(ours, scores_key, D2).success
     assert FreshnessResolver(ours, graph).status(scores_key, D2) == "fresh"
+    assert run(ours, monitoring_asset_key(t), D2).success
     shutil.rmtree(folder[len("file://") :])
     assert FreshnessResolver(ours, graph).status(scores_key, D2) == (
         f"stale: it is not committed on storage (no complete {folder})"

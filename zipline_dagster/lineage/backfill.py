@@ -19,7 +19,7 @@ import dagster as dg
 from dagster._core.definitions.assets.graph.asset_graph import AssetGraph
 from dagster._core.events import DagsterEventType
 
-from zipline_dagster.storage.tables import WRITE_ID, partition_writes
+from zipline_dagster.storage.tables import WRITE_ID, partition_writes, unrecorded_write
 
 CODE_VERSION_TAG = "dagster/code_version"
 DATA_VERSION_TAG = "dagster/data_version"
@@ -193,13 +193,7 @@ class FreshnessResolver:
         stored = self._stored[root]
         if partition not in stored:
             return f"it is not committed on storage (no complete {folder})"
-        held = stored[partition]
-        if held is not None and held != write:
-            return (
-                f"storage holds write {held}, not write {write} that Dagster recorded last: "
-                "a run stopped between committing it and recording it"
-            )
-        return None
+        return unrecorded_write(stored[partition], write)
 
     def parents(self, key: dg.AssetKey, partition: str) -> list[tuple[dg.AssetKey, str]]:
         """The upstream partitions ``partition`` of ``key`` reads (existing keys only)."""

@@ -25,9 +25,14 @@ from zipline_dagster.rollout import gates as g
 from zipline_dagster.rollout.assets import judge_partitions
 from zipline_dagster.scoring.assets import scoring_partitions
 from zipline_dagster.storage.blobs import BlobStore
-from zipline_dagster.storage.paths import model_dir_uri
+from zipline_dagster.storage.paths import model_dir_uri, table_uri
 from zipline_dagster.storage.resources import WarehouseResource
-from zipline_dagster.storage.tables import committed_partitions
+from zipline_dagster.storage.tables import (
+    WRITE_ID,
+    committed_partitions,
+    committed_scan,
+    unrecorded_write,
+)
 from zipline_dagster.training.assets import PARTITIONS_PER_RUN
 
 REALIZED_CHECK = "realized_auc"
@@ -100,6 +105,7 @@ def build_monitoring_asset(
     assert transforms.labels is not None
     labels_table = transforms.labels.table
     key = monitoring_asset_key(transforms)
+    scores_key = table_asset_key(transforms.table)
     same_day = dg.TimeWindowPartitionMapping(start_offset=0, end_offset=0)
 
     @dg.asset(
@@ -124,14 +130,25 @@ def build_monitoring_asset(
         store = warehouse.store(warehouse.uri)
         days = list(context.partition_keys)
         # each table listed once for the run's days
+        scores = committed_scan(store, table_uri(warehouse.uri, transforms.table))
         committed = {
-            t: committed_partitions(store, warehouse.uri, t)
-            for t in (transforms.table, labels_table)
+            transforms.table: {ds: files for ds, (files, _) in scores.items()},
+            labels_table: committed_partitions(store, warehouse.uri, labels_table),
         }
         done: dict[str, dict[str, Any]] = {}
         errors: dict[str, str] = {}
         for ds in days:
             try:
+                record = latest_materialization(context.instance, scores_key, ds)
+                mat = record.asset_materialization if record is not None else None
+                recorded = mat.metadata.get(WRITE_ID) if mat is not None else None
+                why = unrecorded_write(
+                    scores.get(ds, ([], None))[1], None if recorded is None else str(recorded.value)
+                )
+                if why:  # what Dagster records of this day would describe other scores
+                    raise MonitoringError(
+                        f"its scores: {why}. Materialize {transforms.table} {ds} again first"
+                    )
                 done[ds] = monitor_day(transforms, ds, store, committed, warehouse)
                 context.log.info(
                     f"{ds}: "

@@ -116,10 +116,29 @@ def _scan(
     return out
 
 
+def committed_scan(store: BlobStore, table_root: str) -> dict[str, tuple[list[str], str | None]]:
+    """{ds: (URIs of its committed files, the write that committed it)} for every complete
+    partition of the table at ``table_root`` (None: a marker naming no write), from one
+    listing plus one read per marker."""
+    return _scan(store, table_root)
+
+
 def partition_writes(store: BlobStore, table_root: str) -> dict[str, str | None]:
     """{ds: the write (``write_id``) that committed it} for every complete partition of
     the table at ``table_root`` (None: one whose marker names none), from one listing."""
     return {ds: write for ds, (_, write) in _scan(store, table_root).items()}
+
+
+def unrecorded_write(held: str | None, recorded: str | None) -> str | None:
+    """Why a partition storage holds (committed by write ``held``) is not the one Dagster
+    recorded (``recorded``: the write its latest materialization names), or None when
+    they agree or either names none."""
+    if not held or not recorded or held == recorded:
+        return None
+    return (
+        f"storage holds write {held}, not write {recorded} that Dagster recorded last: "
+        "a run stopped between committing it and recording it"
+    )
 
 
 def _read_all(store: BlobStore, uris: list[str]) -> list[bytes]:
