@@ -396,3 +396,74 @@ def test_a_day_that_cannot_be_committed_fails_alone(spark_resource: Any, tmp_pat
         "Dagster recorded last: a run stopped between committing it and recording it"
     )
     assert FreshnessResolver(instance, graph).status(asset.key, "2026-07-04") == "fresh"
+
+
+def test_a_model_never_trains_on_a_table_day_dagster_did_not_record(
+    spark_resource: Any, file_base: str
+) -> None:
+    """The training table is a Spark producer's. One of a model partition's window days
+    is committed again by a write Dagster never recorded (a producer run stopped between
+    its commit and its record; here a real Spark write of the day under a write id no
+    materialization names): the model partition refuses to train, naming the day and both
+    writes, and nothing is submitted or promoted; once the day is materialized again, it
+    trains."""
+    import dagster as dg
+
+    from tests.conftest import TRAINERS
+    from tests.helpers import ctr_rows, days_ending, local, run_days
+    from tests.training.test_assets import TABLE, make_model, resources
+    from zipline_dagster.features.spark import write_days
+    from zipline_dagster.lineage.registry import ExternalTable, build_definitions
+    from zipline_dagster.storage.tables import partition_writes
+    from zipline_dagster.training.archive import publish_trainer_archive
+
+    raw, ds = "ctr.raw_views", "2026-07-10"
+    window = days_ending(ds, 4)
+    for day in window:
+        write_partition(file_base, raw, day, ctr_rows(day, 300))
+    producer = StagingQuery(
+        name="training_v1",
+        table=TABLE,
+        query=f"SELECT * FROM {raw} WHERE ds BETWEEN '{{{{ start_date }}}}' AND '{{{{ end_date }}}}'",
+        dependencies=[raw],
+    )
+    version = publish_trainer_archive(
+        TRAINERS / "listing_ctr_model", model_name="listing_ctr_model", base=file_base
+    ).version
+    model = make_model(version, file_base)
+    defs = build_definitions(
+        external_tables=[ExternalTable(raw)],
+        producers=[producer],
+        models=[model],
+        resources={**resources(None, file_base), "spark": spark_resource},
+        automation=False,
+    )
+    job = defs.resolve_implicit_global_asset_job_def()
+    instance = dg.DagsterInstance.ephemeral()
+    table_key, model_key = dg.AssetKey(TABLE.split(".")), dg.AssetKey(["models", model.name])
+    assert run_days(job, instance, table_key, window[0], window[-1]).success
+    store = blob_store(file_base)
+    recorded = partition_writes(store, f"{file_base}/ctr/training_v1")[window[1]]
+
+    frame = spark_resource.spark_session.createDataFrame(
+        ctr_rows(window[1], 300, seed=1).assign(ds=window[1])
+    )
+    write_days(frame, store, file_base, TABLE, [window[1]], write_id="unrecorded-1")
+    refused = job.execute_in_process(
+        instance=instance, asset_selection=[model_key], partition_key=ds, raise_on_error=False
+    )
+    assert not refused.success
+    (failed,) = refused.get_step_failure_events()
+    assert (
+        f"model 'listing_ctr_model' partition {ds}: training table {TABLE} does not hold what "
+        f"Dagster recorded for {window[1]} (storage holds write unrecorded-1, not write "
+        f"{recorded} that Dagster recorded last: a run stopped between committing it and "
+        f"recording it). Materialize {TABLE} {window[1]} again first"
+    ) in failed.step_failure_data.error.message  # type: ignore[union-attr]
+    assert not local(f"{file_base}/models/{model.name}/{version}/{ds}").exists()
+
+    assert run_days(job, instance, table_key, window[1], window[1]).success
+    trained = job.execute_in_process(
+        instance=instance, asset_selection=[model_key], partition_key=ds
+    )
+    assert trained.success

@@ -9,6 +9,8 @@ from typing import Any
 
 import dagster as dg
 
+from zipline_dagster.storage.tables import WRITE_ID
+
 PARTITIONS_START = "2026-07-01"
 
 daily_partitions = dg.DailyPartitionsDefinition(start_date=PARTITIONS_START)
@@ -22,6 +24,15 @@ def latest_materialization(
         dg.AssetRecordsFilter(asset_key=key, asset_partitions=[ds]), limit=1
     ).records
     return records[0] if records else None
+
+
+def recorded_write(instance: dg.DagsterInstance, key: dg.AssetKey, ds: str) -> str | None:
+    """The write (``WRITE_ID``) Dagster's latest materialization of table partition ``ds``
+    names (None: no materialization, or one naming none, e.g. an external table's)."""
+    record = latest_materialization(instance, key, ds)
+    mat = record.asset_materialization if record is not None else None
+    write = mat.metadata.get(WRITE_ID) if mat is not None else None
+    return None if write is None else str(write.value)
 
 
 def table_asset_key(table: str) -> dg.AssetKey:

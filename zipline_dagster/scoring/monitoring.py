@@ -19,6 +19,7 @@ from zipline_dagster.declarations.transforms import ModelTransforms
 from zipline_dagster.lineage.partitions import (
     latest_materialization,
     record_range,
+    recorded_write,
     table_asset_key,
 )
 from zipline_dagster.rollout import gates as g
@@ -28,7 +29,6 @@ from zipline_dagster.storage.blobs import BlobStore
 from zipline_dagster.storage.paths import model_dir_uri, table_uri
 from zipline_dagster.storage.resources import WarehouseResource
 from zipline_dagster.storage.tables import (
-    WRITE_ID,
     committed_partitions,
     committed_scan,
     unrecorded_write,
@@ -139,11 +139,9 @@ def build_monitoring_asset(
         errors: dict[str, str] = {}
         for ds in days:
             try:
-                record = latest_materialization(context.instance, scores_key, ds)
-                mat = record.asset_materialization if record is not None else None
-                recorded = mat.metadata.get(WRITE_ID) if mat is not None else None
                 why = unrecorded_write(
-                    scores.get(ds, ([], None))[1], None if recorded is None else str(recorded.value)
+                    scores.get(ds, ([], None))[1],
+                    recorded_write(context.instance, scores_key, ds),
                 )
                 if why:  # what Dagster records of this day would describe other scores
                     raise MonitoringError(

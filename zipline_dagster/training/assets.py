@@ -1,5 +1,6 @@
 """Model assets: one daily-partitioned asset per declared ``Model``, trained as a Ray Job."""
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -11,13 +12,14 @@ from zipline_dagster.errors import failure
 from zipline_dagster.lineage.partitions import (
     daily_partitions,
     record_range,
+    recorded_write,
     starting_at,
     table_asset_key,
 )
 from zipline_dagster.storage.blobs import BlobNotFoundError, BlobStorageError
-from zipline_dagster.storage.paths import join_uri
+from zipline_dagster.storage.paths import join_uri, table_uri
 from zipline_dagster.storage.resources import WarehouseResource
-from zipline_dagster.storage.tables import existing_partitions
+from zipline_dagster.storage.tables import committed_scan, format_days, unrecorded_write
 from zipline_dagster.training.archive import (
     ArchiveVerificationError,
     TrainerArchiveError,
@@ -131,11 +133,15 @@ def build_model_asset(
         context: dg.AssetExecutionContext, launcher: TrainingLauncher, warehouse: WarehouseResource
     ) -> dg.MaterializeResult:
         days = list(context.partition_keys)
+        # the write Dagster recorded for each training-table day (once per day per run)
+        recorded = functools.cache(functools.partial(recorded_write, context.instance, upstream))
         if len(days) == 1:
             return dg.MaterializeResult(
-                metadata=train_partition(context, model, days[0], launcher, warehouse)
+                metadata=train_partition(
+                    context, model, days[0], launcher, warehouse, recorded=recorded
+                )
             )
-        return train_range(context, model, days, launcher, warehouse)
+        return train_range(context, model, days, launcher, warehouse, recorded=recorded)
 
     return _model_asset
 
@@ -149,12 +155,41 @@ def _job_failure(exc: TrainingJobError) -> dg.Failure:
 
 
 def prepare(
-    model: Model, ds: str, warehouse: WarehouseResource, *, have: dict[str, int] | None = None
+    model: Model,
+    ds: str,
+    warehouse: WarehouseResource,
+    *,
+    scan: dict[str, tuple[list[str], str | None]] | None = None,
+    recorded: Callable[[str], str | None] | None = None,
 ) -> tuple[TrainingRequest, dict[str, int]]:
-    """The partition's request, after checking its window exists (``have``: the training
-    table's listing, when the caller already holds it)."""
+    """The partition's request, after checking its window exists and (with ``recorded``:
+    a day -> the write Dagster recorded for it) that storage holds what Dagster recorded
+    for each of its days. ``scan``: the training table's ``committed_scan``, when the
+    caller already holds it.
+
+    Raises:
+        TrainingDataError: a window day is missing, or another write than the recorded
+            one committed it (a run stopped between its commit and its record).
+    """
     request = build_training_request(model, ds, warehouse=warehouse.uri)
-    counts = check_training_window(warehouse.store(request.warehouse), request, have=have)
+    store = warehouse.store(request.warehouse)
+    if scan is None:
+        scan = committed_scan(store, table_uri(warehouse.uri, model.table))
+    have = {day: len(files) for day, (files, _) in scan.items()}
+    counts = check_training_window(store, request, have=have)
+    differ = {
+        day: why
+        for day in request.days
+        if recorded is not None and (why := unrecorded_write(scan[day][1], recorded(day)))
+    }
+    if differ:
+        raise TrainingDataError(
+            f"model {model.name!r} partition {ds}: training table {model.table} does not hold "
+            "what Dagster recorded for "
+            + "; ".join(f"{day} ({why})" for day, why in differ.items())
+            + f". Materialize {model.table} {format_days(sorted(differ))} again first (a "
+            "backfill of the model does it), so that the model trains on what Dagster records"
+        )
     return request, counts
 
 
@@ -164,10 +199,13 @@ def train_partition(
     ds: str,
     launcher: TrainingLauncher,
     warehouse: WarehouseResource,
+    *,
+    recorded: Callable[[str], str | None] | None = None,
 ) -> dict[str, Any]:
-    """Train one partition as its own job and promote it; its materialization metadata."""
+    """Train one partition as its own job and promote it; its materialization metadata
+    (``recorded``: see ``prepare``)."""
     try:
-        request, counts = prepare(model, ds, warehouse)
+        request, counts = prepare(model, ds, warehouse, recorded=recorded)
         archive, requirements = load_archive(model, warehouse)
     except (
         TrainingDataError,
@@ -305,8 +343,11 @@ def train_range(
     days: list[str],
     launcher: TrainingLauncher,
     warehouse: WarehouseResource,
+    *,
+    recorded: Callable[[str], str | None] | None = None,
 ) -> dg.MaterializeResult:
-    """Train a run's range of partitions, each its own materialization.
+    """Train a run's range of partitions, each its own materialization (``recorded``: see
+    ``prepare``).
 
     On Ray (a model without Ray Train workers) the partitions train together in one job,
     one task each, as many at once as the cluster has CPUs for; otherwise one after
@@ -320,14 +361,14 @@ def train_range(
     done: dict[str, dict[str, Any]] = {}
     errors: dict[str, str] = {}
     table_store = warehouse.store(warehouse.uri)
-    try:
-        have = existing_partitions(table_store, warehouse.uri, model.table)
+    try:  # the training table listed once for the range
+        scan = committed_scan(table_store, table_uri(warehouse.uri, model.table))
     except BlobStorageError as exc:
         raise failure(exc) from None
     ready: list[TrainingRequest] = []
     for ds in days:
         try:
-            ready.append(prepare(model, ds, warehouse, have=have)[0])
+            ready.append(prepare(model, ds, warehouse, scan=scan, recorded=recorded)[0])
         except TrainingDataError as exc:
             errors[ds] = str(exc)
     # A re-execution from failure trains only what the runs it resumes left undone.
