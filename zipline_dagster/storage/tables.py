@@ -79,15 +79,18 @@ def _list_committed(
     store: BlobStore, warehouse: str, table: str, listed: list[str] | None = None
 ) -> dict[str, list[str]]:
     return {
-        ds: files for ds, (files, _) in _scan(store, table_uri(warehouse, table), listed).items()
+        ds: files
+        for ds, (files, _) in committed_scan(store, table_uri(warehouse, table), listed).items()
     }
 
 
-def _scan(
+def committed_scan(
     store: BlobStore, root: str, listed: list[str] | None = None
 ) -> dict[str, tuple[list[str], str | None]]:
     """{ds: (URIs of its committed parquet files, the write its marker names)} for every
-    complete partition of the table at ``root`` (one listing, one read per marker)."""
+    complete partition of the table at ``root`` (None: a marker naming no write), from one
+    listing (``listed``: the table's objects, when the caller has just listed them) plus
+    one read per marker."""
     parquet: dict[str, list[str]] = {}
     markers: set[str] = set()
     for uri in store.list(root) if listed is None else listed:
@@ -116,17 +119,10 @@ def _scan(
     return out
 
 
-def committed_scan(store: BlobStore, table_root: str) -> dict[str, tuple[list[str], str | None]]:
-    """{ds: (URIs of its committed files, the write that committed it)} for every complete
-    partition of the table at ``table_root`` (None: a marker naming no write), from one
-    listing plus one read per marker."""
-    return _scan(store, table_root)
-
-
 def partition_writes(store: BlobStore, table_root: str) -> dict[str, str | None]:
     """{ds: the write (``write_id``) that committed it} for every complete partition of
     the table at ``table_root`` (None: one whose marker names none), from one listing."""
-    return {ds: write for ds, (_, write) in _scan(store, table_root).items()}
+    return {ds: write for ds, (_, write) in committed_scan(store, table_root).items()}
 
 
 def unrecorded_write(held: str | None, recorded: str | None) -> str | None:
