@@ -149,6 +149,13 @@ def run_asset(
     )
 
 
+def failure_message(result: Any) -> str:
+    """The message of the one step failure of ``result``, a failed run."""
+    assert not result.success
+    (failed,) = result.get_step_failure_events()
+    return str(failed.step_failure_data.error.message)
+
+
 def champion_metadata(result: Any) -> dict[str, Any]:
     """The metadata of the one champion materialization of ``result``."""
     (event,) = result.get_asset_materialization_events()
@@ -450,10 +457,7 @@ def test_a_model_dagster_never_recorded_is_not_served_and_is_planned_again(
         f"{recorded} that Dagster recorded last: a run stopped between promoting its model "
         "and recording it"
     )
-    refused = run(ours, scores_key, D2)
-    assert not refused.success
-    (failed,) = refused.get_step_failure_events()
-    message = failed.step_failure_data.error.message  # type: ignore[union-attr]
+    message = failure_message(run(ours, scores_key, D2))
     assert f"storage holds attempt {held}" in message and f"not attempt {recorded}" in message
     assert f"Materialize models/{model.name} partition {D1} again" in message
     assert D2 not in committed_partitions(blob_store(file_base), file_base, t.table)
@@ -498,13 +502,11 @@ def test_a_model_its_own_run_never_recorded_is_not_served(file_base: str) -> Non
         "has no materialization of the partition: the run ended without recording it "
         "(stopped between promoting its model and recording it, or its record was wiped)"
     )
-    refused = run(ours, scores_key, D2)
-    assert not refused.success
-    (failed,) = refused.get_step_failure_events()
+    refused = failure_message(run(ours, scores_key, D2))
     assert (
         f"{t.table} {D2} is scored by {model.name} partition {D1}, but {why}. Materialize "
         f"models/{model.name} partition {D1} again"
-    ) in failed.step_failure_data.error.message  # type: ignore[union-attr]
+    ) in refused
     assert D2 not in committed_partitions(blob_store(file_base), file_base, t.table)
     stays = champion_metadata(run(ours, champion_asset_key(model), None))
     assert stays["moved"] is False
@@ -556,13 +558,11 @@ def test_scores_storage_holds_but_dagster_never_recorded_are_planned_again(
     assert plan.steps == [(scores_key, [D2]), (monitoring_asset_key(t), [D2])]
     assert plan.reasons[(scores_key, D2)] == why
     # monitoring the day by hand refuses the scores Dagster does not describe
-    refused = run(ours, monitoring_asset_key(t), D2)
-    assert not refused.success
-    (failed,) = refused.get_step_failure_events()
+    refused = failure_message(run(ours, monitoring_asset_key(t), D2))
     assert (
         f"cannot monitor {t.table} {D2}: its scores: {why.removeprefix('stale: ')}. "
         f"Materialize {t.table} {D2} again first"
-    ) in failed.step_failure_data.error.message  # type: ignore[union-attr]
+    ) in refused
     assert not ours.get_materialized_partitions(monitoring_asset_key(t))
 
     assert run(ours, scores_key, D2).success
@@ -607,13 +607,11 @@ def test_scoring_by_the_champion_serves_only_the_attempt_its_gates_judged(
     assert set(scores["model_ds"]) == {D1}
 
     retrained = attempt_of(run(model_key, D1))
-    refused = run(scores_key, D2)
-    assert not refused.success
-    (failed,) = refused.get_step_failure_events()
+    refused = failure_message(run(scores_key, D2))
     assert (
         f"but {version}/{D1} was trained again after it became champion: it holds attempt "
         f"{retrained}, not the attempt {judged} that was judged"
-    ) in failed.step_failure_data.error.message  # type: ignore[union-attr]
+    ) in refused
     assert read_partition(file_base, t.table, D2)[0] == files  # the served scores stand
 
     moved = champion_metadata(run(champion_asset_key(model)))

@@ -26,13 +26,21 @@ def latest_materialization(
     return records[0] if records else None
 
 
+def recorded_value(
+    instance: dg.DagsterInstance, key: dg.AssetKey, ds: str, name: str
+) -> str | None:
+    """Metadata entry ``name`` of Dagster's latest materialization of ``key`` partition
+    ``ds``, as text (None: no materialization, or one without that entry)."""
+    record = latest_materialization(instance, key, ds)
+    mat = record.asset_materialization if record is not None else None
+    value = mat.metadata.get(name) if mat is not None else None
+    return None if value is None else str(value.value)
+
+
 def recorded_write(instance: dg.DagsterInstance, key: dg.AssetKey, ds: str) -> str | None:
     """The write (``WRITE_ID``) Dagster's latest materialization of table partition ``ds``
     names (None: no materialization, or one naming none, e.g. an external table's)."""
-    record = latest_materialization(instance, key, ds)
-    mat = record.asset_materialization if record is not None else None
-    write = mat.metadata.get(WRITE_ID) if mat is not None else None
-    return None if write is None else str(write.value)
+    return recorded_value(instance, key, ds, WRITE_ID)
 
 
 def table_asset_key(table: str) -> dg.AssetKey:

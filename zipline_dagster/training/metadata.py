@@ -11,7 +11,7 @@ from typing import Any
 
 import dagster as dg
 
-from zipline_dagster.lineage.partitions import latest_materialization
+from zipline_dagster.lineage.partitions import recorded_value
 from zipline_dagster.training.request import unrecorded_attempt
 
 
@@ -126,10 +126,7 @@ def segment_metadata(report: dict[str, Any]) -> dict[str, Any]:
 def recorded_attempt(instance: dg.DagsterInstance, key: dg.AssetKey, ds: str) -> str | None:
     """The attempt Dagster's latest materialization of model partition ``ds`` names
     (None: no materialization, or one that names none)."""
-    record = latest_materialization(instance, key, ds)
-    mat = record.asset_materialization if record is not None else None
-    attempt = mat.metadata.get("attempt") if mat is not None else None
-    return None if attempt is None else str(attempt.value)
+    return recorded_value(instance, key, ds, "attempt")
 
 
 def unrecorded_on_storage(
