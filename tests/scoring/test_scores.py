@@ -459,7 +459,10 @@ def test_a_model_dagster_never_recorded_is_not_served_and_is_planned_again(
     )
     message = failure_message(run(ours, scores_key, D2))
     assert f"storage holds attempt {held}" in message and f"not attempt {recorded}" in message
-    assert f"Materialize models/{model.name} partition {D1} again" in message
+    assert (
+        f"Materialize models/{model.name} partition {D1}, so that Dagster and storage hold "
+        "the same model."
+    ) in message
     assert D2 not in committed_partitions(blob_store(file_base), file_base, t.table)
     # nor does the champion move to it: its gates would judge what Dagster never recorded
     stays = champion_metadata(run(ours, champion_asset_key(model), None))
@@ -505,7 +508,7 @@ def test_a_model_its_own_run_never_recorded_is_not_served(file_base: str) -> Non
     refused = failure_message(run(ours, scores_key, D2))
     assert (
         f"{t.table} {D2} is scored by {model.name} partition {D1}, but {why}. Materialize "
-        f"models/{model.name} partition {D1} again"
+        f"models/{model.name} partition {D1}, so that Dagster and storage hold the same model."
     ) in refused
     assert D2 not in committed_partitions(blob_store(file_base), file_base, t.table)
     stays = champion_metadata(run(ours, champion_asset_key(model), None))

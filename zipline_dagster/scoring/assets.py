@@ -146,8 +146,8 @@ def resolve_model_dir(
         if why:
             raise ScoringError(
                 f"{transforms.table} {ds} is scored by {model.name} partition {model_ds}, "
-                f"but {why}. Materialize models/{model.name} partition {model_ds} again, so "
-                "that Dagster and storage hold the same model."
+                f"but {why}. Materialize models/{model.name} partition {model_ds}, so that "
+                "Dagster and storage hold the same model."
             )
     return model_dir, f"partition {model_ds} (the day before)"
 
