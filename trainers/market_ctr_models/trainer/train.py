@@ -144,7 +144,7 @@ def numeric_columns(schema: Any, skip: set[str]) -> list[str]:
 
 def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
-    started = time.monotonic()
+    started, started_cpu = time.monotonic(), time.process_time()
     use_ray = args.executor == "ray" or (args.executor == "auto" and os.environ.get("RAY_ADDRESS"))
     # The driver trains too, so it is one of the slots; the pool's workers start (cold, in
     # a fresh job) only once the data says they are worth it.
@@ -173,6 +173,7 @@ def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
     del head, body, codes
     conf = {"max_depth": args.max_depth, "num_rounds": args.num_rounds}
     load_seconds = time.monotonic() - started
+    load_cpu_seconds = time.process_time() - started_cpu
     t0 = time.monotonic()
     pool_stats: dict[str, Any] = {}
     if pool is not None:
@@ -217,6 +218,9 @@ def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "fanout_seconds": round(fanout_seconds, 3),
         # reading and splitting the data (workers warm up meanwhile), then the fan-out
         "load_seconds": round(load_seconds, 3),
+        # the CPU this process spent meanwhile, every thread of it (pyarrow's reading
+        # threads; with Ray, the pool's start in the background too)
+        "load_cpu_seconds": round(load_cpu_seconds, 3),
         "train_seconds": round(load_seconds + fanout_seconds, 3),
         "train": {
             "rows": int(sum(r["metrics"]["train_rows"] for r in trained)),
