@@ -91,6 +91,12 @@ def test_fan_out_trains_every_segment_or_reports_it(launcher: str | None, file_b
     # and no worker is asked for (--min-pool-seconds); see the test below for the pool.
     assert report["segments_by_driver"] == SEGMENTS + 1 and report["pool_workers"] == 0
     assert report["pool_first_up_seconds"] is None and report["segments_before_pool_up"] == 0
+    # reading and splitting took time and CPU (the bench's ceiling counts that CPU), and
+    # the trainer's time is that plus the fan-out
+    assert report["load_seconds"] > 0 and report["load_cpu_seconds"] > 0
+    assert report["train_seconds"] == pytest.approx(
+        report["load_seconds"] + report["fanout_seconds"], abs=0.002
+    )
     with zipfile.ZipFile(io.BytesIO(store.read_bytes(f"{model_dir}/segment_models.zip"))) as zf:
         models = {n.removesuffix(".ubj") for n in zf.namelist()}
     assert models | set(report["segments_failed"]) == set(table)
