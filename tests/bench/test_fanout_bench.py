@@ -175,11 +175,12 @@ def run_fanout(
         if len(shares) == len(runs["ray"]):
             share = Series("Ray's own", shares, unit="cores")
             # the two training processes had 2 - share cores where the bare pair had 2
+            left = 2 - share.median
             host.append(
                 "while the driver and the worker both trained, Ray's own processes (raylet, "
                 "GCS, dashboard and its modules, agents, log monitor, the job's supervisor) "
                 f"used {share.spread()} of 2 (sampled from /proc): the bare "
-                f"pair's rate on the cores left is about {pair * (2 - share.median) / 2:.2f}x, "
+                f"pair's rate on the cores left is about {pair * left / 2:.2f}x, "
                 + (f"against the slots' {rate:.2f}x above" if rate is not None else "")
             )
             # The same bound counted in CPU: the Ray arm keeps both cores busy (below), so
@@ -188,14 +189,15 @@ def run_fanout(
             # of every thread) and the loop's models at the pair's cost per model.
             read_cpu = statistics.median(r["load_cpu"] for r in runs["serial"])
             models_cpu = 2 * fan_s.median / pair
-            least = (read_cpu + models_cpu) / (2 - share.median)
+            least = (read_cpu + models_cpu) / left
+            most = serial.median / least
             host.append(
                 f"counted in CPU: the loop's read ({read_cpu:.2f} core-seconds) and its "
                 f"models at the pair's cost ({models_cpu:.2f} core-seconds), on the "
-                f"{2 - share.median:.2f} cores Ray's own processes leave, take {least:.2f} s "
-                f"at least: {serial.median / least:.2f}x at most, with the workers' start and "
+                f"{left:.2f} cores Ray's own processes leave, take {least:.2f} s "
+                f"at least: {most:.2f}x at most, with the workers' start and "
                 "the driver's connection to Ray free and the 2 cores busy from the first "
-                f"moment ({'below' if serial.median / least < goal else 'not below'} the goal)"
+                f"moment ({'below' if most < goal else 'not below'} the goal)"
             )
     machine = {arm: [r["machine"] for r in runs[arm] if r["machine"] is not None] for arm in runs}
     if host_models and all(len(machine[arm]) == len(runs[arm]) for arm in runs):
