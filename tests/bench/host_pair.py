@@ -98,5 +98,22 @@ def side_by_side(warehouse: str, flags: list[str], models: int, processes: int) 
     return max(d["seconds"] for d in done)
 
 
+def uneven_pair(alone: list[float], paired: list[float]) -> str | None:
+    """Why a run's ``side_by_side`` repeats (seconds of one process, of two, per repeat)
+    say the host disturbed it, or None. Two processes on 2 cores cannot train more than
+    twice as fast as one: a repeat above that had its one process slowed by the host (its
+    cores running unevenly), and the single-process serial loop may have been slowed
+    alike."""
+    each = [a / p for a, p in zip(alone, paired, strict=True)]
+    if max(each) <= 2:
+        return None
+    return (
+        f"two bare processes trained {min(each):.2f}-{max(each):.2f}x one process's models "
+        "per second across the repeats, more than 2 processes can: the host slowed the one "
+        "process (its cores ran unevenly), so neither the ceilings nor the loop judge "
+        "anything; run the benchmark again"
+    )
+
+
 if __name__ == "__main__":
     sys.exit(main())

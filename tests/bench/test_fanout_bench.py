@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.bench.host_pair import side_by_side
+from tests.bench.host_pair import side_by_side, uneven_pair
 from tests.bench.ray_share import RayShare
 from tests.bench.record import Case, Series, record
 from tests.conftest import TRAINERS
@@ -144,6 +144,7 @@ def run_fanout(
         else []
     )
     host = []
+    uneven: str | None = None  # the host pair's own sign of a disturbed run (below)
     if host_models:  # after the arms, interleaved too
         flags = [  # the data the model's partition trains on, as its trainer is told
             f"--input-table={TABLE}",
@@ -157,6 +158,7 @@ def run_fanout(
             alone.append(side_by_side(base, flags, host_models, 1))
             paired.append(side_by_side(base, flags, host_models, 2))
         pair = statistics.median(alone) / statistics.median(paired)
+        uneven = uneven_pair(alone, paired)
         # The most the ratio could be at that rate: the loop's own reading of the data
         # (which the Ray arm cannot beat: its other core is starting the worker), then the
         # loop's fan-out at the pair's rate from its first model, no worker start at all.
@@ -220,7 +222,7 @@ def run_fanout(
         f"{processes} training processes can: the serial arm was slowed by something "
         "outside the comparison; run the benchmark again"
         if rate is not None and rate > processes
-        else None
+        else uneven
     )
     record(
         Case(
