@@ -57,6 +57,7 @@ lint: $(SYNCED)
 	$(VENV)/bin/ruff check zipline_dagster tests trainers
 	$(VENV)/bin/ruff format --check zipline_dagster tests trainers
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 fmt: $(SYNCED)
 	$(VENV)/bin/ruff format zipline_dagster tests trainers

@@ -100,7 +100,8 @@ def _fresh_bucket(scheme: str, env: dict[str, str]) -> str:
     """A new bucket (container) on the loopback server ``env`` points at; its name."""
     import uuid
 
-    from zipline_dagster.storage.blobs import StorageOptions, object_filesystem
+    from zipline_dagster.settings import StorageOptions
+    from zipline_dagster.storage.blobs import object_filesystem
 
     name = f"test-{uuid.uuid4().hex[:12]}"
     opts = StorageOptions(

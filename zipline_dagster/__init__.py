@@ -18,7 +18,7 @@ from zipline_dagster.declarations.model import (
     Window,
     selects,
 )
-from zipline_dagster.declarations.transforms import ModelTransforms
+from zipline_dagster.declarations.transforms import ModelTransforms, ScoreWith
 
 __all__ = [
     "DeploymentSpec",
@@ -32,6 +32,7 @@ __all__ = [
     "Query",
     "ResourceConfig",
     "RolloutStrategy",
+    "ScoreWith",
     "TimeUnit",
     "TrainingSpec",
     "Window",

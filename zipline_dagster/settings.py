@@ -29,7 +29,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from zipline_dagster.storage.blobs import StorageOptions
+
+@dataclass(frozen=True)
+class StorageOptions:
+    """How to reach each object store; None means the SDK's own default."""
+
+    s3_endpoint_url: str | None = None
+    aws_region: str | None = None
+    gcs_endpoint_url: str | None = None
+    #: Holds an account key: never shown (repr) nor put in a message.
+    azure_connection_string: str | None = field(default=None, repr=False)
+
 
 LAUNCHERS = ("ray", "local")
 

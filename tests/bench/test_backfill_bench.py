@@ -28,6 +28,7 @@ from tests.bench.test_overhead import direct_run
 from tests.conftest import TRAINERS
 from tests.helpers import days_ending, run_days, write_table
 from tests.training.test_assets import TABLE, make_model, resources
+from zipline_dagster.definitions import build_definitions
 from zipline_dagster.features.spark import SparkResource
 from zipline_dagster.lineage.backfill import (
     execute_plan_in_process,
@@ -35,13 +36,14 @@ from zipline_dagster.lineage.backfill import (
     plan_backfill,
 )
 from zipline_dagster.lineage.partitions import daily_partitions
-from zipline_dagster.lineage.registry import build_definitions
 from zipline_dagster.rollout.assets import build_model_checks
 from zipline_dagster.storage.resources import WarehouseResource
 from zipline_dagster.storage.tables import shift_day
 from zipline_dagster.training.archive import publish_trainer_archive
 from zipline_dagster.training.assets import build_model_asset
-from zipline_dagster.training.request import build_training_request
+from zipline_dagster.training.request import (
+    build_training_request,
+)
 from zipline_dagster.training.resources import RayJobsResource
 
 pytestmark = [pytest.mark.bench, pytest.mark.ray]
@@ -113,8 +115,8 @@ def test_scores_days_in_one_run(ray_head: Any, tmp_path: Path) -> None:
     """30 days of a scores table scored in one backfill run (one Ray job, one task a day)
     against one run per day, on the same trained model partitions."""
     from zipline_dagster import EventSource, ModelTransforms
+    from zipline_dagster.definitions import ExternalTable
     from zipline_dagster.lineage.partitions import table_asset_key
-    from zipline_dagster.lineage.registry import ExternalTable
 
     base = (tmp_path / "wh").as_uri()
     scored = days_ending(LAST, DAYS)

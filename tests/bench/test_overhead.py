@@ -20,7 +20,9 @@ from tests.helpers import days_ending, write_table
 from tests.training.test_assets import DS, TABLE, make_model, resources
 from zipline_dagster.training.archive import publish_trainer_archive
 from zipline_dagster.training.assets import build_model_asset
-from zipline_dagster.training.request import build_training_request
+from zipline_dagster.training.request import (
+    build_training_request,
+)
 from zipline_dagster.training.resources import RayJobsResource
 
 pytestmark = [pytest.mark.bench, pytest.mark.ray]

@@ -14,12 +14,14 @@ import pytest
 
 import zipline_dagster.defs.listing_ctr as demo
 from tests.helpers import days_ending, write_table
-from tests.lineage.test_registry import defs_with
+from tests.test_definitions import defs_with
 from tests.trainers.test_listing_ctr_model import run_trainer
 from zipline_dagster import EventSource, ModelSpecError, Query, selects
 from zipline_dagster.lineage.backfill import BackfillError, model_partitions
 from zipline_dagster.training.assets import build_model_asset
-from zipline_dagster.training.request import build_training_request
+from zipline_dagster.training.request import (
+    build_training_request,
+)
 
 
 def with_query(query: Query, **conf: Any) -> Any:

@@ -412,8 +412,8 @@ def test_a_model_never_trains_on_a_table_day_dagster_did_not_record(
     from tests.conftest import TRAINERS
     from tests.helpers import ctr_rows, days_ending, local, run_days
     from tests.training.test_assets import TABLE, make_model, resources
+    from zipline_dagster.definitions import ExternalTable, build_definitions
     from zipline_dagster.features.spark import write_days
-    from zipline_dagster.lineage.registry import ExternalTable, build_definitions
     from zipline_dagster.storage.tables import partition_writes
     from zipline_dagster.training.archive import publish_trainer_archive
 

@@ -8,9 +8,9 @@ import datetime as dt
 import dagster as dg
 
 import zipline_dagster.defs.listing_ctr as demo
+from zipline_dagster.definitions import build_definitions
 from zipline_dagster.defs import defs as code_location
 from zipline_dagster.defs.resources import resources
-from zipline_dagster.lineage.registry import build_definitions
 from zipline_dagster.storage.tables import days_between
 
 NOW = dt.datetime(2026, 7, 15, 6, 0, tzinfo=dt.UTC)  # latest daily partition: 2026-07-14

@@ -14,9 +14,12 @@ from zipline_dagster import DeploymentSpec, Metric, ModelSpecError, RolloutStrat
 from zipline_dagster.declarations.model import Model
 from zipline_dagster.rollout import champion as ch
 from zipline_dagster.rollout import gates as g
+from zipline_dagster.storage.artifacts import (
+    attempt_dir,
+    promote_attempt,
+)
 from zipline_dagster.storage.blobs import BlobStore, blob_store
 from zipline_dagster.storage.paths import model_dir_uri
-from zipline_dagster.training.request import attempt_dir, promote_attempt
 
 
 def model_with(base: str, *thresholds: Metric, tolerance: float = 0.0) -> Model:
@@ -84,9 +87,9 @@ def test_thresholds_pass_and_fail_with_the_numbers(file_base: str) -> None:
     store = blob_store(file_base)
     trained(store, model, "2026-07-10", report(0.7, logloss=0.5))
     trained(store, model, "2026-07-11", report(0.61, logloss=0.64))
-    ok = g.evaluate(model, store, "2026-07-10", champion=None)
+    ok = g.evaluate(model, store, "2026-07-10")
     assert all(r.passed for r in ok.values()), ok
-    bad = g.evaluate(model, store, "2026-07-11", champion=None)[g.THRESHOLDS]
+    bad = g.evaluate(model, store, "2026-07-11")[g.THRESHOLDS]
     assert not bad.passed
     assert bad.summary == (
         "holdout_auc=0.6100 fails holdout_auc >= 0.65; "
@@ -99,7 +102,7 @@ def test_missing_metric_fails_its_threshold_with_the_reports_reason(file_base: s
     model = model_with(file_base, Metric("holdout_auc", 0.65))
     store = blob_store(file_base)
     trained(store, model, "2026-07-10", report(None))
-    results = g.evaluate(model, store, "2026-07-10", champion=None)
+    results = g.evaluate(model, store, "2026-07-10")
     assert results[g.REPORT_COMPLETE].passed  # the missing metric has a status
     assert results[g.THRESHOLDS].summary == (
         "holdout_auc is missing (the holdout set has one class (all 0))"
@@ -112,7 +115,7 @@ def test_report_without_a_reason_for_a_missing_metric_is_incomplete(file_base: s
     rep = report(0.7)
     rep["holdout"]["metrics"]["accuracy"] = None
     trained(store, model, "2026-07-10", rep)
-    result = g.evaluate(model, store, "2026-07-10", champion=None)[g.REPORT_COMPLETE]
+    result = g.evaluate(model, store, "2026-07-10")[g.REPORT_COMPLETE]
     assert not result.passed
     assert result.summary == "holdout.accuracy is missing and no status says why"
 
@@ -122,11 +125,11 @@ def test_tampered_file_fails_the_manifest_gate(file_base: str) -> None:
     store = blob_store(file_base)
     d = trained(store, model, "2026-07-10", report(0.7))
     store.write_bytes(f"{d}/model.json", b"{'changed': 1}")
-    result = g.evaluate(model, store, "2026-07-10", champion=None)[g.MANIFEST_VERIFIES]
+    result = g.evaluate(model, store, "2026-07-10")[g.MANIFEST_VERIFIES]
     assert not result.passed and "sha256 differs" in result.summary
 
 
-def test_regression_against_the_champion_beyond_the_tolerance(file_base: str) -> None:
+def test_regression_is_the_champions_decision_never_a_partitions_gate(file_base: str) -> None:
     model = model_with(file_base, Metric("holdout_auc", 0.6), tolerance=0.02)
     store = blob_store(file_base)
     trained(store, model, "2026-07-10", report(0.75))
@@ -137,10 +140,28 @@ def test_regression_against_the_champion_beyond_the_tolerance(file_base: str) ->
     # Start again from 07-10 as champion to judge 07-11 and 07-12 against it.
     ch.promote(store, model, "2026-07-10", by="test")
     champion = ch.read_champion(store, model)
-    assert g.evaluate(model, store, "2026-07-11", champion=champion)[g.NO_REGRESSION].passed
-    worse = g.evaluate(model, store, "2026-07-12", champion=champion)[g.NO_REGRESSION]
+    # The gates judge each partition alone: the same verdict with or without a champion.
+    for ds in ("2026-07-11", "2026-07-12"):
+        assert all(r.passed for r in g.evaluate(model, store, ds).values())
+    # The comparison the warning check shows, with the numbers.
+    assert g.compare_with_champion(model, store, "2026-07-11", champion).passed
+    worse = g.compare_with_champion(model, store, "2026-07-12", champion)
     assert not worse.passed
     assert worse.summary == (
         f"holdout_auc=0.7000 is 0.0500 worse than the champion {model.version}/2026-07-10 "
         "(0.7500); tolerance 0.02"
+    )
+    # The champion passes over the newer partition that regresses, saying why, and moves
+    # to the newest one that does not.
+    moved = ch.advance(store, model, by="test")
+    assert moved.moved and moved.pointer and moved.pointer["ds"] == "2026-07-11"
+    assert [r.gate for r in moved.rejected["2026-07-12"]] == [g.NO_REGRESSION]
+    assert moved.rejected["2026-07-12"][0].summary == worse.summary
+    assert moved.reason == "newest partition passing every gate (after 1 newer rejected)"
+    # Nothing newer than 07-11 but the regressed 07-12: it stays, and says why.
+    stays = ch.advance(store, model, by="test")
+    assert not stays.moved
+    assert stays.reason == (
+        f"stays at {model.version}/2026-07-11: no newer partition passes every gate "
+        "(2026-07-12 passed but regressed beyond the tolerance 0.02)"
     )

@@ -40,9 +40,9 @@ from zipline_dagster import (
     ModelTransforms,
     RolloutStrategy,
 )
+from zipline_dagster.definitions import ExternalTable, build_definitions
 from zipline_dagster.lineage.backfill import FreshnessResolver, plan_backfill
 from zipline_dagster.lineage.partitions import table_asset_key
-from zipline_dagster.lineage.registry import ExternalTable, build_definitions
 from zipline_dagster.rollout import champion as ch
 from zipline_dagster.rollout.assets import champion_asset_key
 from zipline_dagster.scoring.monitoring import monitoring_asset_key
@@ -109,7 +109,9 @@ def scoring_defs(
     model = make_model(version, base)
     if deployment is not None:
         model = dataclasses.replace(model, deployment_conf=deployment)
-    t = dataclasses.replace(transforms_for(model), use_champion=champion)
+    t = dataclasses.replace(
+        transforms_for(model), score_with="champion" if champion else "newest_passing"
+    )
     defs = build_definitions(
         external_tables=[ExternalTable(TABLE), ExternalTable(LABELS)],
         models=[model],
@@ -198,7 +200,13 @@ def test_scores_served_by_the_day_before_and_monitored(
     # Day D2 is scored by partition D1 from the archive's trainer.score: exactly the
     # booster's predictions on D2's source rows, with its version and day.
     files, scores = read_partition(file_base, t.table, D2)
-    assert list(scores.columns) == ["listing_id", "score", "model_version", "model_ds"]
+    assert list(scores.columns) == [
+        "listing_id",
+        "score",
+        "model_version",
+        "model_ds",
+        "model_age_days",
+    ]
     _, source = read_partition(file_base, TABLE, D2)
     model_dir = Path(file_base[len("file://") :]) / "models" / model.name / version / D1
     booster = xgb.Booster()
@@ -212,11 +220,15 @@ def test_scores_served_by_the_day_before_and_monitored(
     assert scores["listing_id"].tolist() == source["listing_id"].tolist()
     np.testing.assert_array_equal(scores["score"].to_numpy(), expected.astype(np.float64))
     assert set(scores["model_version"]) == {version} and set(scores["model_ds"]) == {D1}
+    assert set(scores["model_age_days"]) == {1}
     (mat,) = [
         e.event_specific_data.materialization  # type: ignore[union-attr]
         for e in first.get_asset_materialization_events()
     ]
     assert mat.metadata["model_ds"].value == D1 and mat.metadata["rows"].value == 300
+    assert mat.metadata["model_age_days"].value == 1
+    assert mat.metadata["score_with"].value == "newest_passing"
+    assert mat.metadata["scored_by"].value == f"partition {D1} (the day before)"
     _, d3 = read_partition(file_base, t.table, D3)
     assert set(d3["model_ds"]) == {D2}
 
@@ -654,3 +666,96 @@ def test_scoring_by_the_champion_serves_only_the_attempt_its_gates_judged(
         "model (no manifest: it is being trained again, or was deleted), not the attempt "
         f"{retrained} that was judged"
     )
+
+
+def test_a_day_is_scored_by_the_newest_partition_passing_its_gates(file_base: str) -> None:
+    """By default day ds is scored by the newest model partition at or before ds-1 whose
+    blocking gates pass: a day-before partition that fails them is passed over (rows and
+    metadata name the partition used and its age); under a threshold no partition meets,
+    the day fails naming the failed gates and nothing is committed; scoring with ds-1
+    whatever its gates said is a declared choice, and the metadata says so."""
+    d0 = days_ending(D1, 2)[0]
+    write_days(file_base, days_ending(D2, 6))
+    # D1's labels are all 0: the partition of D1 holds that day out, has no holdout AUC
+    # and fails its threshold; the partition of d0 passes it.
+    write_partition(file_base, TABLE, D1, ctr_rows(D1, 300, label=0))
+    lenient = DeploymentSpec(
+        rollout_strategy=RolloutStrategy(rollout_metric_thresholds=[Metric("holdout_auc", 0.5)])
+    )
+    _, model, t, defs = scoring_defs(
+        TRAINERS / "listing_ctr_model", file_base, None, deployment=lenient
+    )
+    job = defs.resolve_implicit_global_asset_job_def()
+    instance = dg.DagsterInstance.ephemeral()
+    model_key, scores_key = dg.AssetKey(["models", model.name]), table_asset_key(t.table)
+    run = functools.partial(run_asset, job, instance)
+
+    assert run(model_key, d0).success
+    failing = run(model_key, D1)  # its blocking threshold check fails the run
+    (threshold,) = [
+        e for e in failing.get_asset_check_evaluations() if e.check_name == "rollout_thresholds"
+    ]
+    assert not threshold.passed
+    gate = str(threshold.metadata["summary"].value)
+    assert gate.startswith("holdout_auc is missing")
+
+    scored = run(scores_key, D2)
+    assert scored.success
+    _, scores = read_partition(file_base, t.table, D2)
+    assert set(scores["model_ds"]) == {d0} and set(scores["model_age_days"]) == {2}
+    md = champion_metadata(scored)
+    assert md["model_ds"] == d0 and md["model_age_days"] == 2
+    assert md["scored_by"] == (
+        f"partition {d0}, the newest at or before {D1} passing its blocking gates "
+        f"({D1} fails rollout_thresholds: {gate})"
+    )
+
+    # A threshold no partition meets: no day is scored by a failing partition.
+    impossible = DeploymentSpec(
+        rollout_strategy=RolloutStrategy(rollout_metric_thresholds=[Metric("holdout_auc", 0.99)])
+    )
+    strict = dataclasses.replace(model, deployment_conf=impossible)
+    strict_defs = build_definitions(
+        external_tables=[ExternalTable(TABLE), ExternalTable(LABELS)],
+        models=[strict],
+        transforms=[dataclasses.replace(t, models=[strict])],
+        resources=resources(None, file_base),
+        automation=False,
+    )
+    strict_job = strict_defs.resolve_implicit_global_asset_job_def()
+    before = committed_partitions(blob_store(file_base), file_base, t.table)[D2]
+    refused = failure_message(run_asset(strict_job, instance, scores_key, D2))
+    assert (
+        f"{t.table} {D2}: no partition of {model.name} {model.version} at or before {D1} "
+        f"passes its blocking gates, so none scores it: {D1} fails rollout_thresholds: {gate}"
+        "; the 1 older trained partition(s) fail too."
+    ) in refused
+    assert "score_with='day_before'" in refused
+    assert committed_partitions(blob_store(file_base), file_base, t.table)[D2] == before
+
+    # Declared, for evaluation: the day before whatever its gates said, and said so.
+    evaluation = build_definitions(
+        external_tables=[ExternalTable(TABLE), ExternalTable(LABELS)],
+        models=[strict],
+        transforms=[dataclasses.replace(t, models=[strict], score_with="day_before")],
+        resources=resources(None, file_base),
+        automation=False,
+    )
+    ungated = run_asset(
+        evaluation.resolve_implicit_global_asset_job_def(), instance, scores_key, D2
+    )
+    assert ungated.success
+    md = champion_metadata(ungated)
+    assert md["model_ds"] == D1 and md["score_with"] == "day_before"
+    assert md["scored_by"] == (
+        f"partition {D1} (the day before), whatever its gates said (declared "
+        "score_with='day_before', for evaluation)"
+    )
+    _, scores = read_partition(file_base, t.table, D2)
+    assert set(scores["model_ds"]) == {D1}
+
+
+def test_score_with_is_validated_at_load() -> None:
+    model = make_model("0123456789ab", "file:///tmp/x")
+    with pytest.raises(ModelSpecError, match=r"score_with='latest' is invalid; expected one of"):
+        dataclasses.replace(transforms_for(model), score_with="latest")

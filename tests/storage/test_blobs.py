@@ -196,7 +196,11 @@ def test_exclusive_create_and_move(base: str) -> None:
 @pytest.mark.parametrize("scheme", ["s3", "gs", "abfss"])
 def test_promotion_on_object_stores(scheme: str, request: pytest.FixtureRequest) -> None:
     """Attempt promotion through each object store's API (the lock is a conditional put)."""
-    from zipline_dagster.training.request import attempt_dir, is_committed, promote_attempt
+    from zipline_dagster.storage.artifacts import (
+        attempt_dir,
+        is_committed,
+        promote_attempt,
+    )
 
     bucket = str(request.getfixturevalue(BUCKETS[scheme]))
     d = f"{bucket}/models/m/{'a' * 12}/2026-07-10"

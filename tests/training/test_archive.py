@@ -182,7 +182,9 @@ def test_setup_py_keywords_must_be_literals(
 
 def test_install_requires_of_a_stored_archive_read_with_a_clear_error(trainer_copy: Path) -> None:
     """An archive built elsewhere (not by build_trainer_archive) is checked when it is used."""
-    from zipline_dagster.training.request import read_install_requires
+    from zipline_dagster.training.request import (
+        read_install_requires,
+    )
 
     good = build_trainer_archive(trainer_copy)
     assert "pandas>=2.3,<3" in read_install_requires(good.data)

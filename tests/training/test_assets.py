@@ -339,7 +339,9 @@ def test_failing_trainer_fails_step_with_its_traceback(
 @pytest.mark.ray
 def test_second_submission_reattaches_to_live_job(ray_head: Any, file_base: str) -> None:
     from zipline_dagster.training.launchers.ray_job import RayJobRunner
-    from zipline_dagster.training.request import build_training_request
+    from zipline_dagster.training.request import (
+        build_training_request,
+    )
 
     write_table(file_base, TABLE, days_ending(DS, 4), rows=20)
     version = publish_trainer_archive(

@@ -27,11 +27,13 @@ from tests.helpers import days_ending, local, write_table
 from tests.tcp_proxy import TcpProxy
 from tests.training.test_assets import TABLE, make_model, ray_client, resources
 from zipline_dagster.lineage.backfill import plan_backfill
+from zipline_dagster.storage.artifacts import (
+    is_committed,
+)
 from zipline_dagster.storage.blobs import blob_store
 from zipline_dagster.storage.paths import MANIFEST_NAME
 from zipline_dagster.training.archive import publish_trainer_archive
 from zipline_dagster.training.assets import build_model_asset
-from zipline_dagster.training.request import is_committed
 from zipline_dagster.training.resources import RayJobsResource
 
 
@@ -429,7 +431,9 @@ def test_timeout_counts_from_the_jobs_own_start(ray_head: Any, file_base: str) -
     """A step that re-attaches to a job started 9 s earlier, with an 8 s timeout, stops it
     at once, not 8 s after attaching."""
     from zipline_dagster.training.launchers.ray_job import RayJobRunner
-    from zipline_dagster.training.request import build_training_request
+    from zipline_dagster.training.request import (
+        build_training_request,
+    )
 
     ds = "2026-07-25"
     _, model = slow_setup(file_base, ds, "60")

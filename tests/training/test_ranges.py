@@ -245,7 +245,9 @@ def test_what_on_storage_makes_a_retry_train_again(file_base: str) -> None:
     from zipline_dagster.storage.paths import join_uri, table_partition_uri
     from zipline_dagster.storage.resources import WarehouseResource
     from zipline_dagster.storage.tables import COMMIT_NAME
-    from zipline_dagster.training.request import build_training_request
+    from zipline_dagster.training.request import (
+        build_training_request,
+    )
     from zipline_dagster.training.retries import changed_on_storage
 
     store = blob_store(file_base)

@@ -16,19 +16,21 @@ import pytest
 
 from tests.helpers import s3_requests
 from tests.training.test_assets import BUCKETS, make_model
-from zipline_dagster.storage.blobs import blob_store
-from zipline_dagster.storage.paths import MANIFEST_NAME
-from zipline_dagster.training.request import (
+from zipline_dagster.storage.artifacts import (
     PROMOTE_LOCK_NAME,
     PROMOTED_NAME,
     ArtifactError,
     attempt_dir,
-    build_training_request,
     is_committed,
     promote_attempt,
     promotion_lock,
     supersede_previous,
     unrecorded_attempt,
+)
+from zipline_dagster.storage.blobs import blob_store
+from zipline_dagster.storage.paths import MANIFEST_NAME
+from zipline_dagster.training.request import (
+    build_training_request,
     window_days,
 )
 from zipline_dagster.training.trainer_io import RESULT_PREFIX, TAIL_LINES
@@ -103,7 +105,9 @@ def test_a_range_job_is_named_by_its_span_and_by_its_days_when_some_are_left_out
     """Every day of a span: the job is named by its first and last day. Some days only (a
     backfill of chosen days, a retry that reuses some): a hash of the days is added, so a
     run never re-attaches to a live job that trains another set of partitions."""
-    from zipline_dagster.training.request import build_range_request
+    from zipline_dagster.training.request import (
+        build_range_request,
+    )
 
     model = make_model("a" * 12, "s3://b/wh")
 
@@ -278,7 +282,9 @@ def test_the_driver_is_told_where_to_write_its_end_marker_when_it_can() -> None:
     from tests.conftest import TRAINERS
     from zipline_dagster.training.archive import build_trainer_archive
     from zipline_dagster.training.launchers.ray_job import RayJobRunner, has_done_marker
-    from zipline_dagster.training.request import build_range_request
+    from zipline_dagster.training.request import (
+        build_range_request,
+    )
 
     current = build_trainer_archive(TRAINERS / "listing_ctr_model").data
     older = with_driver_edited(current, lambda src: src.replace(b'"--done-uri"', b'"--other"'))
@@ -311,7 +317,10 @@ def test_scoring_runs_under_the_driver_when_it_can_with_its_marker_beside_the_sc
     from zipline_dagster.scoring.assets import scoring_request
     from zipline_dagster.training.archive import build_trainer_archive
     from zipline_dagster.training.launchers.ray_job import RayJobRunner, has_attempt_flag
-    from zipline_dagster.training.request import TrainingRequest, build_range_request
+    from zipline_dagster.training.request import (
+        TrainingRequest,
+        build_range_request,
+    )
 
     current = build_trainer_archive(TRAINERS / "listing_ctr_model").data
     older = with_driver_edited(current, lambda src: src.replace(b'"--attempt-flag"', b'"--x"'))
@@ -545,7 +554,7 @@ def test_a_lock_whose_holder_was_killed_is_broken_at_once(file_base: str) -> Non
             "-c",
             "import time\n"
             "from zipline_dagster.storage.blobs import blob_store\n"
-            "from zipline_dagster.training.request import promotion_lock\n"
+            "from zipline_dagster.storage.artifacts import promotion_lock\n"
             f"with promotion_lock(blob_store({d!r}), {d!r}):\n"
             "    print('held', flush=True)\n"
             "    time.sleep(300)\n",
@@ -604,3 +613,12 @@ def test_what_storage_holds_against_what_dagster_recorded_is_named() -> None:
         "between promoting its model and recording it, or its record was wiped)"
     )
     assert unrecorded_attempt({}, None, run_status="FAILURE") is None  # nothing promoted
+
+
+def test_the_trainer_and_the_platform_name_the_same_attempts_folder() -> None:
+    """The trainer side (shipped in every archive, importing nothing of the platform) and
+    the artifact protocol on storage each name the attempts folder; they must agree."""
+    from zipline_dagster.storage import artifacts
+    from zipline_dagster.training import trainer_io
+
+    assert trainer_io.ATTEMPTS_DIR == artifacts.ATTEMPTS_DIR == "_attempts"

@@ -5,13 +5,15 @@ daily table.
 models=[listing_ctr_model], passthrough_fields=["listing_id", "ts"],
 output_namespace="ctr")`` declares ``ctr.listing_ctr_model_scores``: partition ``ds``
 holds one row per source row of day ``ds`` with the passthrough fields, ``score``,
-``model_version`` and ``model_ds``. It is scored by the model partition ``ds-1``
-(trained only on data up to the day before, so nothing leaks) or, with
-``use_champion=True``, by the model's champion.
+``model_version``, ``model_ds`` and ``model_age_days``. Which model partition scores a
+day is ``score_with`` (``ScoreWith``): by default the newest partition at or before
+``ds-1`` (trained only on data up to the day before, so nothing leaks) whose blocking
+gates pass.
 """
 
 from __future__ import annotations
 
+import enum
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,21 +24,59 @@ from zipline_dagster.declarations.model import EventSource, Model
 _NAME_RE = re.compile(r"^[a-z0-9_]+$")
 _COLUMN_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: Columns the scores table always has; a passthrough field may not take their names.
-OUTPUT_COLUMNS = ("score", "model_version", "model_ds")
+OUTPUT_COLUMNS = ("score", "model_version", "model_ds", "model_age_days")
 #: The inference entrypoint in the model's trainer archive.
 DEFAULT_INFERENCE_MODULE = "trainer.score"
 
 
+class ScoreWith(enum.StrEnum):
+    """Which model partition scores day ``ds`` of a ``ModelTransforms``.
+
+    * ``NEWEST_PASSING`` (default): the newest partition at or before ``ds-1`` whose
+      blocking gates pass (``ds-1`` itself must be trained: it is the day's lineage). When
+      none passes, the day fails naming the gates that failed.
+    * ``CHAMPION``: the model's champion pointer.
+    * ``DAY_BEFORE``: partition ``ds-1`` whatever its gates said, for evaluation; the
+      day's metadata says so.
+    """
+
+    NEWEST_PASSING = "newest_passing"
+    CHAMPION = "champion"
+    DAY_BEFORE = "day_before"
+
+
 @dataclass(frozen=True)
 class ModelTransforms:
+    """A daily scores table: each row of the source's day ``ds`` scored by one model
+    partition, as a Ray Job from the model's trainer archive (its ``inference_module``).
+
+    Args:
+        sources: exactly one ``EventSource``, the table whose rows are scored.
+        models: exactly one ``Model``.
+        passthrough_fields: source columns copied into each scores row.
+        output_namespace: the scores table's namespace.
+        name: the table's name in the namespace; default ``{model name}_scores``.
+        score_with: which model partition scores a day (``ScoreWith``, or its value).
+        inference_module: the archive's inference entrypoint.
+        labels, label_column, label_keys: monitoring: the table whose partition ``ds``
+            holds day ``ds``'s labels (none: no monitoring asset), its label column, and
+            the columns joining a label to a score (default the passthrough fields).
+        realized_auc_tolerance: how far the realized AUC may fall below the holdout AUC
+            (or the model's ``holdout_auc`` threshold) before the monitoring check warns.
+
+    Example:
+        ``ModelTransforms(sources=[EventSource(table="ctr.training_v1")],
+        models=[listing_ctr_model], passthrough_fields=["view_id"], output_namespace="ctr",
+        labels=EventSource(table="ctr.labels_v1"), label_keys=["view_id"])``
+    """
+
     sources: Sequence[EventSource]
     models: Sequence[Model]
     passthrough_fields: Sequence[str] = field(default_factory=tuple)
     output_namespace: str = ""
     #: The table's name inside the namespace; default ``{model name}_scores``.
     name: str | None = None
-    #: Score with the champion instead of the partition of the day before.
-    use_champion: bool = False
+    score_with: ScoreWith | str = ScoreWith.NEWEST_PASSING
     inference_module: str = DEFAULT_INFERENCE_MODULE
     #: Monitoring: the table whose partition ``ds`` holds the labels of day ``ds``
     #: (none: no monitoring asset), its label column, and the columns that join a
@@ -111,6 +151,13 @@ class ModelTransforms:
                 )
             if not isinstance(self.label_column, str) or not _COLUMN_RE.match(self.label_column):
                 raise ModelSpecError(f"{who}: label_column={self.label_column!r} is invalid")
+        try:
+            object.__setattr__(self, "score_with", ScoreWith(self.score_with))
+        except ValueError:
+            raise ModelSpecError(
+                f"{who}: score_with={self.score_with!r} is invalid; expected one of "
+                + ", ".join(repr(w.value) for w in ScoreWith)
+            ) from None
         tol = self.realized_auc_tolerance
         if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not tol >= 0:
             raise ModelSpecError(
@@ -120,6 +167,10 @@ class ModelTransforms:
         object.__setattr__(self, "sources", tuple(sources))
         object.__setattr__(self, "models", tuple(models))
         object.__setattr__(self, "passthrough_fields", tuple(fields))
+
+    @property
+    def use_champion(self) -> bool:
+        return self.score_with is ScoreWith.CHAMPION
 
     @property
     def model(self) -> Model:

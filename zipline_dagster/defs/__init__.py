@@ -19,8 +19,8 @@ from typing import Any
 from zipline_dagster.declarations.features import GroupBy, Join, StagingQuery
 from zipline_dagster.declarations.model import Model
 from zipline_dagster.declarations.transforms import ModelTransforms
+from zipline_dagster.definitions import ExternalTable, SourceTable, build_definitions
 from zipline_dagster.defs.resources import resources
-from zipline_dagster.lineage.registry import ExternalTable, SourceTable, build_definitions
 
 
 def collect(package: str = __name__) -> dict[str, list[Any]]:

@@ -153,9 +153,12 @@ class FreshnessResolver:
         """Why storage does not hold the finished model Dagster recorded for a model
         partition (no manifest, a file it lists gone, or another attempt than the one
         recorded), or None when it does."""
+        from zipline_dagster.storage.artifacts import (
+            committed_manifest,
+            unrecorded_attempt,
+        )
         from zipline_dagster.storage.blobs import BlobStorageError, blob_store
         from zipline_dagster.storage.paths import MANIFEST_NAME, join_uri
-        from zipline_dagster.training.request import committed_manifest, unrecorded_attempt
 
         self._code_versions(key)
         uri = self._artifacts.get(key, {}).get(partition)

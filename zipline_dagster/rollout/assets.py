@@ -2,14 +2,17 @@
 
 * Each model partition gets blocking, partitioned asset checks, one per gate
   (:mod:`zipline_dagster.rollout.gates`); a failed check carries the numbers that failed
-  it, and, being blocking, stops anything downstream in the same run.
+  it, and, being blocking, stops anything downstream in the same run. They judge the
+  partition alone. A warning-severity check beside them shows the comparison with the
+  current champion; it never blocks.
 * Each model gets a champion asset (``champions/{model}``, not partitioned) that
-  advances the pointer to the newest trained partition passing every gate whenever a
-  model partition is materialized (automation), and reports why it moved or stayed.
+  advances the pointer to the newest trained partition passing every gate and not
+  regressing beyond the declared tolerance, whenever a model partition is materialized
+  (automation), and reports why it moved or stayed.
 """
 
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 import dagster as dg
@@ -47,12 +50,16 @@ def _value(v: Any) -> Any:
     return dg.MetadataValue.text(str(v))
 
 
-def check_result(result: g.GateResult, **extra: Any) -> dg.AssetCheckResult:
+def check_result(
+    result: g.GateResult,
+    severity: dg.AssetCheckSeverity = dg.AssetCheckSeverity.ERROR,
+    **extra: Any,
+) -> dg.AssetCheckResult:
     metadata = {"summary": dg.MetadataValue.text(result.summary)}
     metadata.update({k: _value(v) for k, v in {**result.values, **extra}.items()})
     return dg.AssetCheckResult(
         passed=result.passed,
-        severity=dg.AssetCheckSeverity.ERROR,
+        severity=severity,
         description=result.summary,
         metadata=metadata,
     )
@@ -77,14 +84,14 @@ def judge_partitions(
     key: dg.AssetKey,
     judge: Callable[[str], list[tuple[str, dg.AssetCheckResult]]],
     *,
-    blocking: bool,
+    blocking: Collection[str],
     what: str,
 ) -> Iterator[dg.AssetCheckResult]:
     """The results ``judge`` gives (check name, result) for each partition of the run, of
-    checks on ``key``: yielded for a run of one partition; for a range, each recorded
-    against its own partition and that partition's latest materialization (Dagster cannot
-    yet attach a yielded result to one partition of a range), a failed one logged as a
-    warning naming ``what``."""
+    checks on ``key`` (those named in ``blocking`` block): yielded for a run of one
+    partition; for a range, each recorded against its own partition and that partition's
+    latest materialization (Dagster cannot yet attach a yielded result to one partition of
+    a range), a failed one logged as a warning naming ``what``."""
     if context.has_partition_key:
         for name, result in judge(context.partition_key):
             yield dg.AssetCheckResult(
@@ -108,7 +115,7 @@ def judge_partitions(
                 target_materialization_data=target,
                 severity=result.severity,
                 description=result.description,
-                blocking=blocking,
+                blocking=name in blocking,
                 partition=ds,
             )
             context.op_execution_context.log_event(evaluation)
@@ -119,7 +126,8 @@ def judge_partitions(
 def build_model_checks(
     model: Model, partitions_def: dg.PartitionsDefinition
 ) -> list[dg.AssetChecksDefinition]:
-    """The model's gates as blocking, partitioned checks, evaluated together in one step.
+    """The model's gates as blocking, partitioned checks, evaluated together in one step,
+    and the comparison with the champion as a warning-severity check that never blocks.
 
     A run of one partition yields one result per selected gate. A backfill run of a range
     (``train_range``) evaluates every partition of the range and records each gate's
@@ -132,32 +140,39 @@ def build_model_checks(
             gate,
             asset=key,
             description=g.GATE_DESCRIPTIONS[gate],
-            blocking=True,
+            blocking=gate in g.GATES,
             partitions_def=partitions_def,
         )
-        for gate in g.GATES
+        for gate in g.CHECKS
     ]
 
     @dg.multi_asset_check(
         specs=specs,
         name=f"{model.name}_rollout_gates",
         can_subset=True,
-        description=f"The rollout gates of {model.name}, one blocking check each.",
+        description=f"The rollout gates of {model.name}, one blocking check each, and the "
+        "comparison with its champion (a warning).",
     )
     def _gates(
         context: dg.AssetCheckExecutionContext, warehouse: WarehouseResource
     ) -> Iterator[dg.AssetCheckResult]:
-        selected = [c.name for c in context.selected_asset_check_keys if c.name in g.GATES]
+        selected = [c.name for c in context.selected_asset_check_keys if c.name in g.CHECKS]
         base = model.model_artifact_base_uri
         store = warehouse.store(base)
-        champion = ch.read_champion(store, model) if g.NO_REGRESSION in selected else None
+        compare = g.NO_REGRESSION in selected
+        champion = ch.read_champion(store, model) if compare else None
+        warn = dg.AssetCheckSeverity.WARN
 
         def judge(ds: str) -> list[tuple[str, dg.AssetCheckResult]]:
-            results = g.evaluate(model, store, ds, champion=champion)
+            results = g.evaluate(model, store, ds)
             uri = model_dir_uri(base, model.name, model.version, ds)
-            return [(gate, check_result(results[gate], artifact_uri=uri)) for gate in selected]
+            checks = {n: check_result(r, artifact_uri=uri) for n, r in results.items()}
+            if compare:
+                shown = g.compare_with_champion(model, store, ds, champion)
+                checks[g.NO_REGRESSION] = check_result(shown, warn, artifact_uri=uri)
+            return [(name, checks[name]) for name in selected]
 
-        yield from judge_partitions(context, key, judge, blocking=True, what=model.name)
+        yield from judge_partitions(context, key, judge, blocking=g.GATES, what=model.name)
 
     return [_gates]
 

@@ -7,7 +7,10 @@ under ``{base}/models/{model_name}/_champions/``, and the new pointer names it
 (``replaced``), so a rollback walks back one step at a time.
 
 It only ever points at a partition whose manifest verifies and whose blocking gates all
-passed, unless a person forces it (``forced`` and the failed gates are recorded).
+passed, unless a person forces it (``forced`` and the failed gates are recorded). Moving
+on its own, it also passes over a newer partition whose threshold metrics regress beyond
+``RolloutStrategy.regression_tolerance`` against it: that is the champion's decision,
+never a partition's gate.
 """
 
 from __future__ import annotations
@@ -22,15 +25,15 @@ from typing import Any
 
 from zipline_dagster.declarations.model import VERSION_ACCEPTED, VERSION_RE, Model, is_day
 from zipline_dagster.rollout import gates as g
-from zipline_dagster.storage.blobs import BlobNotFoundError, BlobStore
-from zipline_dagster.storage.paths import MANIFEST_NAME, join_uri, model_dir_uri
-from zipline_dagster.training.request import (
+from zipline_dagster.storage.artifacts import (
     STALE_LOCK_S,
     manifest_attempt,
     named_attempt,
     promotion_lock,
     read_json_object,
 )
+from zipline_dagster.storage.blobs import BlobNotFoundError, BlobStore
+from zipline_dagster.storage.paths import MANIFEST_NAME, join_uri, model_dir_uri
 
 CHAMPION_NAME = "CHAMPION.json"
 HISTORY_DIR = "_champions"
@@ -97,7 +100,8 @@ def trained_partitions(store: BlobStore, model: Model, version: str | None = Non
 @dataclass(frozen=True)
 class Decision:
     """What the automatic advance chose: the pointer written (None if it stayed) and,
-    for each newer partition passed over, the gates that failed it."""
+    for each newer partition passed over, the gates that failed it (or the comparison
+    with the champion, ``gates.NO_REGRESSION``, when it regressed)."""
 
     pointer: dict[str, Any] | None
     moved: bool
@@ -171,7 +175,6 @@ def _judge(
     store: BlobStore,
     model: Model,
     ds: str,
-    champion: dict[str, Any] | None,
     version: str | None = None,
     *,
     manifest: dict[str, Any] | None = None,
@@ -185,7 +188,7 @@ def _judge(
     version = version or model.version
     model_dir = model_dir_uri(model.model_artifact_base_uri, model.name, version, ds)
     before = manifest_attempt(store, model_dir) if manifest is None else named_attempt(manifest)
-    results = g.evaluate(model, store, ds, champion=champion, version=version)
+    results = g.evaluate(model, store, ds, version=version)
     after = manifest_attempt(store, model_dir)
     if after != before:
         raise ChampionError(
@@ -224,7 +227,8 @@ def advance(
     unrecorded: Callable[[str, dict[str, Any]], str | None] | None = None,
 ) -> Decision:
     """Move the champion to the newest trained partition of the model's version that is
-    newer than it and passes every gate; stay when there is none. A lock that cannot be
+    newer than it, passes every gate and does not regress against it beyond the declared
+    tolerance; stay when there is none. A lock that cannot be
     deleted afterwards is in ``left_behind``, the decision standing.
 
     ``unrecorded`` (a partition and its manifest -> why storage holds a model Dagster did
@@ -267,12 +271,17 @@ def _advance(
         if why_not:
             rejected[ds] = [g.GateResult(RECORDED, False, why_not)]
             continue
-        results, attempt = _judge(store, model, ds, current, manifest=manifest)
+        results, attempt = _judge(store, model, ds, manifest=manifest)
         failed = [r for r in results.values() if not r.passed]
         if failed:
             rejected[ds] = failed
             continue
-        report = g.read_partition_report(store, model_dir)
+        report = g.read_partition_report(store, model_dir) or {}
+        # the champion's own decision: a newer partition may not be worse than it
+        regression = g.check_no_regression(model, report, current)
+        if not regression.passed:
+            rejected[ds] = [regression]
+            continue
         why = (
             f"newest partition passing every gate (after {len(rejected)} newer rejected)"
             if rejected
@@ -295,6 +304,12 @@ def _advance(
         reason = f"stays at {current.get('version')}/{current.get('ds')}: " + (
             "no newer partition passes every gate" if newer else "no newer trained partition"
         )
+        regressed = sorted(ds for ds, r in rejected.items() if r[0].gate == g.NO_REGRESSION)
+        if regressed:
+            reason += (
+                f" ({', '.join(regressed)} passed but regressed beyond the tolerance "
+                f"{model.rollout.regression_tolerance:g})"
+            )
         if again:
             reason += (
                 f"; but {retrained}, and what it holds now did not "
@@ -344,7 +359,7 @@ def promote(
     with promotion_lock(store, model_root(model), lock_name=LOCK_NAME, left=left):
         current = read_champion(store, model)
         manifest = read_json_object(store, join_uri(model_dir, MANIFEST_NAME))
-        results, attempt = _judge(store, model, ds, current, version, manifest=manifest)
+        results, attempt = _judge(store, model, ds, version, manifest=manifest)
         why_not = (
             unrecorded(ds, manifest)
             if unrecorded is not None and manifest is not None and version == model.version

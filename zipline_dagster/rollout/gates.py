@@ -1,8 +1,14 @@
 """The blocking gates of a trained model partition, computed from what storage holds.
 
 One function per gate, each returning the numbers it judged; the Dagster asset checks,
-the champion asset and ``zipline-dagster promote`` all call these, so the UI, the pointer
-and the CLI never disagree about a partition.
+the champion asset, scoring and ``zipline-dagster promote`` all call these, so the UI, the
+pointer, the scores and the CLI never disagree about a partition.
+
+The blocking gates judge the partition alone (its thresholds, its report, its manifest):
+the same artifacts get the same verdict whenever they are judged, so retraining or
+backfilling a past day never fails because of anything outside it. Comparing with the
+champion (``check_no_regression``) is the champion's decision when it moves; the asset
+check of that name only shows the comparison, with warning severity.
 """
 
 from __future__ import annotations
@@ -13,21 +19,29 @@ from typing import Any
 
 from zipline_dagster.declarations.deployment import HIGHER_IS_BETTER, SPLITS, Metric
 from zipline_dagster.declarations.model import Model
+from zipline_dagster.storage.artifacts import (
+    REPORT_NAME,
+    is_committed,
+)
 from zipline_dagster.storage.blobs import BlobNotFoundError, BlobStore
 from zipline_dagster.storage.paths import MANIFEST_NAME, join_uri, model_dir_uri
-from zipline_dagster.training.request import REPORT_NAME, is_committed
 
 #: The gates, in the order they are shown.
 THRESHOLDS = "rollout_thresholds"
 NO_REGRESSION = "no_regression_vs_champion"
 REPORT_COMPLETE = "report_complete"
 MANIFEST_VERIFIES = "manifest_verifies"
-GATES = (THRESHOLDS, NO_REGRESSION, REPORT_COMPLETE, MANIFEST_VERIFIES)
+#: What a partition must pass to be served or promoted: it alone decides them.
+GATES = (THRESHOLDS, REPORT_COMPLETE, MANIFEST_VERIFIES)
+#: The asset checks shown on a model partition: the gates, then the comparison with the
+#: champion (warning severity, never blocking: the champion applies it when it moves).
+CHECKS = (THRESHOLDS, NO_REGRESSION, REPORT_COMPLETE, MANIFEST_VERIFIES)
 
 GATE_DESCRIPTIONS = {
     THRESHOLDS: "Every rollout_metric_threshold of the model's DeploymentSpec holds.",
-    NO_REGRESSION: "No threshold metric is worse than the current champion's beyond "
-    "RolloutStrategy.regression_tolerance.",
+    NO_REGRESSION: "Shown, never blocking: no threshold metric is worse than the current "
+    "champion's beyond RolloutStrategy.regression_tolerance (the champion passes over a "
+    "newer partition that is).",
     REPORT_COMPLETE: "The metrics report has every split and, for each missing metric, "
     "a status saying why.",
     MANIFEST_VERIFIES: "The partition's _MANIFEST.json exists and every file's sha256 "
@@ -165,14 +179,10 @@ def read_partition_report(store: BlobStore, model_dir: str) -> dict[str, Any] | 
 
 
 def evaluate(
-    model: Model,
-    store: BlobStore,
-    ds: str,
-    *,
-    champion: dict[str, Any] | None,
-    version: str | None = None,
+    model: Model, store: BlobStore, ds: str, *, version: str | None = None
 ) -> dict[str, GateResult]:
-    """Every gate of partition ``ds`` (of ``version``, default the model's)."""
+    """Every gate of partition ``ds`` (of ``version``, default the model's): a verdict on
+    the partition's own artifacts alone."""
     model_dir = model_dir_uri(
         model.model_artifact_base_uri, model.name, version or model.version, ds
     )
@@ -181,11 +191,21 @@ def evaluate(
         REPORT_COMPLETE: check_report_complete(report),
         MANIFEST_VERIFIES: check_manifest(store, model_dir),
     }
-    if report is None:
-        gone = "no metrics report (metrics.json) on storage"
-        results[THRESHOLDS] = GateResult(THRESHOLDS, False, gone)
-        results[NO_REGRESSION] = GateResult(NO_REGRESSION, False, gone)
-    else:
-        results[THRESHOLDS] = check_thresholds(model, report)
-        results[NO_REGRESSION] = check_no_regression(model, report, champion)
+    results[THRESHOLDS] = (
+        check_thresholds(model, report)
+        if report is not None
+        else GateResult(THRESHOLDS, False, "no metrics report (metrics.json) on storage")
+    )
     return {g: results[g] for g in GATES}
+
+
+def compare_with_champion(
+    model: Model, store: BlobStore, ds: str, champion: dict[str, Any] | None
+) -> GateResult:
+    """Partition ``ds`` of the model's version against ``champion`` (a pointer), as the
+    warning check shows it."""
+    model_dir = model_dir_uri(model.model_artifact_base_uri, model.name, model.version, ds)
+    report = read_partition_report(store, model_dir)
+    if report is None:
+        return GateResult(NO_REGRESSION, False, "no metrics report (metrics.json) on storage")
+    return check_no_regression(model, report, champion)

@@ -4,7 +4,8 @@ range of days is one Ray Job too, one task per day.
 
 Partition ``ds`` depends on the source table's partition ``ds`` and on the model
 partition ``ds-1`` (or the champion), so retraining that model partition makes exactly
-the scores it served stale. The job writes one file per day named by its attempt; the
+the scores it served stale. By default the day is scored by the newest model partition at
+or before ``ds-1`` whose blocking gates pass (``ScoreWith``, ``ModelChoice``). The job writes one file per day named by its attempt; the
 step commits a day (``_COMMITTED.json``) only when that day's run succeeded, so readers
 see the old scores or the new ones, never a mix.
 """
@@ -18,7 +19,7 @@ from typing import Any
 
 import dagster as dg
 
-from zipline_dagster.declarations.transforms import ModelTransforms
+from zipline_dagster.declarations.transforms import ModelTransforms, ScoreWith
 from zipline_dagster.errors import failure
 from zipline_dagster.lineage.partitions import (
     daily_partitions,
@@ -27,7 +28,11 @@ from zipline_dagster.lineage.partitions import (
     table_asset_key,
 )
 from zipline_dagster.rollout import champion as ch
+from zipline_dagster.rollout import gates as g
 from zipline_dagster.rollout.assets import champion_asset_key, model_asset_key
+from zipline_dagster.storage.artifacts import (
+    committed_manifest,
+)
 from zipline_dagster.storage.blobs import BlobStorageError
 from zipline_dagster.storage.paths import (
     join_uri,
@@ -54,7 +59,6 @@ from zipline_dagster.training.metadata import unrecorded_on_storage
 from zipline_dagster.training.request import (
     TrainingRequest,
     build_range_request,
-    committed_manifest,
 )
 from zipline_dagster.training.resources import TrainingLauncher
 from zipline_dagster.training.trainer_io import model_partition_of
@@ -106,17 +110,102 @@ def _key_prefix(transforms: ModelTransforms) -> str:
     return f"score-{transforms.table.replace('.', '-')}"
 
 
-def resolve_model_dir(
-    transforms: ModelTransforms,
-    ds: str,
-    warehouse: WarehouseResource,
-    instance: dg.DagsterInstance | None = None,
-) -> tuple[str, str]:
-    """(model partition URI, why that one) for scoring day ``ds``. With the run's
-    ``instance``, the day before's model on storage must be the one Dagster recorded."""
-    model = transforms.model
-    store = warehouse.store(model.model_artifact_base_uri)
-    if transforms.use_champion:
+class ModelChoice:
+    """Which model partition scores each day of a run (``ModelTransforms.score_with``),
+    each partition's gates judged at most once per run and the trained partitions listed
+    at most once."""
+
+    def __init__(
+        self,
+        transforms: ModelTransforms,
+        warehouse: WarehouseResource,
+        instance: dg.DagsterInstance | None = None,
+    ) -> None:
+        self.transforms = transforms
+        self.model = transforms.model
+        self.store = warehouse.store(self.model.model_artifact_base_uri)
+        self.instance = instance
+        self._trained: list[str] | None = None
+        self._verdicts: dict[str, dict[str, g.GateResult]] = {}
+
+    def _failed(self, model_ds: str) -> list[g.GateResult]:
+        if model_ds not in self._verdicts:
+            self._verdicts[model_ds] = g.evaluate(self.model, self.store, model_ds)
+        return [r for r in self._verdicts[model_ds].values() if not r.passed]
+
+    def _older(self, model_ds: str) -> list[str]:
+        """The trained partitions before ``model_ds``, newest first."""
+        if self._trained is None:
+            self._trained = ch.trained_partitions(self.store, self.model)
+        return [d for d in reversed(self._trained) if d < model_ds]
+
+    def resolve(self, ds: str) -> tuple[str, str]:
+        """(model partition URI, why that one) for scoring day ``ds``. With the run's
+        ``instance``, the model partition on storage must be the one Dagster recorded.
+
+        Raises:
+            ScoringError: no partition qualifies; the message names why.
+        """
+        transforms, model, store = self.transforms, self.model, self.store
+        if transforms.score_with is ScoreWith.CHAMPION:
+            return self._champion(ds)
+        model_ds = shift_day(ds, -1)
+        model_dir = model_dir_uri(
+            model.model_artifact_base_uri, model.name, model.version, model_ds
+        )
+        if committed_manifest(store, model_dir, checksums=False) is None:
+            raise ScoringError(
+                f"{transforms.table} {ds} is scored by {model.name} partition {model_ds} "
+                f"(trained on data before {ds}), which is not trained: no finished model at "
+                f"{model_dir}. Materialize models/{model.name} partition {model_ds} first."
+            )
+        chosen, why = model_ds, f"partition {model_ds} (the day before)"
+        if transforms.score_with is ScoreWith.DAY_BEFORE:
+            why += ", whatever its gates said (declared score_with='day_before', for evaluation)"
+        elif failed := self._failed(model_ds):
+            chosen, why = self._newest_passing(ds, model_ds, failed)
+        self._check_recorded(ds, chosen)
+        return model_dir_uri(model.model_artifact_base_uri, model.name, model.version, chosen), why
+
+    def _newest_passing(
+        self, ds: str, model_ds: str, failed: list[g.GateResult]
+    ) -> tuple[str, str]:
+        model = self.model
+        gates = "; ".join(f"{r.gate}: {r.summary}" for r in failed)
+        older = self._older(model_ds)
+        for d in older:
+            if not self._failed(d):
+                return d, (
+                    f"partition {d}, the newest at or before {model_ds} passing its blocking "
+                    f"gates ({model_ds} fails {gates})"
+                )
+        raise ScoringError(
+            f"{self.transforms.table} {ds}: no partition of {model.name} {model.version} at "
+            f"or before {model_ds} passes its blocking gates, so none scores it: {model_ds} "
+            f"fails {gates}"
+            + (f"; the {len(older)} older trained partition(s) fail too" if older else "")
+            + ". Train a partition that passes, or declare score_with='day_before' to score "
+            "with the day before whatever its gates say (for evaluation)."
+        )
+
+    def _check_recorded(self, ds: str, model_ds: str) -> None:
+        if self.instance is None:
+            return
+        model = self.model
+        model_dir = model_dir_uri(
+            model.model_artifact_base_uri, model.name, model.version, model_ds
+        )
+        manifest = committed_manifest(self.store, model_dir, checksums=False) or {}
+        why = unrecorded_on_storage(self.instance, model_asset_key(model), model_ds, manifest)
+        if why:
+            raise ScoringError(
+                f"{self.transforms.table} {ds} is scored by {model.name} partition {model_ds}, "
+                f"but {why}. Materialize models/{model.name} partition {model_ds}, so that "
+                "Dagster and storage hold the same model."
+            )
+
+    def _champion(self, ds: str) -> tuple[str, str]:
+        transforms, model, store = self.transforms, self.model, self.store
         pointer = ch.read_champion(store, model)
         if pointer is None:
             raise ScoringError(
@@ -132,24 +221,6 @@ def resolve_model_dir(
                 f"{model.name} --ds {pointer['ds']}`) so that what serves has passed the gates"
             )
         return str(pointer["artifact_uri"]), f"champion {pointer['version']}/{pointer['ds']}"
-    model_ds = shift_day(ds, -1)
-    model_dir = model_dir_uri(model.model_artifact_base_uri, model.name, model.version, model_ds)
-    manifest = committed_manifest(store, model_dir, checksums=False)
-    if manifest is None:
-        raise ScoringError(
-            f"{transforms.table} {ds} is scored by {model.name} partition {model_ds} "
-            f"(trained on data before {ds}), which is not trained: no finished model at "
-            f"{model_dir}. Materialize models/{model.name} partition {model_ds} first."
-        )
-    if instance is not None:
-        why = unrecorded_on_storage(instance, model_asset_key(model), model_ds, manifest)
-        if why:
-            raise ScoringError(
-                f"{transforms.table} {ds} is scored by {model.name} partition {model_ds}, "
-                f"but {why}. Materialize models/{model.name} partition {model_ds}, so that "
-                "Dagster and storage hold the same model."
-            )
-    return model_dir, f"partition {model_ds} (the day before)"
 
 
 @dataclass(frozen=True)
@@ -170,17 +241,17 @@ def prepare_day(
     ds: str,
     warehouse: WarehouseResource,
     *,
+    choice: ModelChoice,
     have: dict[str, int] | None = None,
-    instance: dg.DagsterInstance | None = None,
 ) -> ScoringDay:
     """Day ``ds``'s job, once its model and its source day are there (``have``: the
     source table's committed days, when the caller listed them once for a range;
-    ``instance``: the run's, see ``resolve_model_dir``).
+    ``choice``: the run's, see ``ModelChoice.resolve``).
 
     Raises:
         ScoringError, BlobStorageError: naming what is missing.
     """
-    model_dir, chosen = resolve_model_dir(transforms, ds, warehouse, instance)
+    model_dir, chosen = choice.resolve(ds)
     if have is None:
         have = existing_partitions(
             warehouse.store(warehouse.uri), warehouse.uri, transforms.source.table
@@ -246,6 +317,10 @@ def commit_day(
         "model_dir": dg.MetadataValue.path(model_dir),
         "model_version": dg.MetadataValue.text(model_version),
         "model_ds": dg.MetadataValue.text(model_ds),
+        "model_age_days": dg.MetadataValue.int(
+            (dt.date.fromisoformat(ds) - dt.date.fromisoformat(model_ds)).days
+        ),
+        "score_with": dg.MetadataValue.text(ScoreWith(transforms.score_with).value),
         "scored_by": dg.MetadataValue.text(day.chosen),
         "uri": dg.MetadataValue.path(written),
         "path": dg.MetadataValue.path(day.folder),
@@ -327,11 +402,10 @@ def score_range(
     except BlobStorageError as exc:
         raise failure(exc) from exc
     ready: list[ScoringDay] = []
+    choice = ModelChoice(transforms, warehouse, context.instance)
     for ds in days:
         try:
-            ready.append(
-                prepare_day(transforms, ds, warehouse, have=have, instance=context.instance)
-            )
+            ready.append(prepare_day(transforms, ds, warehouse, choice=choice, have=have))
         except (ScoringError, BlobStorageError) as exc:
             errors[ds] = str(exc)
     together = isinstance(launcher, RayJobsResource) and len(ready) > 1
@@ -452,7 +526,12 @@ def build_scores_asset(
         automation_condition=automation_condition,
         description=(
             f"{transforms.source.table} rows of day ds scored by {model.name} "
-            + ("(its champion)" if transforms.use_champion else "partition ds-1")
+            + {
+                ScoreWith.CHAMPION: "(its champion)",
+                ScoreWith.DAY_BEFORE: "partition ds-1 whatever its gates said (evaluation)",
+                ScoreWith.NEWEST_PASSING: "the newest partition at or before ds-1 passing its "
+                "blocking gates",
+            }[ScoreWith(transforms.score_with)]
             + f" with {transforms.inference_module}; passthrough "
             + (", ".join(transforms.passthrough_fields) or "none")
             + "."
@@ -469,7 +548,8 @@ def build_scores_asset(
         if len(days) > 1:
             return score_range(context, transforms, days, launcher, warehouse)
         try:
-            day = prepare_day(transforms, days[0], warehouse, instance=context.instance)
+            choice = ModelChoice(transforms, warehouse, context.instance)
+            day = prepare_day(transforms, days[0], warehouse, choice=choice)
         except (ScoringError, BlobStorageError) as exc:
             raise failure(exc) from exc
         return dg.MaterializeResult(

@@ -262,7 +262,7 @@ def build_monitoring_checks(
             )
             return [(REALIZED_CHECK, result)]
 
-        yield from judge_partitions(context, key, judge, blocking=False, what=transforms.table)
+        yield from judge_partitions(context, key, judge, blocking=(), what=transforms.table)
 
     return [_realized]
 

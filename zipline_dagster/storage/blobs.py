@@ -20,10 +20,11 @@ import os
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import unquote, urlparse
+
+from zipline_dagster.settings import StorageOptions, settings
 
 #: Schemes the store accepts, as users write them.
 SCHEMES = ("file", "s3", "gs", "abfss")
@@ -82,17 +83,6 @@ class BlobStore(Protocol):
         object there is this caller's when the object holds ``data``, and is True.
         """
         ...
-
-
-@dataclass(frozen=True)
-class StorageOptions:
-    """How to reach each object store; None means the SDK's own default."""
-
-    s3_endpoint_url: str | None = None
-    aws_region: str | None = None
-    gcs_endpoint_url: str | None = None
-    #: Holds an account key: never shown (repr) nor put in a message.
-    azure_connection_string: str | None = field(default=None, repr=False)
 
 
 def local_path(uri: str) -> Path:
@@ -509,8 +499,6 @@ def blob_store(uri: str, *, options: StorageOptions | None = None) -> BlobStore:
         return LocalStore()
     if scheme in SCHEMES:
         if options is None:
-            from zipline_dagster.settings import settings
-
             options = settings().storage_options
         return ObjectStore(scheme, object_filesystem(scheme, options))
     raise _unsupported(uri)

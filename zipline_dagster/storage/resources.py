@@ -6,8 +6,8 @@ import dagster as dg
 from dagster_aws.s3 import S3Resource
 from pydantic import Field
 
-from zipline_dagster.settings import settings
-from zipline_dagster.storage.blobs import BlobStore, StorageOptions, blob_store
+from zipline_dagster.settings import StorageOptions, settings
+from zipline_dagster.storage.blobs import BlobStore, blob_store
 
 
 class WarehouseResource(dg.ConfigurableResource):

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from zipline_dagster.storage.blobs import StorageOptions
+    from zipline_dagster.settings import StorageOptions
 
 #: 1980-01-01 00:00:00, the earliest timestamp a zip entry can hold.
 FIXED_DATE_TIME = (1980, 1, 1, 0, 0, 0)

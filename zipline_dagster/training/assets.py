@@ -16,6 +16,11 @@ from zipline_dagster.lineage.partitions import (
     starting_at,
     table_asset_key,
 )
+from zipline_dagster.storage.artifacts import (
+    ArtifactError,
+    promote_attempt,
+    read_report,
+)
 from zipline_dagster.storage.blobs import BlobNotFoundError, BlobStorageError
 from zipline_dagster.storage.paths import join_uri, table_uri
 from zipline_dagster.storage.resources import WarehouseResource
@@ -27,16 +32,13 @@ from zipline_dagster.training.archive import (
 )
 from zipline_dagster.training.metadata import report_metadata
 from zipline_dagster.training.request import (
-    ArtifactError,
     TrainingDataError,
     TrainingJobError,
     TrainingRequest,
     build_range_request,
     build_training_request,
     check_training_window,
-    promote_attempt,
     read_install_requires,
-    read_report,
     traceback_tail,
 )
 from zipline_dagster.training.resources import TrainingLauncher

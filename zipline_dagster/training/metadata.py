@@ -12,7 +12,9 @@ from typing import Any
 import dagster as dg
 
 from zipline_dagster.lineage.partitions import recorded_value
-from zipline_dagster.training.request import unrecorded_attempt
+from zipline_dagster.storage.artifacts import (
+    unrecorded_attempt,
+)
 
 
 def _range_text(split: dict[str, Any]) -> str:

@@ -6,59 +6,26 @@ here, so the flags, paths and report are identical whichever runs the trainer.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import hashlib
 import io
 import json
 import shlex
-import time
 import zipfile
-from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Protocol
 
 from zipline_dagster.declarations.model import Model
-from zipline_dagster.processes import holder_gone, lock_owner
-from zipline_dagster.storage.blobs import BlobStorageError, BlobStore
+from zipline_dagster.storage.artifacts import CHECKPOINTS_DIR, attempt_dir
+from zipline_dagster.storage.blobs import BlobStore
 from zipline_dagster.storage.paths import (
-    MANIFEST_NAME,
     join_uri,
     model_archive_uri,
     model_partition_uri,
     table_uri,
 )
 from zipline_dagster.storage.tables import days_between, existing_partitions, format_days, shift_day
-from zipline_dagster.training.trainer_io import ATTEMPTS_DIR, attempt_flags
-
-REPORT_NAME = "metrics.json"
-SUPERSEDED_DIR = "_superseded"
-#: Each training attempt writes into its own folder (``trainer_io.ATTEMPTS_DIR``); only a
-#: successful one is promoted into ``{version}/{ds}/``, so a failed retrain leaves the
-#: finished model in place.
-#: Left in an attempt folder once it was promoted (holds the manifest it became).
-PROMOTED_NAME = "_PROMOTED.json"
-#: Held while one run promotes an attempt into the partition folder.
-PROMOTE_LOCK_NAME = "_PROMOTING.lock"
-#: Ray Train checkpoints live beside the attempts (``--checkpoint-dir``), so a new
-#: attempt resumes from an earlier one's; training state, not artifacts.
-CHECKPOINTS_DIR = "_checkpoints"
-_NOT_ARTIFACTS = (SUPERSEDED_DIR, ATTEMPTS_DIR, CHECKPOINTS_DIR, PROMOTE_LOCK_NAME, PROMOTED_NAME)
-
-
-def _artifact_files(store: BlobStore, model_dir: str) -> list[str]:
-    """Artifacts directly of ``model_dir``: not superseded ones, attempts or checkpoints."""
-    out = []
-    for uri in store.list(model_dir):
-        first = uri[len(model_dir) :].lstrip("/").split("/", 1)[0]
-        if first not in _NOT_ARTIFACTS:
-            out.append(uri)
-    return out
-
-
-def attempt_dir(model_dir: str, attempt_id: str) -> str:
-    """``{model_dir}/_attempts/{attempt_id}``: where one attempt's trainer writes."""
-    return join_uri(model_dir, ATTEMPTS_DIR, attempt_id)
+from zipline_dagster.training.trainer_io import attempt_flags
 
 
 class TrainingDataError(RuntimeError):
@@ -123,10 +90,6 @@ def traceback_tail(logs: str, max_lines: int = 40) -> str:
     ]
     tail = lines[starts[-1] :] if starts else lines
     return "\n".join(tail[-max_lines:])
-
-
-class ArtifactError(RuntimeError):
-    """The trainer finished but its artifacts are not what the contract requires."""
 
 
 def window_days(ds: str, length: int) -> list[str]:
@@ -363,271 +326,3 @@ def read_install_requires(archive: bytes, *, uri: str = "the trainer archive") -
         source = zf.read(names[0])
     found = setup_keywords(source, where=f"{uri}: {names[0]}")
     return [str(v) for v in found.get("install_requires", [])]  # type: ignore[attr-defined]
-
-
-# ---------------------------------------------------------------------------------------
-# Artifacts: superseding earlier attempts, the manifest commit marker, the report.
-
-
-def supersede_previous(store: BlobStore, model_dir: str) -> str | None:
-    """Move the partition's finished files aside, inside its own folder.
-
-    The manifest goes first, so a crash mid-way never leaves the partition looking
-    finished; the rest lands in ``{model_dir}/_superseded/{UTC stamp}/`` and stays
-    recoverable. Returns that folder, or None when the partition was empty.
-    """
-    current = _artifact_files(store, model_dir)
-    if not current:
-        return None
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S.%fZ")
-    dest = join_uri(model_dir, SUPERSEDED_DIR, stamp)
-    manifest = join_uri(model_dir, MANIFEST_NAME)
-    ordered = sorted(current, key=lambda u: u != manifest)  # manifest first
-    for uri in ordered:
-        rel = uri[len(model_dir) :].lstrip("/")
-        store.move(uri, join_uri(dest, rel))  # a rename locally, a server copy elsewhere
-    return dest
-
-
-class PromotionLockError(ArtifactError):
-    """Another run held the partition's promotion lock for too long."""
-
-
-#: A promotion lock older than this belongs to a run that died holding it, and is broken.
-STALE_LOCK_S = 600.0
-
-
-@contextlib.contextmanager
-def promotion_lock(
-    store: BlobStore,
-    model_dir: str,
-    *,
-    wait_s: float = 900.0,
-    stale_s: float = STALE_LOCK_S,
-    lock_name: str = PROMOTE_LOCK_NAME,
-    left: list[str] | None = None,
-) -> Iterator[None]:
-    """Hold ``{model_dir}/_PROMOTING.lock`` while the partition folder changes.
-
-    Two runs of one partition (both attached to the same Ray job, or a retrain racing a
-    late one) promote one at a time, so neither moves the other's files. A lock older
-    than ``stale_s`` belongs to a run that died mid-promotion and is broken; so is, at
-    once, one whose holder this process can see has ended (same host and PID namespace:
-    a step killed with ``kill -9``, retried on the same machine).
-
-    ``left``: when given, a lock that cannot be deleted at the end is added to it rather
-    than failing what the block did (the next promotion breaks it once stale).
-    """
-    uri = join_uri(model_dir, lock_name)
-    owner = json.dumps(lock_owner())
-    deadline = time.monotonic() + wait_s
-    while not store.create_exclusive(uri, owner.encode()):
-        try:
-            held = json.loads(store.read_bytes(uri))
-            age = time.time() - float(held.get("at", 0))
-            gone = holder_gone(held)
-        except Exception:  # vanished or half-visible: look again
-            age, gone = 0.0, False
-        if age > stale_s or gone:
-            store.delete(uri)
-            continue
-        if time.monotonic() > deadline:
-            raise PromotionLockError(
-                f"{uri} has been held by another run for {age:.0f}s; the partition is left "
-                "as it is. If no run is promoting it, delete the lock and retry."
-            )
-        time.sleep(0.2)
-    try:
-        yield
-    finally:
-        try:
-            store.delete(uri)
-        except (BlobStorageError, OSError):
-            if left is None:
-                raise
-            left.append(uri)
-
-
-@dataclass(frozen=True)
-class Promotion:
-    manifest: dict[str, Any]
-    #: where the earlier finished model was moved, if there was one
-    superseded: str | None
-    #: True when another run had already promoted this very attempt
-    already: bool
-    #: the promoted attempt's report (None when ``already``: read it from the partition)
-    report: dict[str, Any] | None = None
-    #: what could not be deleted once the manifest was written (the attempt's copied
-    #: files, the lock): tidying, never read, and never a failed promotion
-    left_behind: list[str] = field(default_factory=list)
-
-
-def read_json_object(store: BlobStore, uri: str) -> dict[str, Any] | None:
-    """The JSON object stored at ``uri``; None when there is none, or it holds another
-    JSON value (invalid JSON raises ValueError)."""
-    try:
-        value = json.loads(store.read_bytes(uri))
-    except FileNotFoundError:
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def promote_attempt(
-    store: BlobStore, model_dir: str, attempt_id: str, *, extra: dict[str, Any]
-) -> Promotion:
-    """Make a successful attempt the partition's finished model.
-
-    Under the partition's lock: check the attempt's report, move the earlier finished
-    model to ``_superseded/`` (manifest first), copy the attempt's files into place and
-    write ``_MANIFEST.json`` (each file's SHA-256) last, as the commit marker. Promoting
-    an attempt another run already promoted returns that manifest untouched.
-
-    Raises:
-        ArtifactError: the attempt wrote no valid report (the partition is untouched),
-            or it was promoted earlier and has since been superseded by another attempt.
-    """
-    adir = attempt_dir(model_dir, attempt_id)
-    manifest_uri = join_uri(model_dir, MANIFEST_NAME)
-    left: list[str] = []
-    with promotion_lock(store, model_dir, left=left):
-        current = read_json_object(store, manifest_uri)
-        if current and current.get("attempt") == attempt_id and is_committed(store, model_dir):
-            return Promotion(manifest=current, superseded=None, already=True, left_behind=left)
-        if store.exists(join_uri(adir, PROMOTED_NAME)):
-            raise ArtifactError(
-                f"attempt {attempt_id} was promoted into {model_dir} by another run and has "
-                f"since been superseded (the partition now holds attempt "
-                f"{(current or {}).get('attempt', 'none')}); nothing was changed"
-            )
-        files = [u for u in _artifact_files(store, adir) if not u.endswith("/" + MANIFEST_NAME)]
-        if join_uri(adir, REPORT_NAME) not in files:
-            raise ArtifactError(
-                f"the trainer finished but wrote no {REPORT_NAME} into {adir} "
-                f"(found: {[u[len(adir) + 1 :] for u in files] or 'nothing'}); the partition "
-                f"{model_dir} is left as it was"
-            )
-        report = read_report(store, adir)
-        superseded = supersede_previous(store, model_dir)
-        entries = []
-        for uri in files:
-            rel = uri[len(adir) :].lstrip("/")
-            # streamed (a model of gigabytes never sits in this process's memory), and the
-            # digest is of what landed in place
-            digest, size = store.copy(uri, join_uri(model_dir, rel))
-            entries.append({"path": rel, "sha256": digest, "bytes": size})
-        manifest = {
-            "files": entries,
-            "attempt": attempt_id,
-            "committed_at": time.time(),
-            **extra,
-        }
-        body = json.dumps(manifest, indent=2, sort_keys=True).encode()
-        store.write_bytes(manifest_uri, body)
-        # The attempt folder keeps only a note of what it became. The note is what stops
-        # a late run promoting this attempt over a newer one: its write may fail the step
-        # (a retry finds the manifest and records it); deleting the copies never does.
-        store.write_bytes(join_uri(adir, PROMOTED_NAME), body)
-        for uri in files:
-            try:
-                store.delete(uri)
-            except (BlobStorageError, OSError):
-                left.append(uri)
-        promotion = Promotion(
-            manifest=manifest, superseded=superseded, already=False, report=report, left_behind=left
-        )
-    return promotion
-
-
-def read_report(store: BlobStore, model_dir: str) -> dict[str, Any]:
-    uri = join_uri(model_dir, REPORT_NAME)
-    try:
-        report = json.loads(store.read_bytes(uri))
-    except ValueError as exc:
-        raise ArtifactError(f"{uri} is not valid JSON ({type(exc).__name__}: {exc})") from exc
-    if not isinstance(report, dict):
-        raise ArtifactError(f"{uri} holds {type(report).__name__}, expected a JSON object")
-    return report
-
-
-def committed_manifest(
-    store: BlobStore, model_dir: str, *, checksums: bool = True
-) -> dict[str, Any] | None:
-    """The partition's manifest when it is a finished model (the manifest exists and every
-    file it lists matches), else None.
-
-    ``checksums=False`` checks that every listed file exists (one listing, no reads).
-    """
-    manifest = read_json_object(store, join_uri(model_dir, MANIFEST_NAME))
-    if manifest is None:
-        return None
-    entries = manifest.get("files", [])
-    if not checksums:
-        present = set(_artifact_files(store, model_dir))
-        whole = all(join_uri(model_dir, e["path"]) in present for e in entries)
-        return manifest if whole else None
-    for entry in entries:
-        try:
-            digest, _ = store.sha256(join_uri(model_dir, entry["path"]))
-        except FileNotFoundError:
-            return None
-        if digest != entry["sha256"]:
-            return None
-    return manifest
-
-
-def is_committed(store: BlobStore, model_dir: str, *, checksums: bool = True) -> bool:
-    """A partition is a finished model only when its manifest exists and every file matches
-    (``committed_manifest``)."""
-    return committed_manifest(store, model_dir, checksums=checksums) is not None
-
-
-def named_attempt(manifest: dict[str, Any] | None) -> str | None:
-    """The attempt a partition's ``manifest`` names (None: no manifest, or one naming none)."""
-    attempt = manifest.get("attempt") if manifest is not None else None
-    return str(attempt) if attempt else None
-
-
-def manifest_attempt(store: BlobStore, model_dir: str) -> str | None:
-    """The attempt the partition's manifest names (``named_attempt``, read from storage)."""
-    return named_attempt(read_json_object(store, join_uri(model_dir, MANIFEST_NAME)))
-
-
-def unrecorded_attempt(
-    manifest: dict[str, Any],
-    recorded: str | None,
-    *,
-    run_status: str | None = None,
-    run_finished: bool = True,
-) -> str | None:
-    """Why the finished model on storage (its ``manifest``) is not the one Dagster
-    recorded for the partition (``recorded``: the attempt of its latest materialization),
-    or None when they agree or nothing says. They differ when a run was stopped (killed,
-    its machine lost) after it promoted its attempt and before Dagster recorded it: storage
-    then holds a model that no materialization describes.
-
-    With no materialization of the partition, ``run_status`` is the status of the run that
-    promoted the model when that run is one of the instance's (``DagsterRunStatus`` value;
-    ``run_finished``: whether Dagster counts it finished): the run then never recorded what
-    it promoted, or has not yet. None: it is not (trained under another Dagster instance,
-    say), and Dagster cannot tell."""
-    held = named_attempt(manifest)
-    if not held or held == recorded:
-        return None
-    run = manifest.get("dagster_run_id") or "unknown"
-    if not recorded:
-        if run_status is None:
-            return None
-        return (
-            f"storage holds attempt {held}, promoted by run {run} ({run_status}), and Dagster "
-            "has no materialization of the partition: "
-            + (
-                "the run ended without recording it (stopped between promoting its model "
-                "and recording it, or its record was wiped)"
-                if run_finished
-                else "that run has not recorded it yet"
-            )
-        )
-    return (
-        f"storage holds attempt {held} (promoted by run {run}), not attempt {recorded} that "
-        "Dagster recorded last: a run stopped between promoting its model and recording it"
-    )

@@ -7,10 +7,11 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
-from zipline_dagster.settings import settings
-from zipline_dagster.storage.blobs import StorageOptions
+from zipline_dagster.settings import StorageOptions, settings
 from zipline_dagster.training.launchers.ray_job import REQUEST_TIMEOUT_S
-from zipline_dagster.training.request import TrainingRunner
+from zipline_dagster.training.request import (
+    TrainingRunner,
+)
 
 
 class TrainingLauncher(dg.ConfigurableResource):

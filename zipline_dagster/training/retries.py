@@ -17,11 +17,16 @@ import dagster as dg
 from dagster._core.storage.tags import ASSET_RESUME_RETRY_TAG, RESUME_RETRY_TAG
 
 from zipline_dagster.lineage.backfill import CODE_VERSION_TAG, FreshnessResolver
+from zipline_dagster.storage.artifacts import (
+    read_json_object,
+)
 from zipline_dagster.storage.blobs import BlobStorageError
 from zipline_dagster.storage.paths import MANIFEST_NAME, join_uri, table_partition_uri
 from zipline_dagster.storage.resources import WarehouseResource
 from zipline_dagster.storage.tables import COMMIT_NAME
-from zipline_dagster.training.request import TrainingRequest, read_json_object
+from zipline_dagster.training.request import (
+    TrainingRequest,
+)
 
 
 def earlier_attempt_runs(context: dg.AssetExecutionContext) -> set[str]:

@@ -5,13 +5,15 @@ ns.name --warehouse URI`` (plus the platform's derived ``--write-id`` and
 ``--passthrough``). Reads ``model.json`` and ``metrics.json`` (its features and their
 columns) from the model directory, scores every row of partition ``D`` of the input
 table, and writes one parquet file into partition ``D`` of the output table: the
-passthrough columns, ``score``, ``model_version`` and ``model_ds``. The platform commits
+passthrough columns, ``score``, ``model_version``, ``model_ds`` and ``model_age_days``
+(the days from the model's partition to ``D``). The platform commits
 the partition after the job succeeds. Deterministic: the same inputs give the same bytes.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import logging
 import sys
@@ -59,6 +61,7 @@ def score(argv: Sequence[str] | None = None) -> dict[str, Any]:
     out["score"] = booster.predict(matrix).astype(np.float64)
     out["model_version"] = version
     out["model_ds"] = model_ds
+    out["model_age_days"] = (dt.date.fromisoformat(args.ds) - dt.date.fromisoformat(model_ds)).days
     uri = tio.write_table_file(args.warehouse, args.output_table, args.ds, args.write_id, out)
     log.info(
         "scored %d rows of %s %s with %s; wrote %s",

@@ -35,11 +35,13 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
+from zipline_dagster.storage.artifacts import (
+    attempt_dir,
+)
 from zipline_dagster.training.request import (
     JobOutcome,
     TrainingJobError,
     TrainingRequest,
-    attempt_dir,
     traceback_tail,
 )
 from zipline_dagster.training.trainer_io import DONE_PREFIX

@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib.util
 from urllib.parse import urlparse
 
-from zipline_dagster.storage.blobs import StorageOptions
+from zipline_dagster.settings import StorageOptions
 
 #: scheme -> the modules Ray's agent imports to fetch it (and the pip names).
 _CLIENTS = {

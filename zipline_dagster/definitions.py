@@ -1,4 +1,8 @@
-"""The table registry: every table resolves, by its exact name, to the asset producing it.
+"""The definitions builder (the top floor): wires producers (features), models
+(training), their gates and champion (rollout), scores and monitoring into one
+``Definitions``, through the table registry.
+
+Every table resolves, by its exact name, to the asset producing it.
 
 A model (or producer) whose input table no asset emits fails when the code location
 loads, listing the closest names: a near miss (a catalog qualifier, a typo) would

@@ -11,9 +11,9 @@ from dagster._core.events import DagsterEventType
 import zipline_dagster.defs.listing_ctr as demo
 from zipline_dagster import EventSource, ModelSpecError
 from zipline_dagster.declarations.features import StagingQuery
+from zipline_dagster.definitions import ExternalTable, build_definitions
 from zipline_dagster.defs import defs as code_location
 from zipline_dagster.defs.resources import resources
-from zipline_dagster.lineage.registry import ExternalTable, build_definitions
 
 
 def model_reading(table: str) -> object:
@@ -131,8 +131,8 @@ def test_an_external_table_observed_again_unchanged_retrains_nothing(file_base: 
     from tests.helpers import ctr_rows, days_ending, write_partition
     from tests.training.test_assets import TABLE, make_model
     from tests.training.test_assets import resources as test_resources
+    from zipline_dagster.definitions import build_external_table_asset
     from zipline_dagster.lineage.backfill import FreshnessResolver, plan_backfill
-    from zipline_dagster.lineage.registry import build_external_table_asset
     from zipline_dagster.storage.tables import shift_day
     from zipline_dagster.training.archive import publish_trainer_archive
 
@@ -202,7 +202,7 @@ def test_observing_an_external_table_reads_no_data_file(
 
     from tests.helpers import ctr_rows, days_ending, s3_requests, write_partition
     from tests.training.test_assets import TABLE
-    from zipline_dagster.lineage.registry import observed_versions
+    from zipline_dagster.definitions import observed_versions
     from zipline_dagster.storage.blobs import blob_store
     from zipline_dagster.storage.tables import committed_partitions
 
