@@ -149,17 +149,19 @@ def run_days(job: Any, instance: Any, key: Any, first: str, last: str) -> Any:
     )
 
 
-def copy_run_as_failed(source: Any, target: Any, run_id: str) -> None:
+def copy_run_as_failed(source: Any, target: Any, run_id: str, status: Any = None) -> None:
     """Run ``run_id`` of instance ``source`` known to ``target`` as a failed run (its record
     and snapshots, none of its events): what an instance holds of a run killed before it
-    recorded anything (a kill cannot be timed between a promotion and its record)."""
+    recorded anything (a kill cannot be timed between a promotion and its record). With
+    ``status`` (a ``DagsterRunStatus``), as a run in that status: ``STARTED`` is a run
+    still going that has not recorded its commit yet."""
     import dagster as dg
 
     run = source.get_run_by_id(run_id)
     assert run is not None and run.job_snapshot_id and run.execution_plan_snapshot_id
     target.add_snapshot(source.get_job_snapshot(run.job_snapshot_id))
     target.add_snapshot(source.get_execution_plan_snapshot(run.execution_plan_snapshot_id))
-    target.add_run(run.with_status(dg.DagsterRunStatus.FAILURE))
+    target.add_run(run.with_status(status or dg.DagsterRunStatus.FAILURE))
 
 
 def attempt_of(result: Any) -> str:

@@ -84,9 +84,9 @@ def load_definitions(module: str) -> object:
     return defs
 
 
-def find_model(module: str, name: str) -> object:
-    """The ``Model`` named ``name`` declared in the code location ``module`` (at module
-    level, in it or, for a package such as ``defs/``, in any of its modules)."""
+def declared_models(module: str) -> dict[str, object]:
+    """The ``Model``s declared in the code location ``module`` (at module level, in it
+    or, for a package such as ``defs/``, in any of its modules), by name."""
     import importlib
     import pkgutil
 
@@ -100,7 +100,12 @@ def find_model(module: str, name: str) -> object:
             importlib.import_module(f"{module}.{info.name}")
             for info in sorted(pkgutil.iter_modules(root.__path__), key=lambda m: m.name)
         ]
-    models = {v.name: v for m in modules for v in vars(m).values() if isinstance(v, Model)}
+    return {v.name: v for m in modules for v in vars(m).values() if isinstance(v, Model)}
+
+
+def find_model(module: str, name: str) -> object:
+    """The ``Model`` named ``name`` declared in the code location ``module``."""
+    models = declared_models(module)
     if name not in models:
         raise CliError(
             f"model {name!r} is not declared in --module={module!r}; declared: "
@@ -137,15 +142,16 @@ def _moved(
     return 0
 
 
-def _recorded_check(model: object) -> object:
-    """What tells whether the model partition on storage is the one Dagster recorded (see
-    ``unrecorded_on_storage``), from the instance at DAGSTER_HOME; None (said on stderr)
+def _ledger_check(model: object) -> object:
+    """The ledger's rule for the partition being promoted (``why_in_flight``: recorded
+    into Dagster from storage when its run ended without recording it, refused while a
+    run is still writing it), on the instance at DAGSTER_HOME; None (said on stderr)
     when it is not set."""
     import dagster as dg
-    from dagster._core.errors import DagsterHomeNotSetError
 
-    from zipline_dagster.rollout.assets import model_asset_key
-    from zipline_dagster.training.metadata import unrecorded_on_storage
+    from zipline_dagster.lineage.internals import DagsterHomeNotSetError
+    from zipline_dagster.lineage.ledger import Ledger
+    from zipline_dagster.rollout.assets import gate_judge, why_in_flight
 
     try:
         instance = dg.DagsterInstance.get()
@@ -156,8 +162,9 @@ def _recorded_check(model: object) -> object:
             file=sys.stderr,
         )
         return None
-    key = model_asset_key(model)  # type: ignore[arg-type]
-    return lambda ds, manifest: unrecorded_on_storage(instance, key, ds, manifest)
+    ledger = Ledger(instance, judge=gate_judge(model))  # type: ignore[arg-type]
+    warn = lambda text: print(f"warning: {text}", file=sys.stderr)  # noqa: E731
+    return lambda ds, manifest: why_in_flight(ledger, model, ds, manifest, warn)  # type: ignore[arg-type]
 
 
 def _promote(args: argparse.Namespace) -> int:
@@ -172,7 +179,7 @@ def _promote(args: argparse.Namespace) -> int:
         version=args.version,
         force=args.force,
         left=left,
-        unrecorded=_recorded_check(model),  # type: ignore[arg-type]
+        in_flight=_ledger_check(model),  # type: ignore[arg-type]
     )
     return _moved(args, model, pointer, left)
 
@@ -212,7 +219,8 @@ def project_code_location(start: Path | None = None) -> str:
 
 def dagster_instance() -> object:
     import dagster as dg
-    from dagster._core.errors import DagsterHomeNotSetError
+
+    from zipline_dagster.lineage.internals import DagsterHomeNotSetError
 
     try:
         return dg.DagsterInstance.get()
@@ -226,13 +234,11 @@ def dagster_instance() -> object:
 def _backfill(args: argparse.Namespace) -> int:
     import dagster as dg
 
-    from zipline_dagster.lineage.backfill import (
-        daemon_running,
-        drive_backfill,
-        launch_backfill,
-        model_partitions,
-        plan_backfill,
-    )
+    from zipline_dagster.lineage.backfill import model_partitions, plan_backfill
+    from zipline_dagster.lineage.internals import daemon_running, drive_backfill, launch_backfill
+    from zipline_dagster.lineage.ledger import Ledger
+    from zipline_dagster.lineage.partitions import model_asset_key
+    from zipline_dagster.rollout.assets import gate_judge
 
     if args.wait and not Path(args.workspace).is_file():  # before any backfill is launched
         raise CliError(
@@ -240,17 +246,17 @@ def _backfill(args: argparse.Namespace) -> int:
             "the code locations it names (the project's workspace.yaml; run from the project "
             "folder or pass its path)"
         )
-    defs: dg.Definitions = load_definitions(  # type: ignore[assignment]
-        args.module or project_code_location()
-    )
-    key = (
-        dg.AssetKey(args.model.split("/"))
-        if "/" in args.model
-        else dg.AssetKey(["models", args.model])
-    )
+    module = args.module or project_code_location()
+    defs: dg.Definitions = load_definitions(module)  # type: ignore[assignment]
+    key = dg.AssetKey(args.model.split("/")) if "/" in args.model else model_asset_key(args.model)
     instance: dg.DagsterInstance = dagster_instance()  # type: ignore[assignment]
     parts = model_partitions(defs, key, args.start_ds, args.end_ds)
-    plan = plan_backfill(defs, instance, key, parts)
+    models = declared_models(module).values()
+    ledger = Ledger(instance, judge=gate_judge(*models))  # type: ignore[arg-type]
+    plan = plan_backfill(defs, instance, key, parts, ledger=ledger)
+    for diff in ledger.recorded:
+        where = f"{diff.key.to_user_string()} {diff.partition}"
+        print(f"note: {where}: {diff.describe()}", file=sys.stderr)
     print(f"plan for {key.to_user_string()} {args.start_ds}..{args.end_ds}:", file=sys.stderr)
     print(plan.describe(), file=sys.stderr)
     if plan.empty:

@@ -30,11 +30,8 @@ from tests.helpers import days_ending, run_days, write_table
 from tests.training.test_assets import TABLE, make_model, resources
 from zipline_dagster.definitions import build_definitions
 from zipline_dagster.features.spark import SparkResource
-from zipline_dagster.lineage.backfill import (
-    execute_plan_in_process,
-    model_partitions,
-    plan_backfill,
-)
+from zipline_dagster.lineage.backfill import model_partitions, plan_backfill
+from zipline_dagster.lineage.internals import execute_plan_in_process
 from zipline_dagster.lineage.partitions import daily_partitions
 from zipline_dagster.rollout.assets import build_model_checks
 from zipline_dagster.storage.resources import WarehouseResource

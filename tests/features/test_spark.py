@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 from typing import Any
 
 import numpy as np
@@ -314,9 +315,10 @@ def test_a_day_that_cannot_be_committed_fails_alone(spark_resource: Any, tmp_pat
     committed (its partition's path is taken by a stray file: a real write that fails):
     the other days are committed and each materialized with its own rows, the step fails
     naming the day and why, and Dagster and storage agree on every day (rows, and the
-    write each marker names); once the path is free, that day alone runs. A day written
-    again on storage by a write Dagster never recorded (a run stopped between its commit
-    and its record) is then stale to the planner, which names both writes."""
+    write and run each marker names); once the path is free, that day alone runs. A day
+    written again on storage by a write Dagster never recorded (a run stopped between its
+    commit and its record) is recorded from storage by the planner, which then finds it
+    fresh."""
     import dagster as dg
 
     from tests.helpers import local, run_days
@@ -384,36 +386,51 @@ def test_a_day_that_cannot_be_committed_fails_alone(spark_resource: Any, tmp_pat
     ]
     writes = recorded("write_id")
     assert writes == partition_writes(store, table_root)
+    marker = json.loads(local(f"{table_root}/ds=2026-07-03/_COMMITTED.json").read_text())
+    assert marker["dagster_run_id"] == instance.get_runs(limit=1)[0].run_id
     graph = defs.resolve_asset_graph()
     assert FreshnessResolver(instance, graph).status(asset.key, "2026-07-02") == "fresh"
 
     frame = spark_resource.spark_session.createDataFrame(
         [(7, 1, "2026-07-02")], "listing_id long, label long, ds string"
     )
-    write_days(frame, store, base, "ctr.labels", ["2026-07-02"], write_id="unrecorded-1")
-    assert FreshnessResolver(instance, graph).status(asset.key, "2026-07-02") == (
-        f"stale: storage holds write unrecorded-1, not write {writes['2026-07-02']} that "
-        "Dagster recorded last: a run stopped between committing it and recording it"
+    write_days(
+        frame,
+        store,
+        base,
+        "ctr.labels",
+        ["2026-07-02"],
+        write_id="unrecorded-1",
+        code_version=graph.get(asset.key).code_version,  # the producer's own, as a run's
     )
+    resolver = FreshnessResolver(instance, graph)
+    assert resolver.status(asset.key, "2026-07-02") == "fresh"
+    assert [d.describe() for d in resolver.ledger.recorded] == [
+        f"storage holds write unrecorded-1, committed by no Dagster run, which ended without "
+        f"recording it (Dagster had write {writes['2026-07-02']} (run "
+        f"{instance.get_runs(limit=2)[1].run_id})): recorded from storage"
+    ]
+    assert recorded("write_id")["2026-07-02"] == "unrecorded-1"
     assert FreshnessResolver(instance, graph).status(asset.key, "2026-07-04") == "fresh"
 
 
-def test_a_model_never_trains_on_a_table_day_dagster_did_not_record(
+def test_a_model_trains_on_a_table_day_recorded_from_storage(
     spark_resource: Any, file_base: str
 ) -> None:
     """The training table is a Spark producer's. One of a model partition's window days
     is committed again by a write Dagster never recorded (a producer run stopped between
     its commit and its record; here a real Spark write of the day under a write id no
-    materialization names): the model partition refuses to train, naming the day and both
-    writes, and nothing is submitted or promoted; once the day is materialized again, it
-    trains."""
+    materialization names): the model partition records the day into Dagster from
+    storage, says so, and trains on it, so that what it trained on is what Dagster
+    records."""
     import dagster as dg
 
     from tests.conftest import TRAINERS
-    from tests.helpers import ctr_rows, days_ending, local, run_days
+    from tests.helpers import ctr_rows, days_ending, run_days
     from tests.training.test_assets import TABLE, make_model, resources
     from zipline_dagster.definitions import ExternalTable, build_definitions
     from zipline_dagster.features.spark import write_days
+    from zipline_dagster.lineage.partitions import latest_materialization
     from zipline_dagster.storage.tables import partition_writes
     from zipline_dagster.training.archive import publish_trainer_archive
 
@@ -449,21 +466,16 @@ def test_a_model_never_trains_on_a_table_day_dagster_did_not_record(
         ctr_rows(window[1], 300, seed=1).assign(ds=window[1])
     )
     write_days(frame, store, file_base, TABLE, [window[1]], write_id="unrecorded-1")
-    refused = job.execute_in_process(
-        instance=instance, asset_selection=[model_key], partition_key=ds, raise_on_error=False
-    )
-    assert not refused.success
-    (failed,) = refused.get_step_failure_events()
-    assert (
-        f"model 'listing_ctr_model' partition {ds}: training table {TABLE} does not hold what "
-        f"Dagster recorded for {window[1]} (storage holds write unrecorded-1, not write "
-        f"{recorded} that Dagster recorded last: a run stopped between committing it and "
-        f"recording it). Materialize {TABLE} {window[1]} again first"
-    ) in failed.step_failure_data.error.message  # type: ignore[union-attr]
-    assert not local(f"{file_base}/models/{model.name}/{version}/{ds}").exists()
-
-    assert run_days(job, instance, table_key, window[1], window[1]).success
     trained = job.execute_in_process(
         instance=instance, asset_selection=[model_key], partition_key=ds
     )
     assert trained.success
+    record = latest_materialization(instance, table_key, window[1])
+    assert record is not None and record.asset_materialization is not None
+    md = record.asset_materialization.metadata
+    assert md["write_id"].value == "unrecorded-1"
+    said = [e.user_message for e in instance.all_logs(trained.run_id)]
+    assert (
+        f"{TABLE} {window[1]}: storage holds write unrecorded-1, committed by no Dagster run, "
+        f"which ended without recording it (Dagster had write {recorded}"
+    ) in " ".join(said)

@@ -25,12 +25,13 @@ from tests.helpers import (
 from tests.training.test_assets import TABLE, make_model, resources
 from zipline_dagster import DeploymentSpec, Metric, RolloutStrategy
 from zipline_dagster.declarations.model import Model
-from zipline_dagster.lineage.partitions import daily_partitions
+from zipline_dagster.lineage.partitions import daily_partitions, latest_materialization
 from zipline_dagster.rollout import champion as ch
 from zipline_dagster.rollout.assets import (
     build_champion_asset,
     build_model_checks,
     champion_asset_key,
+    model_asset_key,
 )
 from zipline_dagster.storage.blobs import blob_store
 from zipline_dagster.training.archive import publish_trainer_archive
@@ -71,7 +72,7 @@ def advance(model: Model, res: dict[str, Any], instance: dg.DagsterInstance) -> 
     result = dg.materialize([build_champion_asset(model)], resources=res, instance=instance)
     (event,) = result.get_asset_materialization_events()
     mat = event.event_specific_data.materialization  # type: ignore[union-attr]
-    assert mat.asset_key == champion_asset_key(model)
+    assert mat.asset_key == champion_asset_key(model.name)
     return {k: v.value for k, v in mat.metadata.items()}
 
 
@@ -241,13 +242,14 @@ def test_promote_refuses_an_untrained_partition_even_forced(file_base: str, tmp_
         assert "_MANIFEST" not in bad.stderr
 
 
-def test_promote_by_hand_checks_what_dagster_recorded(file_base: str, tmp_path: Path) -> None:
-    """`zipline-dagster promote` with DAGSTER_HOME set checks the partition against the
-    instance's records: a model that a run of the instance promoted and never recorded
-    (killed in between) fails `recorded_by_dagster` like a gate (refused, or promoted with
-    --force and recorded in the pointer); once materialized, it is promoted as usual.
+def test_promote_by_hand_applies_the_ledgers_rule(file_base: str, tmp_path: Path) -> None:
+    """`zipline-dagster promote` with DAGSTER_HOME set applies the ledger's rule to the
+    partition: a model that a run of the instance promoted and has not recorded yet (the
+    run still going) fails `recorded_by_dagster` like a gate (refused, or promoted with
+    --force and recorded in the pointer); once that run has ended without recording it
+    (killed in between), the model is recorded into Dagster from storage and promoted.
     Without DAGSTER_HOME the CLI says it did not check. The run is a real one, on another
-    instance, copied into ours as failed (``copy_run_as_failed``)."""
+    instance, whose record is copied into ours (``copy_run_as_failed``)."""
     write_table(file_base, TABLE, days_ending(DS1, 6), rows=400)
     version = publish_trainer_archive(
         TRAINERS / "listing_ctr_model", model_name="listing_ctr_model", base=file_base
@@ -259,7 +261,8 @@ def test_promote_by_hand_checks_what_dagster_recorded(file_base: str, tmp_path: 
     ours, elsewhere = dg.DagsterInstance.local_temp(str(home)), dg.DagsterInstance.ephemeral()
     other = train(model, res, DS1, elsewhere)
     assert other.success
-    copy_run_as_failed(elsewhere, ours, other.run_id)
+    held = attempt_of(other)
+    copy_run_as_failed(elsewhere, ours, other.run_id, dg.DagsterRunStatus.STARTED)
     env = {**write_code_location(tmp_path, version, file_base), "DAGSTER_HOME": str(home)}
     store = blob_store(file_base)
 
@@ -267,27 +270,37 @@ def test_promote_by_hand_checks_what_dagster_recorded(file_base: str, tmp_path: 
         args = ("promote", model.name, "--ds", DS1, *flags, "--module", "champ_defs")
         return run_cli(*args, env={**env, **extra})
 
+    in_flight = (
+        f"storage holds attempt {held}, committed by run {other.run_id} (STARTED), which has "
+        "not recorded it yet"
+    )
     refused = promote()
     assert refused.returncode == 1
     assert (
-        f"refusing to promote {model.name} {version}/{DS1}: recorded_by_dagster: storage "
-        f"holds attempt {attempt_of(other)}, promoted by run {other.run_id} (FAILURE)"
+        f"refusing to promote {model.name} {version}/{DS1}: recorded_by_dagster: {in_flight}"
     ) in refused.stderr
     assert ch.read_champion(store, model) is None
     forced = promote("--force")
     assert forced.returncode == 0, forced.stderr
     pointer = json.loads(forced.stdout)
-    assert list(pointer["checks_failed"]) == ["recorded_by_dagster"]
-    assert pointer["checks_failed"]["recorded_by_dagster"].endswith(
-        "the run ended without recording it (stopped between promoting its model and "
-        "recording it, or its record was wiped)"
-    )
+    assert pointer["checks_failed"] == {"recorded_by_dagster": in_flight}
     assert pointer["why"] == "promoted by hand with --force despite: recorded_by_dagster"
+    assert latest_materialization(ours, model_asset_key(model.name), DS1) is None
 
-    assert train(model, res, DS1, ours).success
+    run = ours.get_run_by_id(other.run_id)
+    assert run is not None
+    ours.report_run_failed(run)  # it ended without recording what it promoted
     checked = promote()
     assert checked.returncode == 0, checked.stderr
     assert json.loads(checked.stdout)["why"] == "promoted by hand"
+    assert (
+        f"warning: {model.name} partition {DS1}: storage holds attempt {held}, committed by run "
+        f"{other.run_id} (FAILURE), which ended without recording it (Dagster had no "
+        "materialization): recorded from storage"
+    ) in checked.stderr
+    recorded = latest_materialization(ours, model_asset_key(model.name), DS1)
+    assert recorded is not None and recorded.asset_materialization is not None
+    assert recorded.asset_materialization.metadata["attempt"].value == held
     unchecked = promote(DAGSTER_HOME="")
     assert unchecked.returncode == 0, unchecked.stderr
     assert "DAGSTER_HOME is not set, so the partition is not checked" in unchecked.stderr

@@ -42,12 +42,15 @@ from zipline_dagster import (
 )
 from zipline_dagster.definitions import ExternalTable, build_definitions
 from zipline_dagster.lineage.backfill import FreshnessResolver, plan_backfill
-from zipline_dagster.lineage.partitions import table_asset_key
+from zipline_dagster.lineage.partitions import (
+    champion_asset_key,
+    latest_materialization,
+    table_asset_key,
+)
 from zipline_dagster.rollout import champion as ch
-from zipline_dagster.rollout.assets import champion_asset_key
 from zipline_dagster.scoring.monitoring import monitoring_asset_key
 from zipline_dagster.storage.blobs import blob_store
-from zipline_dagster.storage.tables import committed_partitions, partition_writes
+from zipline_dagster.storage.tables import committed_partitions
 from zipline_dagster.training.archive import publish_trainer_archive
 
 LABELS = "ctr.labels_t"
@@ -437,15 +440,23 @@ def test_a_scores_file_that_cannot_be_read_is_never_committed(
     assert instance.get_materialized_partitions(table_asset_key(t.table)) == set()
 
 
-def test_a_model_dagster_never_recorded_is_not_served_and_is_planned_again(
+def latest_metadata(instance: dg.DagsterInstance, key: dg.AssetKey, ds: str) -> dict[str, Any]:
+    """The metadata of the latest materialization of ``key`` partition ``ds``."""
+    record = latest_materialization(instance, key, ds)
+    assert record is not None and record.asset_materialization is not None
+    return {k: v.value for k, v in record.asset_materialization.metadata.items()}
+
+
+def test_a_model_dagster_never_recorded_is_recorded_from_storage_and_served(
     file_base: str,
 ) -> None:
     """A run stopped after it promoted its model and before Dagster recorded it (a kill -9
     in between) leaves storage ahead of Dagster: the partition's folder holds an attempt
     that no materialization describes. That state is made here by a real second run of
     the partition recorded on another instance, which ours never sees (a kill cannot be
-    timed into that window). The planner then calls the partition stale, scoring refuses
-    to serve it (naming both attempts, writing nothing), and a new run makes them agree."""
+    timed into that window). Storage is the truth: scoring records the model into Dagster
+    from storage (saying so, with its gates evaluated) and serves it; the planner then
+    finds it fresh and the champion judges it, pinning that attempt."""
     version, model, t, _, job, graph = scoring_setup(file_base)
     ours, elsewhere = dg.DagsterInstance.ephemeral(), dg.DagsterInstance.ephemeral()
     model_key, scores_key = dg.AssetKey(["models", model.name]), table_asset_key(t.table)
@@ -457,51 +468,47 @@ def test_a_model_dagster_never_recorded_is_not_served_and_is_planned_again(
 
     first = run(ours, model_key, D1)
     assert first.success and json.loads(manifest.read_text())["attempt"] == attempt_of(first)
-    assert FreshnessResolver(ours, graph).status(model_key, D1) == "fresh"
     other = run(elsewhere, model_key, D1)
     assert other.success
     held, recorded = attempt_of(other), attempt_of(first)
     assert held != recorded and json.loads(manifest.read_text())["attempt"] == held
 
-    status = FreshnessResolver(ours, graph).status(model_key, D1)
-    assert status == (
-        f"stale: storage holds attempt {held} (promoted by run {other.run_id}), not attempt "
-        f"{recorded} that Dagster recorded last: a run stopped between promoting its model "
-        "and recording it"
+    scored = run(ours, scores_key, D2)
+    assert scored.success
+    why = (
+        f"storage holds attempt {held}, committed by run {other.run_id}, which ended without "
+        f"recording it (Dagster had attempt {recorded} (run {first.run_id})): recorded from "
+        "storage"
     )
-    message = failure_message(run(ours, scores_key, D2))
-    assert f"storage holds attempt {held}" in message and f"not attempt {recorded}" in message
-    assert (
-        f"Materialize models/{model.name} partition {D1}, so that Dagster and storage hold "
-        "the same model."
-    ) in message
-    assert D2 not in committed_partitions(blob_store(file_base), file_base, t.table)
-    # nor does the champion move to it: its gates would judge what Dagster never recorded
-    stays = champion_metadata(run(ours, champion_asset_key(model), None))
-    assert stays["moved"] is False and stays["rejected"] == {
-        D1: {"recorded_by_dagster": status.removeprefix("stale: ")}
+    said = [e.user_message for e in ours.all_logs(scored.run_id)]
+    assert f"{model.name} partition {D1}: {why}" in said
+    md = latest_metadata(ours, model_key, D1)
+    assert md["attempt"] == held and md["zipline/recorded_from_storage"] == why
+    # its gates were evaluated with it (the blocking ones passed: no thresholds declared)
+    gates = [dg.AssetCheckKey(model_key, n) for n in ("report_complete", "manifest_verifies")]
+    executions = ours.event_log_storage.get_latest_asset_check_execution_by_key(gates)
+    assert {k.name: (r.status.value, r.run_id) for k, r in executions.items()} == {
+        "report_complete": ("SUCCEEDED", ""),  # reported outside a run
+        "manifest_verifies": ("SUCCEEDED", ""),
     }
-
-    again = run(ours, model_key, D1)
-    assert again.success and json.loads(manifest.read_text())["attempt"] == attempt_of(again)
-    assert FreshnessResolver(ours, graph).status(model_key, D1) == "fresh"
-    assert run(ours, scores_key, D2).success
     assert D2 in committed_partitions(blob_store(file_base), file_base, t.table)
-    moves = champion_metadata(run(ours, champion_asset_key(model), None))
-    assert moves["moved"] is True and moves["pointer"]["attempt"] == attempt_of(again)
+    assert FreshnessResolver(ours, graph).status(model_key, D1) == "fresh"
+    moves = champion_metadata(run(ours, champion_asset_key(model.name), None))
+    assert moves["moved"] is True and moves["pointer"]["attempt"] == held
 
 
-def test_a_model_its_own_run_never_recorded_is_not_served(file_base: str) -> None:
+def test_a_model_its_own_run_never_recorded_is_recorded_from_storage(file_base: str) -> None:
     """A run of this instance promoted its model and ended without recording it (killed
     between the two): Dagster has no materialization of the partition at all, yet storage
-    holds a finished model. Scoring refuses it and the champion passes it over, each
-    naming the run and its status; once the partition is materialized, both use it. The
+    holds a finished model. The planner records it from storage, naming the run and its
+    status, and finds it fresh; scoring serves it. While that run is still going, it is
+    left to it: scoring refuses it and the champion passes it over, naming the run. The
     state is made with a real run recorded on another instance whose run record (not its
-    materialization) is copied into ours, failed: what a kill -9 in that window leaves,
-    which a kill cannot be timed into. An instance that knows nothing of the run cannot
-    tell a model it never recorded from one trained under another instance: it serves it."""
+    materialization) is copied into ours: what a kill -9 in that window leaves, which a
+    kill cannot be timed into."""
     _, model, t, _, job, graph = scoring_setup(file_base)
     ours, elsewhere = dg.DagsterInstance.ephemeral(), dg.DagsterInstance.ephemeral()
+    going = dg.DagsterInstance.ephemeral()
     model_key, scores_key = dg.AssetKey(["models", model.name]), table_asset_key(t.table)
 
     run = functools.partial(run_asset, job)
@@ -509,44 +516,47 @@ def test_a_model_its_own_run_never_recorded_is_not_served(file_base: str) -> Non
     other = run(elsewhere, model_key, D1)
     assert other.success
     held = attempt_of(other)
-    copy_run_as_failed(elsewhere, ours, other.run_id)
-    assert FreshnessResolver(ours, graph).status(model_key, D1) == "missing"
 
-    why = (
-        f"storage holds attempt {held}, promoted by run {other.run_id} (FAILURE), and Dagster "
-        "has no materialization of the partition: the run ended without recording it "
-        "(stopped between promoting its model and recording it, or its record was wiped)"
+    # the run still going (its record, started): left to it
+    copy_run_as_failed(elsewhere, going, other.run_id, dg.DagsterRunStatus.STARTED)
+    in_flight = (
+        f"storage holds attempt {held}, committed by run {other.run_id} (STARTED), which has "
+        "not recorded it yet"
     )
-    refused = failure_message(run(ours, scores_key, D2))
+    refused = failure_message(run(going, scores_key, D2))
     assert (
-        f"{t.table} {D2} is scored by {model.name} partition {D1}, but {why}. Materialize "
-        f"models/{model.name} partition {D1}, so that Dagster and storage hold the same model."
+        f"{t.table} {D2} is scored by {model.name} partition {D1}, but {in_flight}: score it "
+        "once that run has ended"
     ) in refused
     assert D2 not in committed_partitions(blob_store(file_base), file_base, t.table)
-    stays = champion_metadata(run(ours, champion_asset_key(model), None))
+    stays = champion_metadata(run(going, champion_asset_key(model.name), None))
     assert stays["moved"] is False
-    assert stays["rejected"] == {D1: {"recorded_by_dagster": why}}
+    assert stays["rejected"] == {D1: {"recorded_by_dagster": in_flight}}
 
-    # an instance that never saw the run cannot tell: storage's model is served
-    assert run(dg.DagsterInstance.ephemeral(), scores_key, D2).success
-
-    recorded = attempt_of(run(ours, model_key, D1))
-    assert recorded != held
+    # the run ended (failed) without recording it: recorded from storage
+    copy_run_as_failed(elsewhere, ours, other.run_id)
+    resolver = FreshnessResolver(ours, graph)
+    assert resolver.status(model_key, D1) == "fresh"
+    assert [d.describe() for d in resolver.ledger.recorded] == [
+        f"storage holds attempt {held}, committed by run {other.run_id} (FAILURE), which "
+        "ended without recording it (Dagster had no materialization): recorded from storage"
+    ]
+    assert latest_metadata(ours, model_key, D1)["attempt"] == held
     assert run(ours, scores_key, D2).success
     _, scores = read_partition(file_base, t.table, D2)
     assert set(scores["model_ds"]) == {D1}
-    moves = champion_metadata(run(ours, champion_asset_key(model), None))
-    assert moves["moved"] is True and moves["pointer"]["attempt"] == recorded
+    moves = champion_metadata(run(ours, champion_asset_key(model.name), None))
+    assert moves["moved"] is True and moves["pointer"]["attempt"] == held
 
 
-def test_scores_storage_holds_but_dagster_never_recorded_are_planned_again(
+def test_scores_storage_holds_but_dagster_never_recorded_are_recorded_from_storage(
     file_base: str,
 ) -> None:
     """A scores day committed by a run that Dagster never recorded (stopped between its
-    commit and its record) is stale to the planner, which names both writes and plans the
-    day again ahead of its monitoring, and monitoring it by hand is refused until it is
-    scored again; a day whose files are gone from storage is stale too. The unrecorded
-    commit is made by a real run on another instance."""
+    commit and its record): the planner records it from storage (its marker names the
+    write and the run), so only the day's monitoring is planned, and monitoring it reads
+    those scores; a day whose files are gone from storage is missing to the planner. The
+    unrecorded commit is made by a real run on another instance."""
     _, model, t, defs, job, graph = scoring_setup(file_base)
     ours, elsewhere = dg.DagsterInstance.ephemeral(), dg.DagsterInstance.ephemeral()
     model_key, scores_key = dg.AssetKey(["models", model.name]), table_asset_key(t.table)
@@ -560,29 +570,25 @@ def test_scores_storage_holds_but_dagster_never_recorded_are_planned_again(
     assert write == recorded["job_id"].value
     assert FreshnessResolver(ours, graph).status(scores_key, D2) == "fresh"
 
-    assert run(elsewhere, scores_key, D2).success
+    again = run(elsewhere, scores_key, D2)
+    assert again.success
     folder = str(recorded["path"].value)
-    held = partition_writes(blob_store(file_base), folder.rsplit("/", 1)[0])[D2]
-    assert held is not None and held != write
-    why = (
-        f"stale: storage holds write {held}, not write {write} that Dagster recorded last: "
-        "a run stopped between committing it and recording it"
-    )
-    assert FreshnessResolver(ours, graph).status(scores_key, D2) == why
-    plan = plan_backfill(defs, ours, monitoring_asset_key(t), [D2])
-    assert plan.steps == [(scores_key, [D2]), (monitoring_asset_key(t), [D2])]
-    assert plan.reasons[(scores_key, D2)] == why
-    # monitoring the day by hand refuses the scores Dagster does not describe
-    refused = failure_message(run(ours, monitoring_asset_key(t), D2))
-    assert (
-        f"cannot monitor {t.table} {D2}: its scores: {why.removeprefix('stale: ')}. "
-        f"Materialize {t.table} {D2} again first"
-    ) in refused
-    assert not ours.get_materialized_partitions(monitoring_asset_key(t))
+    marker = json.loads(Path(folder[len("file://") :], "_COMMITTED.json").read_text())
+    held = marker["write_id"]
+    assert held != write and marker["dagster_run_id"] == again.run_id
+    assert marker["code_version"] == model.version
 
-    assert run(ours, scores_key, D2).success
+    plan = plan_backfill(defs, ours, monitoring_asset_key(t), [D2])
+    assert plan.steps == [(monitoring_asset_key(t), [D2])]
+    md = latest_metadata(ours, scores_key, D2)
+    assert md["write_id"] == held and md["zipline/recorded_from_storage"] == (
+        f"storage holds write {held}, committed by run {again.run_id}, which ended without "
+        f"recording it (Dagster had write {write} (run {scored.run_id})): recorded from storage"
+    )
     assert FreshnessResolver(ours, graph).status(scores_key, D2) == "fresh"
-    assert run(ours, monitoring_asset_key(t), D2).success
+    monitored = run(ours, monitoring_asset_key(t), D2)
+    assert monitored.success
+
     shutil.rmtree(folder[len("file://") :])
     assert FreshnessResolver(ours, graph).status(scores_key, D2) == (
         f"stale: it is not committed on storage (no complete {folder})"
@@ -614,7 +620,7 @@ def test_scoring_by_the_champion_serves_only_the_attempt_its_gates_judged(
 
     model_key, scores_key = dg.AssetKey(["models", model.name]), table_asset_key(t.table)
     judged = attempt_of(run(model_key, D1))
-    assert run(champion_asset_key(model)).success
+    assert run(champion_asset_key(model.name)).success
     pointer = ch.read_champion(store, model)
     assert pointer is not None and (pointer["ds"], pointer["attempt"]) == (D1, judged)
     assert run(scores_key, D2).success
@@ -629,7 +635,7 @@ def test_scoring_by_the_champion_serves_only_the_attempt_its_gates_judged(
     ) in refused
     assert read_partition(file_base, t.table, D2)[0] == files  # the served scores stand
 
-    moved = champion_metadata(run(champion_asset_key(model)))
+    moved = champion_metadata(run(champion_asset_key(model.name)))
     assert moved["moved"] is True
     assert f"trained again: attempt {retrained} judged" in moved["reason"]
     assert ch.read_champion(store, model)["attempt"] == retrained  # type: ignore[index]
@@ -650,7 +656,7 @@ def test_scoring_by_the_champion_serves_only_the_attempt_its_gates_judged(
     # pass, and scoring by it is refused.
     write_partition(file_base, TABLE, D1, ctr_rows(D1, 300, label=0))
     worse = attempt_of(run(model_key, D1))
-    stays = champion_metadata(run(champion_asset_key(model)))
+    stays = champion_metadata(run(champion_asset_key(model.name)))
     assert stays["moved"] is False and stays["reason"] == (
         f"stays at {version}/{D1}: no newer partition passes every gate; but {version}/{D1} "
         f"was trained again after it became champion: it holds attempt {worse}, not the "
@@ -661,7 +667,7 @@ def test_scoring_by_the_champion_serves_only_the_attempt_its_gates_judged(
     assert not run(scores_key, D2).success
     # between a promotion's move of the old manifest and its new one, or once deleted
     Path(file_base[len("file://") :], "models", model.name, version, D1, "_MANIFEST.json").unlink()
-    assert ch.pinned_attempt_gone(store, ch.read_champion(store, model) or {}) == (
+    assert ch.why_pinned_attempt_gone(store, ch.read_champion(store, model) or {}) == (
         f"{version}/{D1} was trained again after it became champion: it holds no finished "
         "model (no manifest: it is being trained again, or was deleted), not the attempt "
         f"{retrained} that was judged"

@@ -248,7 +248,7 @@ def test_what_on_storage_makes_a_retry_train_again(file_base: str) -> None:
     from zipline_dagster.training.request import (
         build_training_request,
     )
-    from zipline_dagster.training.retries import changed_on_storage
+    from zipline_dagster.training.retries import why_changed_on_storage
 
     store = blob_store(file_base)
     request = build_training_request(make_model("a" * 12, file_base), DS, warehouse=file_base)
@@ -265,7 +265,7 @@ def test_what_on_storage_makes_a_retry_train_again(file_base: str) -> None:
         )
 
     def why() -> str | None:
-        return changed_on_storage(WarehouseResource(uri=file_base), request, "run-1", "zd-x-1")
+        return why_changed_on_storage(WarehouseResource(uri=file_base), request, "run-1", "zd-x-1")
 
     assert why() == f"its manifest {manifest_uri} cannot be read"
     commit(manifest_uri, {"dagster_run_id": "run-1", "attempt": "zd-x-2", "committed_at": 200})

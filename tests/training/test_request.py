@@ -25,7 +25,6 @@ from zipline_dagster.storage.artifacts import (
     promote_attempt,
     promotion_lock,
     supersede_previous,
-    unrecorded_attempt,
 )
 from zipline_dagster.storage.blobs import blob_store
 from zipline_dagster.storage.paths import MANIFEST_NAME
@@ -590,29 +589,6 @@ def test_a_lock_whose_holder_was_killed_is_broken_at_once(file_base: str) -> Non
     ):
         pass
     assert store.exists(lock)
-
-
-def test_what_storage_holds_against_what_dagster_recorded_is_named() -> None:
-    """The reasons scoring and the champion give for a model Dagster did not record: a
-    later attempt than the recorded one; none recorded, by a run of the instance still
-    running or ended; and nothing when they agree or when Dagster cannot tell."""
-    manifest = {"attempt": "a2", "dagster_run_id": "r2"}
-    assert unrecorded_attempt(manifest, "a2") is None
-    assert unrecorded_attempt(manifest, "a1") == (
-        "storage holds attempt a2 (promoted by run r2), not attempt a1 that Dagster recorded "
-        "last: a run stopped between promoting its model and recording it"
-    )
-    assert unrecorded_attempt(manifest, None) is None  # the run is not one of the instance's
-    assert unrecorded_attempt(manifest, None, run_status="STARTED", run_finished=False) == (
-        "storage holds attempt a2, promoted by run r2 (STARTED), and Dagster has no "
-        "materialization of the partition: that run has not recorded it yet"
-    )
-    assert unrecorded_attempt(manifest, None, run_status="CANCELED") == (
-        "storage holds attempt a2, promoted by run r2 (CANCELED), and Dagster has no "
-        "materialization of the partition: the run ended without recording it (stopped "
-        "between promoting its model and recording it, or its record was wiped)"
-    )
-    assert unrecorded_attempt({}, None, run_status="FAILURE") is None  # nothing promoted
 
 
 def test_the_trainer_and_the_platform_name_the_same_attempts_folder() -> None:

@@ -26,7 +26,8 @@ DS = "2026-07-11"
 PREPARE = """
 import dagster as dg
 from zipline_dagster.training.archive import publish_trainer_archive
-from zipline_dagster.lineage.backfill import execute_plan_in_process, model_partitions, plan_backfill
+from zipline_dagster.lineage.backfill import model_partitions, plan_backfill
+from zipline_dagster.lineage.internals import execute_plan_in_process
 from zipline_dagster.defs import defs
 from zipline_dagster.defs.listing_ctr import listing_ctr_model as m
 publish_trainer_archive("trainers/listing_ctr_model", model_name=m.name, base=m.model_artifact_base_uri)

@@ -29,7 +29,16 @@ def higher_is_better(name: str) -> bool:
 
 @dataclass(frozen=True)
 class Metric:
-    """A rollout threshold: ``name`` is a report metric (``holdout_auc`` ...)."""
+    """A rollout threshold on a report metric.
+
+    Args:
+        name: a metric of the trainer's report, ``{split}_{metric}`` (``holdout_auc``,
+            ``holdout_logloss`` ...).
+        threshold: a minimum for scores (AUC, accuracy, rows), a maximum for losses.
+
+    Example:
+        ``Metric(name="holdout_auc", threshold=0.65)``
+    """
 
     name: str
     threshold: float
@@ -66,9 +75,15 @@ class RolloutStrategy:
     """Which partitions may become the champion.
 
     Args:
-        rollout_metric_thresholds: every one must hold.
+        rollout_metric_thresholds: every one must hold: they are the partition's blocking
+            ``rollout_thresholds`` check.
         regression_tolerance: how much worse than the current champion each threshold
-            metric may be (absolute; 0 = not worse at all).
+            metric of a newer partition may be (absolute; 0 = not worse at all). The
+            champion passes over one that is worse; it is never a partition's gate.
+
+    Example:
+        ``RolloutStrategy(rollout_metric_thresholds=[Metric("holdout_auc", 0.65)],
+        regression_tolerance=0.02)``
     """
 
     rollout_metric_thresholds: Sequence[Metric] = field(default_factory=tuple)
@@ -97,4 +112,14 @@ class RolloutStrategy:
 
 @dataclass(frozen=True)
 class DeploymentSpec:
+    """How a model's trained partitions are judged before one serves.
+
+    Args:
+        rollout_strategy: the thresholds and the regression tolerance
+            (``RolloutStrategy``).
+
+    Example:
+        ``DeploymentSpec(rollout_strategy=RolloutStrategy([Metric("holdout_auc", 0.65)]))``
+    """
+
     rollout_strategy: RolloutStrategy = field(default_factory=RolloutStrategy)

@@ -80,6 +80,21 @@ class GroupBy:
 
     Partition ``ds`` holds, for every key seen in the longest window, each aggregation
     over the events of days ``ds-(n-1)..ds``.
+
+    Args:
+        name: the producer's name (its asset's description names it).
+        table: the ``namespace.name`` it writes.
+        source: the event table it aggregates (``EventTable``).
+        keys: the entity columns it groups by.
+        aggregations: what it computes (``Aggregation``: an operation over a column for
+            each window).
+        description: shown in the Dagster UI.
+
+    Example:
+        ``GroupBy(name="listing_features_v1", table="ctr.listing_features_v1",
+        source=EventTable(table="ctr.listing_views", time_column="ts"),
+        keys=["listing_id"], aggregations=[Aggregation("clicked", Operation.SUM,
+        [Window(1), Window(7)])])``
     """
 
     name: str
@@ -128,6 +143,19 @@ class Join:
     """Left rows of day ``ds`` joined to each GroupBy's features as of the end of
     ``ds-1``: computed only from events strictly before the row's day, so nothing from
     the future (or from the row's own day, labels included) can leak in.
+
+    Args:
+        name: the producer's name.
+        table: the ``namespace.name`` it writes.
+        left: the rows (``EventTable``), one output row each.
+        right_parts: the GroupBys joined to them (``JoinPart``, with a key mapping when
+            the names differ); at least one.
+        description: shown in the Dagster UI.
+
+    Example:
+        ``Join(name="training_v1", table="ctr.training_v1",
+        left=EventTable(table="ctr.labels_v1"),
+        right_parts=[JoinPart(group_by=listing_features)])``
     """
 
     name: str
@@ -154,6 +182,19 @@ class StagingQuery:
     ``dependencies`` may be referred to by their ``ns.name`` in the SQL. The query must
     return a ``ds`` column: each day of the range is written to its own partition. With
     ``lookback_days`` the dependencies' partitions that far back are read too.
+
+    Args:
+        name: the producer's name.
+        table: the ``namespace.name`` it writes.
+        query: the Spark SQL template.
+        dependencies: the tables it reads, by ``namespace.name``.
+        lookback_days: how many days before the range it reads of them.
+        description: shown in the Dagster UI.
+
+    Example:
+        ``StagingQuery(name="labels_v1", table="ctr.labels_v1", query="SELECT view_id,
+        clicked AS label, ds FROM ctr.listing_views WHERE ds BETWEEN '{{ start_date }}'
+        AND '{{ end_date }}'", dependencies=["ctr.listing_views"])``
     """
 
     name: str

@@ -92,6 +92,19 @@ def selects(*columns: str, **aliased: str) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class Query:
+    """What a model reads of its training table.
+
+    Args:
+        selects: output column -> expression (``selects(...)`` builds it): the columns the
+            trainer reads (passed as ``--columns``; each a plain column of the table).
+        start_partition: the first day a window may read (YYYY-MM-DD); partitions whose
+            window reaches before it do not exist.
+        wheres: refused for a model's source (filter in the producer).
+
+    Example:
+        ``Query(selects=selects("price_log", "label"), start_partition="2026-07-01")``
+    """
+
     selects: Mapping[str, str] = field(default_factory=dict)
     start_partition: str | None = None
     wheres: tuple[str, ...] = ()
@@ -106,6 +119,17 @@ class Query:
 
 @dataclass(frozen=True)
 class EventSource:
+    """A daily-partitioned table a model trains on or a scores table reads.
+
+    Args:
+        table: ``namespace.name``, exactly as the asset producing it emits it.
+        query: the columns read and the first day (``Query``).
+        external: True only for a table no asset of the definitions produces.
+
+    Example:
+        ``EventSource(table="ctr.training_v1", query=Query(selects=selects("label")))``
+    """
+
     table: str
     query: Query = field(default_factory=Query)
     #: Set True only for a table no asset in these definitions produces; its
@@ -122,6 +146,17 @@ class EventSource:
 
 @dataclass(frozen=True)
 class Window:
+    """A number of daily partitions: a model partition ``ds`` with a window of N days
+    trains on exactly ``ds-(N-1)`` .. ``ds``.
+
+    Args:
+        length: N, a whole number >= 1.
+        time_unit: ``TimeUnit.DAYS`` (partitions are daily).
+
+    Example:
+        ``Window(length=4, time_unit=TimeUnit.DAYS)``
+    """
+
     length: int
     time_unit: TimeUnit = TimeUnit.DAYS
 
@@ -145,7 +180,14 @@ class Window:
 class ResourceConfig:
     """Ray worker counts. 0 workers: the job runs on one Ray process (the head).
 
-    An unset ``max_replica_count`` defaults to ``min_replica_count``.
+    Args:
+        min_replica_count: the fewest workers (whole number >= 0).
+        max_replica_count: the most workers, the ones the job trains with; unset
+            defaults to ``min_replica_count``; never below it.
+        cpus_per_replica: CPUs each worker holds (> 0).
+
+    Example:
+        ``ResourceConfig(min_replica_count=2)`` trains with 2 Ray Train workers.
     """
 
     min_replica_count: int = 0
@@ -184,12 +226,40 @@ class ResourceConfig:
 
 @dataclass(frozen=True)
 class InferenceSpec:
+    """How the model is served, and its name.
+
+    Args:
+        model_backend: ``ModelBackend.RAY``.
+        model_backend_params: ``model_name`` (a safe path segment: it names the archive
+            and the output directory) and ``model_type``.
+
+    Example:
+        ``InferenceSpec(model_backend_params={"model_name": "listing_ctr_model",
+        "model_type": "custom"})``
+    """
+
     model_backend: ModelBackend = ModelBackend.RAY
     model_backend_params: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class TrainingSpec:
+    """What a model trains on, and how.
+
+    Args:
+        training_data_source: the training table (``EventSource``).
+        training_data_window: the days each partition trains on (``Window``).
+        python_module: the trainer's entrypoint in its archive (``python -m``).
+        resource_config: Ray workers (``ResourceConfig``).
+        job_configs: ``--key=value`` flags for the trainer; the platform's own
+            (``input-table``, ``start-ds``, ``end-ds``) and values that look like secrets
+            are refused (pass environment variable names).
+
+    Example:
+        ``TrainingSpec(training_data_source=EventSource(table="ctr.training_v1"),
+        training_data_window=Window(4), job_configs={"label-column": "label"})``
+    """
+
     training_data_source: EventSource
     training_data_window: Window
     python_module: str = "trainer.train"
@@ -208,6 +278,12 @@ class Model:
         inference_spec: backend and ``model_backend_params["model_name"]``.
         training_conf: training data, window, entrypoint, resources and job configs.
         deployment_conf: rollout thresholds the champion pointer honours (optional).
+
+    Example:
+        ``Model(version="ab614e666667", model_artifact_base_uri="s3://bucket/warehouse",
+        inference_spec=InferenceSpec(model_backend_params={"model_name": "m"}),
+        training_conf=TrainingSpec(training_data_source=EventSource(table="ctr.t"),
+        training_data_window=Window(4)))``
 
     Raises:
         ModelSpecError: at construction, naming the model, the field and the value.

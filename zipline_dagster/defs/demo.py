@@ -26,15 +26,17 @@ def main() -> int:
 
     from zipline_dagster.defs import defs
     from zipline_dagster.defs.listing_ctr import listing_ctr_model, listing_scores
-    from zipline_dagster.lineage.backfill import (
-        execute_plan_in_process,
-        model_partitions,
-        plan_backfill,
+    from zipline_dagster.lineage.backfill import model_partitions, plan_backfill
+    from zipline_dagster.lineage.internals import execute_plan_in_process
+    from zipline_dagster.lineage.ledger import Ledger
+    from zipline_dagster.lineage.partitions import (
+        champion_asset_key,
+        model_asset_key,
+        table_asset_key,
     )
-    from zipline_dagster.lineage.partitions import table_asset_key
     from zipline_dagster.rollout import champion as ch
     from zipline_dagster.rollout import gates
-    from zipline_dagster.rollout.assets import champion_asset_key
+    from zipline_dagster.rollout.assets import gate_judge
     from zipline_dagster.scoring.monitoring import monitoring_asset_key
     from zipline_dagster.storage.artifacts import (
         is_committed,
@@ -60,9 +62,12 @@ def main() -> int:
     print(f"      version {published.version} at {published.uri}", flush=True)
 
     instance = dg.DagsterInstance.get()
-    key = dg.AssetKey(["models", model.name])
+    key = model_asset_key(model.name)
     parts = model_partitions(defs, key, MODEL_START, MODEL_END)
-    plan = plan_backfill(defs, instance, key, parts)
+    ledger = Ledger(instance, judge=gate_judge(model))
+    plan = plan_backfill(defs, instance, key, parts, ledger=ledger)
+    for diff in ledger.recorded:
+        print(f"note: {diff.key.to_user_string()} {diff.partition}: {diff.describe()}")
     print(
         f"[2/5] plan for {key.to_user_string()} {MODEL_START}..{MODEL_END}:\n{plan.describe()}",
         flush=True,
@@ -74,7 +79,7 @@ def main() -> int:
     job = defs.resolve_implicit_global_asset_job_def()
     quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
     moved = job.execute_in_process(
-        run_config=quiet, instance=instance, asset_selection=[champion_asset_key(model)]
+        run_config=quiet, instance=instance, asset_selection=[champion_asset_key(model.name)]
     )
     if not moved.success:
         print("error: the champion asset failed; see the Dagster run", file=sys.stderr)

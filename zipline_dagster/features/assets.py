@@ -124,6 +124,8 @@ def build_producer_asset(
                 days,
                 warn=context.log.warning,
                 write_id=write_id,
+                run_id=context.run.run_id,
+                code_version=declaration_version(producer),
             )
         except DaysNotCommitted as exc:  # the days committed are recorded, the rest fail
             counts, errors = exc.committed, exc.failed

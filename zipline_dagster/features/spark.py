@@ -189,8 +189,11 @@ def write_days(
     *,
     warn: Callable[[str], None] | None = None,
     write_id: str | None = None,
+    run_id: str | None = None,
+    code_version: str | None = None,
 ) -> dict[str, int]:
-    """Replace exactly the partitions ``days`` of ``table`` (re-runs are idempotent).
+    """Replace exactly the partitions ``days`` of ``table`` (re-runs are idempotent); each
+    day's marker names the write, the Dagster run (``run_id``) and the ``code_version``.
 
     The whole range is written by one Spark job into a staging folder, then each day is
     committed atomically (its files moved in, its marker swapped; see ``tables.py``): a
@@ -237,7 +240,15 @@ def write_days(
                 else:  # the one schema-only file serves every empty day
                     store.write_bytes(join_uri(folder, name), store.read_bytes(uri))
                 names.append(name)
-            left = commit_partition(store, folder, names, write_id=write_id, rows=rows)
+            left = commit_partition(
+                store,
+                folder,
+                names,
+                write_id=write_id,
+                rows=rows,
+                run_id=run_id,
+                code_version=code_version,
+            )
         except (BlobStorageError, OSError) as exc:  # this day only; files moved in unread
             failed[ds] = (
                 f"committing {folder} failed, so the partition is left as it was "

@@ -11,17 +11,21 @@ observed data version changed since then: observing it again unchanged (the UI's
 """
 
 import datetime as dt
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import dagster as dg
-from dagster._core.definitions.assets.graph.asset_graph import AssetGraph
-from dagster._core.events import DagsterEventType
 
-from zipline_dagster.storage.tables import WRITE_ID, partition_writes, unrecorded_write
+from zipline_dagster.lineage.ledger import (
+    ARTIFACT_ROOT,
+    CODE_VERSION_TAG,
+    Ledger,
+    State,
+)
+from zipline_dagster.storage.commits import Commit
+from zipline_dagster.storage.tables import WRITE_ID, committed_scan
 
-CODE_VERSION_TAG = "dagster/code_version"
 DATA_VERSION_TAG = "dagster/data_version"
 
 
@@ -49,27 +53,30 @@ class Plan:
             full = {self.reasons[(key, p)] for p in parts}
             # one reason is shown whole; several are summed up by kind
             why = sorted(full) if len(full) == 1 else sorted({r.split(":")[0] for r in full})
-            lines.append(f"  {key.to_user_string()}: {_span(parts)} ({', '.join(why)})")
+            lines.append(f"  {key.to_user_string()}: {span_text(parts)} ({', '.join(why)})")
         return "\n".join(lines)
 
 
-def _span(parts: list[str]) -> str:
+def span_text(parts: list[str]) -> str:
     return parts[0] if len(parts) == 1 else f"{len(parts)} partitions {parts[0]}..{parts[-1]}"
 
 
 class FreshnessResolver:
     """Per-partition freshness from the instance's materialization records."""
 
-    def __init__(self, instance: dg.DagsterInstance, graph: AssetGraph) -> None:
+    def __init__(
+        self, instance: dg.DagsterInstance, graph: Any, *, ledger: Ledger | None = None
+    ) -> None:
         self.instance = instance
         self.graph = graph
+        self.ledger = ledger or Ledger(instance)
         self._ids: dict[dg.AssetKey, dict[str, int]] = {}
         self._versions: dict[dg.AssetKey, dict[str, str]] = {}
         self._artifacts: dict[dg.AssetKey, dict[str, str]] = {}
         self._attempts: dict[dg.AssetKey, dict[str, str]] = {}
         #: a table partition's recorded folder and write, and each table's writes on storage
         self._writes: dict[dg.AssetKey, dict[str, tuple[str, str]]] = {}
-        self._stored: dict[str, dict[str, str | None]] = {}
+        self._stored: dict[str, dict[str, tuple[list[str], Commit]]] = {}
         self._memo: dict[tuple[dg.AssetKey, str], str] = {}
         self._observed: dict[dg.AssetKey, dict[str, str | None]] = {}
 
@@ -79,9 +86,9 @@ class FreshnessResolver:
         if key not in self._ids:
             node = self.graph.get(key)
             event = (
-                DagsterEventType.ASSET_MATERIALIZATION
+                dg.DagsterEventType.ASSET_MATERIALIZATION
                 if node.is_materializable
-                else DagsterEventType.ASSET_OBSERVATION
+                else dg.DagsterEventType.ASSET_OBSERVATION
             )
             self._ids[key] = dict(
                 self.instance.event_log_storage.get_latest_storage_id_by_partition(key, event)
@@ -95,7 +102,7 @@ class FreshnessResolver:
         observations with a storage id below ``before``, when given)."""
         tags = self.instance.event_log_storage.get_latest_tags_by_partition(
             key,
-            DagsterEventType.ASSET_OBSERVATION,
+            dg.DagsterEventType.ASSET_OBSERVATION,
             [DATA_VERSION_TAG],
             asset_partitions=partitions,
             before_cursor=before,
@@ -149,54 +156,56 @@ class FreshnessResolver:
             self._writes[key] = writes
         return self._versions[key]
 
-    def model_on_storage(self, key: dg.AssetKey, partition: str) -> str | None:
-        """Why storage does not hold the finished model Dagster recorded for a model
-        partition (no manifest, a file it lists gone, or another attempt than the one
-        recorded), or None when it does."""
-        from zipline_dagster.storage.artifacts import (
-            committed_manifest,
-            unrecorded_attempt,
-        )
+    def _commit(self, key: dg.AssetKey, partition: str) -> tuple[Commit | None, str] | str | None:
+        """What storage holds committed for a partition (its commit, or None, and where it
+        was looked for), found where Dagster's record of it, or the model asset's
+        ``ARTIFACT_ROOT``, says; None when neither says where (an external table, or a
+        table day never recorded); a reason when storage cannot be read."""
+        from zipline_dagster.storage.artifacts import committed_manifest, model_commit
         from zipline_dagster.storage.blobs import BlobStorageError, blob_store
         from zipline_dagster.storage.paths import MANIFEST_NAME, join_uri
 
         self._code_versions(key)
-        uri = self._artifacts.get(key, {}).get(partition)
-        if uri is None:
-            return None  # not a model partition
+        root = self.graph.get(key).metadata.get(ARTIFACT_ROOT)
+        model_dir = self._artifacts.get(key, {}).get(partition) or (
+            join_uri(str(getattr(root, "value", root)), partition) if root else None
+        )
         try:
-            manifest = committed_manifest(blob_store(uri), uri, checksums=False)
+            if model_dir is not None:
+                manifest = committed_manifest(blob_store(model_dir), model_dir, checksums=False)
+                return model_commit(manifest, model_dir, partition), (
+                    f"no complete {join_uri(model_dir, MANIFEST_NAME)}"
+                )
+            recorded = self._writes.get(key, {}).get(partition)
+            if recorded is None:
+                return None
+            folder = recorded[0]
+            table = folder.rstrip("/").rsplit("/", 1)[0]  # the table: {root}/ds=YYYY-MM-DD
+            if table not in self._stored:
+                self._stored[table] = committed_scan(blob_store(table), table)
+            held = self._stored[table].get(partition)
+            return (held[1] if held else None), f"no complete {folder}"
         except BlobStorageError as exc:
-            return f"its artifacts at {uri} cannot be read ({exc})"
-        if manifest is None:
-            return (
-                "its finished model is missing on storage "
-                f"(no complete {join_uri(uri, MANIFEST_NAME)})"
-            )
-        return unrecorded_attempt(manifest, self._attempts[key].get(partition))
+            return f"its storage cannot be read ({exc})"
 
-    def table_on_storage(self, key: dg.AssetKey, partition: str) -> str | None:
-        """Why storage does not hold the table partition Dagster recorded (not committed,
-        or committed by another write than the recorded one: a run stopped between
-        committing it and recording it), or None when it does, or nothing says (a
-        materialization that names no write)."""
-        from zipline_dagster.storage.blobs import BlobStorageError, blob_store
-
-        self._code_versions(key)
-        recorded = self._writes.get(key, {}).get(partition)
-        if recorded is None:
-            return None
-        folder, write = recorded
-        root = folder.rstrip("/").rsplit("/", 1)[0]  # the table: {root}/ds=YYYY-MM-DD
-        if root not in self._stored:
-            try:
-                self._stored[root] = partition_writes(blob_store(root), root)
-            except BlobStorageError as exc:
-                return f"its table at {root} cannot be listed ({exc})"
-        stored = self._stored[root]
-        if partition not in stored:
-            return f"it is not committed on storage (no complete {folder})"
-        return unrecorded_write(stored[partition], write)
+    def why_off_storage(self, key: dg.AssetKey, partition: str) -> str | None:
+        """The ledger's rule for a partition: why it must be materialized (Dagster
+        recorded it, and it is not committed on storage), or None. A commit whose run ended
+        without recording it is recorded into Dagster from storage first (and ``key``'s
+        records read again)."""
+        found = self._commit(key, partition)
+        if found is None or isinstance(found, str):
+            return found
+        commit, where = found
+        diff = self.ledger.settle(key, partition, commit)
+        if diff.state is State.MISSING:
+            if commit is None and self._artifacts.get(key, {}).get(partition):
+                return f"its finished model is missing on storage ({where})"
+            return f"it is not committed on storage ({where})"
+        if diff.state is State.RECORDED:
+            for cache in (self._ids, self._versions, self._artifacts, self._attempts, self._writes):
+                cache.pop(key, None)
+        return None
 
     def parents(self, key: dg.AssetKey, partition: str) -> list[tuple[dg.AssetKey, str]]:
         """The upstream partitions ``partition`` of ``key`` reads (existing keys only)."""
@@ -231,18 +240,22 @@ class FreshnessResolver:
             return self._memo[memo_key]
         node = self.graph.get(key)
         ids = self.latest_ids(key)
+        if node.is_materializable and partition not in ids and ARTIFACT_ROOT in node.metadata:
+            # a model partition storage holds and Dagster never recorded: the ledger's rule
+            self.why_off_storage(key, partition)
+            ids = self.latest_ids(key)
         if not node.is_materializable:
             result = "fresh"  # observed from outside; the run-time checks see what exists
         elif partition not in ids:
             result = "missing"
         else:
             result = "fresh"
-            if node.code_version and self._code_versions(key).get(partition) != node.code_version:
-                result = f"stale: code version changed to {node.code_version}"
-            elif off_storage := (
-                self.model_on_storage(key, partition) or self.table_on_storage(key, partition)
-            ):  # read from storage only when Dagster's own record does not already say
+            off_storage = self.why_off_storage(key, partition)  # may record it from storage
+            ids = self.latest_ids(key)
+            if off_storage:
                 result = f"stale: {off_storage}"
+            elif node.code_version and self._code_versions(key).get(partition) != node.code_version:
+                result = f"stale: code version changed to {node.code_version}"
             else:
                 observed: dict[dg.AssetKey, list[str]] = {}
                 for pkey, ppart in self.parents(key, partition):
@@ -274,14 +287,20 @@ def plan_backfill(
     instance: dg.DagsterInstance,
     target: dg.AssetKey,
     partitions: Iterable[str],
+    *,
+    ledger: Ledger | None = None,
 ) -> Plan:
+    """What to materialize, upstream first, for ``target``'s ``partitions``: every
+    missing or stale partition they need. The ledger's rule applies to each partition
+    read (``ledger``: with the models' judge, so that one recorded from storage has its
+    checks evaluated)."""
     graph = defs.resolve_asset_graph()
     if not graph.has(target) or not graph.get(target).is_materializable:
         known = sorted(k.to_user_string() for k in graph.materializable_asset_keys)
         raise BackfillError(
             f"no asset {target.to_user_string()!r} in the code location; known: {', '.join(known)}"
         )
-    resolver = FreshnessResolver(instance, graph)
+    resolver = FreshnessResolver(instance, graph, ledger=ledger)
     plan = Plan()
     needed: dict[dg.AssetKey, set[str]] = {}
     stack = [(target, p) for p in partitions]
@@ -304,7 +323,7 @@ def plan_backfill(
     return plan
 
 
-def _checked_graph(defs: dg.Definitions, target: dg.AssetKey) -> AssetGraph:
+def _checked_graph(defs: dg.Definitions, target: dg.AssetKey) -> Any:
     graph = defs.resolve_asset_graph()
     if not graph.has(target) or not graph.get(target).is_materializable:
         known = sorted(k.to_user_string() for k in graph.materializable_asset_keys)
@@ -339,91 +358,7 @@ def model_partitions(defs: dg.Definitions, key: dg.AssetKey, start: str, end: st
     return list(pdef.get_partition_keys_in_range(dg.PartitionKeyRange(start, end)))
 
 
-def launch_backfill(
-    defs: dg.Definitions, instance: dg.DagsterInstance, plan: Plan, *, title: str
-) -> str:
-    """Submit the plan as a Dagster asset backfill (the daemon runs it; visible in the UI)."""
-    from dagster._core.definitions.assets.graph.asset_graph_subset import AssetGraphSubset
-    from dagster._core.definitions.events import AssetKeyPartitionKey
-    from dagster._core.execution.backfill import PartitionBackfill
-    from dagster._core.utils import make_new_backfill_id
-
-    graph = defs.resolve_asset_graph()
-    asset_partitions = {AssetKeyPartitionKey(key, p) for key, parts in plan.steps for p in parts}
-    subset = AssetGraphSubset.from_asset_partition_set(asset_partitions, graph)
-    backfill_id = make_new_backfill_id()
-    backfill = PartitionBackfill.from_asset_graph_subset(
-        backfill_id=backfill_id,
-        backfill_timestamp=time.time(),
-        tags={"zipline/backfill": title},
-        dynamic_partitions_store=instance,
-        asset_graph_subset=subset,
-        title=title,
-        description=plan.describe(),
-        run_config=None,
-    )
-    instance.add_backfill(backfill)
-    return backfill_id
-
-
-def execute_plan_in_process(
-    defs: dg.Definitions,
-    instance: dg.DagsterInstance,
-    plan: Plan,
-    *,
-    log=print,  # type: ignore[no-untyped-def]
-    one_at_a_time: bool = False,
-) -> list[dg.ExecuteInProcessResult]:
-    """Run the plan here, upstream first, in the runs a Dagster backfill would launch:
-    each asset's backfill policy sets how many partitions one run covers (a Spark
-    producer's whole range in one run; up to 30 model partitions per run, which train
-    together in one Ray job). ``one_at_a_time`` runs every partition alone instead (the
-    benchmarks' baseline).
-    """
-    from dagster._core.storage.tags import (
-        ASSET_PARTITION_RANGE_END_TAG,
-        ASSET_PARTITION_RANGE_START_TAG,
-    )
-
-    graph = defs.resolve_asset_graph()
-    job = defs.resolve_implicit_global_asset_job_def()
-    quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
-    results = []
-    for key, parts in plan.steps:
-        policy = graph.get(key).backfill_policy
-        size = 1
-        if policy is not None and not one_at_a_time:
-            size = policy.max_partitions_per_run or len(parts)
-        for batch in _contiguous([parts], size):
-            log(f"materializing {key.to_user_string()} {_span(batch)}")
-            tags = (
-                {"dagster/partition": batch[0]}
-                if len(batch) == 1
-                else {
-                    ASSET_PARTITION_RANGE_START_TAG: batch[0],
-                    ASSET_PARTITION_RANGE_END_TAG: batch[-1],
-                }
-            )
-            result = job.execute_in_process(
-                run_config=quiet,
-                instance=instance,
-                asset_selection=[key],
-                tags=tags,
-                raise_on_error=False,
-            )
-            results.append(result)
-            if not result.success:
-                failures = result.get_step_failure_events()
-                text = (
-                    failures[0].step_failure_data.error.message
-                    if failures and failures[0].step_failure_data.error
-                    else "see the run log"
-                )
-                raise RuntimeError(f"{key.to_user_string()} {_span(batch)} failed: {text}")
-    return results
-
-
-def _contiguous(batches: list[list[str]], size: int) -> list[list[str]]:
+def contiguous_runs(batches: list[list[str]], size: int) -> list[list[str]]:
     """Split each batch where days are not consecutive (a range run covers a span) and
     into runs of at most ``size`` partitions."""
     out: list[list[str]] = []
@@ -440,67 +375,3 @@ def _contiguous(batches: list[list[str]], size: int) -> list[list[str]]:
         if cur:
             out.append(cur)
     return out
-
-
-def daemon_running(instance: dg.DagsterInstance) -> bool:
-    """True when a dagster-daemon (e.g. the one `dagster dev` starts) is heartbeating."""
-    from dagster._daemon.controller import all_daemons_live
-
-    try:
-        return bool(all_daemons_live(instance, heartbeat_tolerance_seconds=60))
-    except Exception:
-        return False
-
-
-def drive_backfill(
-    instance: dg.DagsterInstance,
-    backfill_id: str,
-    *,
-    workspace_file: str,
-    timeout_s: float = 3600,
-    poll_s: float = 1.0,
-    log=print,  # type: ignore[no-untyped-def]
-) -> str:
-    """Run the daemon's backfill and run-queue iterations here until the backfill ends.
-
-    What ``dagster-daemon`` does every 30 s, done every ``poll_s``: the runs are launched
-    by the instance's run launcher exactly as the daemon would launch them.
-    """
-    import logging
-
-    from dagster._core.execution.backfill import BulkActionStatus
-    from dagster._core.workspace.context import WorkspaceProcessContext
-    from dagster._core.workspace.load_target import WorkspaceFileTarget
-    from dagster._daemon.backfill import execute_backfill_iteration
-    from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import (
-        QueuedRunCoordinatorDaemon,
-    )
-
-    logger = logging.getLogger("zipline_dagster.lineage.backfill")
-    queue = QueuedRunCoordinatorDaemon(interval_seconds=poll_s)
-    deadline = time.monotonic() + timeout_s
-    last = ""
-    with WorkspaceProcessContext(instance, WorkspaceFileTarget(paths=[workspace_file])) as ctx:
-        while True:
-            for _ in execute_backfill_iteration(ctx, logger):
-                pass
-            for _ in queue.run_iteration(ctx):
-                pass
-            backfill = instance.get_backfill(backfill_id)
-            if backfill is None:
-                raise BackfillError(f"backfill {backfill_id} disappeared")
-            runs = instance.get_run_records(dg.RunsFilter(tags={"dagster/backfill": backfill_id}))
-            states = sorted(str(r.dagster_run.status.value) for r in runs)
-            summary = f"{backfill.status.value}: {len(runs)} runs " + (
-                ", ".join(f"{states.count(s)} {s.lower()}" for s in sorted(set(states)))
-                if states
-                else ""
-            )
-            if summary != last:
-                log(summary)
-                last = summary
-            if backfill.status != BulkActionStatus.REQUESTED:
-                return str(backfill.status.value)
-            if time.monotonic() > deadline:
-                raise BackfillError(f"backfill {backfill_id} still running after {timeout_s:.0f}s")
-            time.sleep(poll_s)

@@ -9,8 +9,6 @@ from typing import Any
 
 import dagster as dg
 
-from zipline_dagster.storage.tables import WRITE_ID
-
 PARTITIONS_START = "2026-07-01"
 
 daily_partitions = dg.DailyPartitionsDefinition(start_date=PARTITIONS_START)
@@ -26,21 +24,14 @@ def latest_materialization(
     return records[0] if records else None
 
 
-def recorded_value(
-    instance: dg.DagsterInstance, key: dg.AssetKey, ds: str, name: str
-) -> str | None:
-    """Metadata entry ``name`` of Dagster's latest materialization of ``key`` partition
-    ``ds``, as text (None: no materialization, or one without that entry)."""
-    record = latest_materialization(instance, key, ds)
-    mat = record.asset_materialization if record is not None else None
-    value = mat.metadata.get(name) if mat is not None else None
-    return None if value is None else str(value.value)
+def model_asset_key(model_name: str) -> dg.AssetKey:
+    """A model's partitions are the asset ``models/{model_name}``."""
+    return dg.AssetKey(["models", model_name])
 
 
-def recorded_write(instance: dg.DagsterInstance, key: dg.AssetKey, ds: str) -> str | None:
-    """The write (``WRITE_ID``) Dagster's latest materialization of table partition ``ds``
-    names (None: no materialization, or one naming none, e.g. an external table's)."""
-    return recorded_value(instance, key, ds, WRITE_ID)
+def champion_asset_key(model_name: str) -> dg.AssetKey:
+    """A model's champion pointer is the asset ``champions/{model_name}``."""
+    return dg.AssetKey(["champions", model_name])
 
 
 def table_asset_key(table: str) -> dg.AssetKey:

@@ -18,26 +18,25 @@ from typing import Any
 import dagster as dg
 
 from zipline_dagster.declarations.model import Model
-from zipline_dagster.lineage.partitions import latest_materialization
+from zipline_dagster.lineage.internals import check_target
+from zipline_dagster.lineage.ledger import Judge, Ledger, State
+from zipline_dagster.lineage.partitions import (
+    champion_asset_key,
+    latest_materialization,
+    model_asset_key,
+)
 from zipline_dagster.rollout import champion as ch
 from zipline_dagster.rollout import gates as g
+from zipline_dagster.storage.artifacts import model_commit
+from zipline_dagster.storage.blobs import blob_store
 from zipline_dagster.storage.paths import model_dir_uri
 from zipline_dagster.storage.resources import WarehouseResource
-from zipline_dagster.training.metadata import unrecorded_on_storage
 
 # Partitioned asset checks are marked preview in Dagster 1.13; per-partition gates are
 # what we need, so we rely on them deliberately and say so once here.
 warnings.filterwarnings(
     "ignore", category=dg.PreviewWarning, message=".*partitions_def on an AssetCheckSpec.*"
 )
-
-
-def model_asset_key(model: Model) -> dg.AssetKey:
-    return dg.AssetKey(["models", model.name])
-
-
-def champion_asset_key(model: Model) -> dg.AssetKey:
-    return dg.AssetKey(["champions", model.name])
 
 
 def _value(v: Any) -> Any:
@@ -67,16 +66,47 @@ def check_result(
 
 def _target(instance: dg.DagsterInstance, key: dg.AssetKey, ds: str) -> Any:
     """The materialization of ``key`` partition ``ds`` a check evaluation is about."""
-    from dagster._core.definitions.asset_checks.asset_check_evaluation import (
-        AssetCheckEvaluationTargetMaterializationData,
+    r = latest_materialization(instance, key, ds)
+    return None if r is None else check_target(r)
+
+
+def _evaluation(
+    key: dg.AssetKey,
+    ds: str,
+    name: str,
+    result: dg.AssetCheckResult,
+    target: Any,
+    blocking: bool,
+) -> dg.AssetCheckEvaluation:
+    """Check ``name``'s ``result`` on ``key`` partition ``ds``, as an evaluation recorded
+    against ``target`` (that partition's materialization)."""
+    return dg.AssetCheckEvaluation(
+        asset_key=key,
+        check_name=name,
+        passed=result.passed,
+        metadata=result.metadata,
+        target_materialization_data=target,
+        severity=result.severity,
+        description=result.description,
+        blocking=blocking,
+        partition=ds,
     )
 
-    r = latest_materialization(instance, key, ds)
-    if r is None:
-        return None
-    return AssetCheckEvaluationTargetMaterializationData(
-        storage_id=r.storage_id, run_id=r.run_id, timestamp=r.timestamp
-    )
+
+def gate_results(
+    model: Model, store: Any, ds: str, champion: dict[str, Any] | None, selected: list[str]
+) -> list[tuple[str, dg.AssetCheckResult]]:
+    """The ``selected`` checks of model partition ``ds``: each gate, and the comparison
+    with ``champion`` (warning severity)."""
+    results = g.evaluate(model, store, ds)
+    if g.NO_REGRESSION in selected:
+        results[g.NO_REGRESSION] = g.compare_with_champion(model, store, ds, champion)
+    uri = model_dir_uri(model.model_artifact_base_uri, model.name, model.version, ds)
+    warn, error = dg.AssetCheckSeverity.WARN, dg.AssetCheckSeverity.ERROR
+    return [
+        (n, check_result(results[n], error if n in g.GATES else warn, artifact_uri=uri))
+        for n in selected
+    ]
 
 
 def judge_partitions(
@@ -107,17 +137,7 @@ def judge_partitions(
         target = _target(context.instance, key, ds)
         for name, result in judge(ds):
             # log_event records check evaluations too (its annotation predates them)
-            evaluation: Any = dg.AssetCheckEvaluation(
-                asset_key=key,
-                check_name=name,
-                passed=result.passed,
-                metadata=result.metadata,
-                target_materialization_data=target,
-                severity=result.severity,
-                description=result.description,
-                blocking=name in blocking,
-                partition=ds,
-            )
+            evaluation: Any = _evaluation(key, ds, name, result, target, name in blocking)
             context.op_execution_context.log_event(evaluation)
             if not result.passed:
                 context.log.warning(f"{what} {ds} {name} failed: {result.description}")
@@ -134,7 +154,7 @@ def build_model_checks(
     result against its own partition, as Dagster cannot yet attach a check result to one
     partition of a range.
     """
-    key = model_asset_key(model)
+    key = model_asset_key(model.name)
     specs = [
         dg.AssetCheckSpec(
             gate,
@@ -157,33 +177,67 @@ def build_model_checks(
         context: dg.AssetCheckExecutionContext, warehouse: WarehouseResource
     ) -> Iterator[dg.AssetCheckResult]:
         selected = [c.name for c in context.selected_asset_check_keys if c.name in g.CHECKS]
-        base = model.model_artifact_base_uri
-        store = warehouse.store(base)
-        compare = g.NO_REGRESSION in selected
-        champion = ch.read_champion(store, model) if compare else None
-        warn = dg.AssetCheckSeverity.WARN
+        store = warehouse.store(model.model_artifact_base_uri)
+        champion = ch.read_champion(store, model) if g.NO_REGRESSION in selected else None
 
         def judge(ds: str) -> list[tuple[str, dg.AssetCheckResult]]:
-            results = g.evaluate(model, store, ds)
-            uri = model_dir_uri(base, model.name, model.version, ds)
-            checks = {n: check_result(r, artifact_uri=uri) for n, r in results.items()}
-            if compare:
-                shown = g.compare_with_champion(model, store, ds, champion)
-                checks[g.NO_REGRESSION] = check_result(shown, warn, artifact_uri=uri)
-            return [(name, checks[name]) for name in selected]
+            return gate_results(model, store, ds, champion, selected)
 
         yield from judge_partitions(context, key, judge, blocking=g.GATES, what=model.name)
 
     return [_gates]
 
 
+def gate_judge(*models: Model) -> Judge:
+    """The ledger's judge for these models' partitions recorded from storage: each gate's
+    evaluation (and the comparison with the champion, a warning), against that
+    partition's latest materialization; nothing for another asset."""
+    by_key = {model_asset_key(m.name): m for m in models}
+
+    def judge(
+        instance: dg.DagsterInstance, key: dg.AssetKey, ds: str
+    ) -> list[dg.AssetCheckEvaluation]:
+        model = by_key.get(key)
+        if model is None:
+            return []
+        store = blob_store(model.model_artifact_base_uri)
+        champion = ch.read_champion(store, model)
+        target = _target(instance, key, ds)
+        return [
+            _evaluation(key, ds, name, result, target, name in g.GATES)
+            for name, result in gate_results(model, store, ds, champion, list(g.CHECKS))
+        ]
+
+    return judge
+
+
+def why_in_flight(
+    ledger: Ledger,
+    model: Model,
+    ds: str,
+    manifest: dict[str, Any] | None,
+    warn: Callable[[str], None],
+) -> str | None:
+    """The ledger's rule for model partition ``ds`` (its ``manifest`` as just read): why
+    it is left to a run still writing it, or None when it may be judged (recorded into
+    Dagster from storage first, with ``warn`` told, when its run ended without recording
+    it)."""
+    model_dir = model_dir_uri(model.model_artifact_base_uri, model.name, model.version, ds)
+    diff = ledger.settle(
+        model_asset_key(model.name), ds, model_commit(manifest or None, model_dir, ds)
+    )
+    if diff.state is State.RECORDED:
+        warn(f"{model.name} partition {ds}: {diff.describe()}")
+    return diff.describe() if diff.state is State.IN_FLIGHT else None
+
+
 def build_champion_asset(
     model: Model, *, automation_condition: dg.AutomationCondition | None = None
 ) -> dg.AssetsDefinition:
     @dg.asset(
-        key=champion_asset_key(model),
+        key=champion_asset_key(model.name),
         group_name="champions",
-        deps=[model_asset_key(model)],
+        deps=[model_asset_key(model.name)],
         kinds={"python"},
         description=(
             f"The {model.name} partition in use: {ch.champion_uri(model)}. Advances to the "
@@ -197,13 +251,13 @@ def build_champion_asset(
         context: dg.AssetExecutionContext, warehouse: WarehouseResource
     ) -> dg.MaterializeResult:
         store = warehouse.store(model.model_artifact_base_uri)
-        key = model_asset_key(model)
+        ledger = Ledger(context.instance, judge=gate_judge(model))
         decision = ch.advance(
             store,
             model,
             by=f"dagster run {context.run.run_id}",
-            unrecorded=lambda ds, manifest: unrecorded_on_storage(
-                context.instance, key, ds, manifest
+            in_flight=lambda ds, manifest: why_in_flight(
+                ledger, model, ds, manifest, context.log.warning
             ),
         )
         md: dict[str, Any] = {

@@ -33,7 +33,7 @@ from zipline_dagster.storage.artifacts import (
     read_json_object,
 )
 from zipline_dagster.storage.blobs import BlobNotFoundError, BlobStore
-from zipline_dagster.storage.paths import MANIFEST_NAME, join_uri, model_dir_uri
+from zipline_dagster.storage.paths import MANIFEST_NAME, join_uri, model_dir_uri, model_root_uri
 
 CHAMPION_NAME = "CHAMPION.json"
 HISTORY_DIR = "_champions"
@@ -45,7 +45,7 @@ class ChampionError(RuntimeError):
 
 
 def model_root(model: Model) -> str:
-    return join_uri(model.model_artifact_base_uri, "models", model.name)
+    return model_root_uri(model.model_artifact_base_uri, model.name)
 
 
 def champion_uri(model: Model) -> str:
@@ -198,7 +198,7 @@ def _judge(
     return results, after
 
 
-def pinned_attempt_gone(store: BlobStore, pointer: dict[str, Any]) -> str | None:
+def why_pinned_attempt_gone(store: BlobStore, pointer: dict[str, Any]) -> str | None:
     """Why the partition a champion ``pointer`` names no longer holds the attempt that
     was judged when it moved there (it was trained again since), or None when it does
     (or the pointer, written by an older release, names no attempt)."""
@@ -224,23 +224,24 @@ def advance(
     model: Model,
     *,
     by: str,
-    unrecorded: Callable[[str, dict[str, Any]], str | None] | None = None,
+    in_flight: Callable[[str, dict[str, Any] | None], str | None] | None = None,
 ) -> Decision:
     """Move the champion to the newest trained partition of the model's version that is
     newer than it, passes every gate and does not regress against it beyond the declared
     tolerance; stay when there is none. A lock that cannot be
     deleted afterwards is in ``left_behind``, the decision standing.
 
-    ``unrecorded`` (a partition and its manifest -> why storage holds a model Dagster did
-    not record for it, or None; see ``unrecorded_on_storage``): a partition it names a
-    reason for is passed over, the reason in ``rejected`` under ``RECORDED``."""
+    ``in_flight`` (a partition and its manifest -> why it is left to a run still writing
+    it, or None; the ledger's rule, ``rollout.assets.why_in_flight``, which records a
+    partition whose run ended without recording it): a partition it names a reason for is
+    passed over, the reason in ``rejected`` under ``RECORDED``."""
     left: list[str] = []
     with promotion_lock(store, model_root(model), lock_name=LOCK_NAME, left=left):
-        decision = _advance(store, model, by=by, unrecorded=unrecorded)
+        decision = _advance(store, model, by=by, in_flight=in_flight)
     return replace(decision, left_behind=left)
 
 
-#: ``Decision.rejected``'s name for a partition storage holds but Dagster did not record
+#: ``Decision.rejected``'s name for a partition a run is still writing (not recorded yet)
 RECORDED = "recorded_by_dagster"
 
 
@@ -249,12 +250,12 @@ def _advance(
     model: Model,
     *,
     by: str,
-    unrecorded: Callable[[str, dict[str, Any]], str | None] | None,
+    in_flight: Callable[[str, dict[str, Any] | None], str | None] | None,
 ) -> Decision:
     """``advance`` under the lock."""
     current = read_champion(store, model)
     # the champion's own partition trained again is judged again: it holds another attempt
-    retrained = pinned_attempt_gone(store, current) if current is not None else None
+    retrained = why_pinned_attempt_gone(store, current) if current is not None else None
     again = retrained is not None
     newer = [
         ds
@@ -266,8 +267,8 @@ def _advance(
     rejected: dict[str, list[g.GateResult]] = {}
     for ds in reversed(newer):
         model_dir = model_dir_uri(model.model_artifact_base_uri, model.name, model.version, ds)
-        manifest = read_json_object(store, join_uri(model_dir, MANIFEST_NAME)) or {}
-        why_not = unrecorded(ds, manifest) if unrecorded is not None else None
+        manifest = read_json_object(store, join_uri(model_dir, MANIFEST_NAME))
+        why_not = in_flight(ds, manifest) if in_flight is not None else None
         if why_not:
             rejected[ds] = [g.GateResult(RECORDED, False, why_not)]
             continue
@@ -328,13 +329,13 @@ def promote(
     force: bool = False,
     by: str | None = None,
     left: list[str] | None = None,
-    unrecorded: Callable[[str, dict[str, Any]], str | None] | None = None,
+    in_flight: Callable[[str, dict[str, Any] | None], str | None] | None = None,
 ) -> dict[str, Any]:
     """Point the champion at ``ds`` (of ``version``) by hand.
 
     ``left``: when given, a lock that cannot be deleted once the pointer is written is
     added to it (see ``lock_left_behind``) rather than raised, the pointer having moved.
-    ``unrecorded``: as for ``advance``, for a partition of the model's own version (the
+    ``in_flight``: as for ``advance``, for a partition of the model's own version (the
     one Dagster's model asset records); a reason it gives fails ``RECORDED`` like a gate.
 
     Raises:
@@ -361,8 +362,8 @@ def promote(
         manifest = read_json_object(store, join_uri(model_dir, MANIFEST_NAME))
         results, attempt = _judge(store, model, ds, version, manifest=manifest)
         why_not = (
-            unrecorded(ds, manifest)
-            if unrecorded is not None and manifest is not None and version == model.version
+            in_flight(ds, manifest)
+            if in_flight is not None and manifest is not None and version == model.version
             else None
         )
         if why_not:
@@ -432,7 +433,7 @@ def rollback(
                 f"cannot roll {model.name} back to {earlier.get('version')}/{earlier.get('ds')}: "
                 f"{verdict.summary}"
             )
-        retrained = pinned_attempt_gone(store, earlier)
+        retrained = why_pinned_attempt_gone(store, earlier)
         if retrained:
             raise ChampionError(
                 f"cannot roll {model.name} back: {retrained}. Promote it by hand "

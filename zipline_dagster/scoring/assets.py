@@ -21,17 +21,21 @@ import dagster as dg
 
 from zipline_dagster.declarations.transforms import ModelTransforms, ScoreWith
 from zipline_dagster.errors import failure
+from zipline_dagster.lineage.ledger import Ledger, State
 from zipline_dagster.lineage.partitions import (
+    champion_asset_key,
     daily_partitions,
+    model_asset_key,
     record_range,
     starting_at,
     table_asset_key,
 )
 from zipline_dagster.rollout import champion as ch
 from zipline_dagster.rollout import gates as g
-from zipline_dagster.rollout.assets import champion_asset_key, model_asset_key
+from zipline_dagster.rollout.assets import gate_judge
 from zipline_dagster.storage.artifacts import (
     committed_manifest,
+    model_commit,
 )
 from zipline_dagster.storage.blobs import BlobStorageError
 from zipline_dagster.storage.paths import (
@@ -55,7 +59,6 @@ from zipline_dagster.training.assets import (
     run_range_job,
     trainable_partitions,
 )
-from zipline_dagster.training.metadata import unrecorded_on_storage
 from zipline_dagster.training.request import (
     TrainingRequest,
     build_range_request,
@@ -124,7 +127,9 @@ class ModelChoice:
         self.transforms = transforms
         self.model = transforms.model
         self.store = warehouse.store(self.model.model_artifact_base_uri)
-        self.instance = instance
+        self.ledger = Ledger(instance, judge=gate_judge(self.model)) if instance else None
+        #: what the run should be told (a model partition recorded from storage)
+        self.notes: list[str] = []
         self._trained: list[str] | None = None
         self._verdicts: dict[str, dict[str, g.GateResult]] = {}
 
@@ -189,19 +194,25 @@ class ModelChoice:
         )
 
     def _check_recorded(self, ds: str, model_ds: str) -> None:
-        if self.instance is None:
+        """The ledger's rule for the model partition that scores ``ds``: storage's model
+        is recorded into Dagster when its run ended without recording it; one a run is
+        still writing is refused."""
+        if self.ledger is None:
             return
         model = self.model
         model_dir = model_dir_uri(
             model.model_artifact_base_uri, model.name, model.version, model_ds
         )
-        manifest = committed_manifest(self.store, model_dir, checksums=False) or {}
-        why = unrecorded_on_storage(self.instance, model_asset_key(model), model_ds, manifest)
-        if why:
+        manifest = committed_manifest(self.store, model_dir, checksums=False)
+        diff = self.ledger.settle(
+            model_asset_key(model.name), model_ds, model_commit(manifest, model_dir, model_ds)
+        )
+        if diff.state is State.RECORDED:
+            self.notes.append(f"{model.name} partition {model_ds}: {diff.describe()}")
+        elif diff.state is State.IN_FLIGHT:
             raise ScoringError(
                 f"{self.transforms.table} {ds} is scored by {model.name} partition {model_ds}, "
-                f"but {why}. Materialize models/{model.name} partition {model_ds}, so that "
-                "Dagster and storage hold the same model."
+                f"but {diff.describe()}: score it once that run has ended"
             )
 
     def _champion(self, ds: str) -> tuple[str, str]:
@@ -212,12 +223,12 @@ class ModelChoice:
                 f"{transforms.table} {ds}: scored by the champion of {model.name}, which has "
                 f"none yet ({ch.champion_uri(model)} is absent)"
             )
-        retrained = ch.pinned_attempt_gone(store, pointer)
+        retrained = ch.why_pinned_attempt_gone(store, pointer)
         if retrained:
             raise ScoringError(
                 f"{transforms.table} {ds} is scored by the champion of {model.name}, but "
                 f"{retrained}. Move the champion again (materialize "
-                f"{champion_asset_key(model).to_user_string()}, or `zipline-dagster promote "
+                f"{champion_asset_key(model.name).to_user_string()}, or `zipline-dagster promote "
                 f"{model.name} --ds {pointer['ds']}`) so that what serves has passed the gates"
             )
         return str(pointer["artifact_uri"]), f"champion {pointer['version']}/{pointer['ds']}"
@@ -273,6 +284,7 @@ def commit_day(
     *,
     job_id: str,
     job_url: str | None,
+    run_id: str,
     warn: Callable[[str], None],
 ) -> dict[str, Any]:
     """Commit the file the day's run wrote (named by ``job_id``); its metadata. The files
@@ -306,7 +318,15 @@ def commit_day(
         ) from exc
     rows = len(scores)
     try:
-        left = commit_partition(store, day.folder, [name], write_id=job_id, rows=rows)
+        left = commit_partition(
+            store,
+            day.folder,
+            [name],
+            write_id=job_id,
+            rows=rows,
+            run_id=run_id,
+            code_version=transforms.model.version,
+        )
     except (BlobStorageError, OSError) as exc:
         raise dg.Failure(
             f"{transforms.table} {ds}: committing {written} failed ({exc}); readers see the "
@@ -369,6 +389,7 @@ def score_day(
         warehouse,
         job_id=outcome.job_id,
         job_url=outcome.job_url,
+        run_id=context.run.run_id,
         warn=context.log.warning,
     )
     context.log.info(json.dumps({"scored_rows": md["rows"].value, "uri": md["uri"].value}))
@@ -390,7 +411,6 @@ def score_range(
     committed and materialized, then the step fails naming it.
     """
     from zipline_dagster.training.launchers.ray_job import has_attempt_flag
-    from zipline_dagster.training.resources import RayJobsResource
 
     model = transforms.model
     errors: dict[str, str] = {}
@@ -408,7 +428,9 @@ def score_range(
             ready.append(prepare_day(transforms, ds, warehouse, choice=choice, have=have))
         except (ScoringError, BlobStorageError) as exc:
             errors[ds] = str(exc)
-    together = isinstance(launcher, RayJobsResource) and len(ready) > 1
+    for note in choice.notes:
+        context.log.warning(note)
+    together = launcher.runs_ranges_in_one_job and len(ready) > 1
     if together:
         try:
             archive, requirements = load_archive(model, warehouse)
@@ -486,6 +508,7 @@ def _score_in_one_job(
                 warehouse,
                 job_id=ran.sid,
                 job_url=ran.url,
+                run_id=context.run.run_id,
                 warn=context.log.warning,
             )
         except dg.Failure as exc:
@@ -505,10 +528,10 @@ def build_scores_asset(
             table_asset_key(transforms.source.table),
             partition_mapping=dg.TimeWindowPartitionMapping(start_offset=0, end_offset=0),
         ),
-        dg.AssetDep(champion_asset_key(model))
+        dg.AssetDep(champion_asset_key(model.name))
         if transforms.use_champion
         else dg.AssetDep(
-            model_asset_key(model),
+            model_asset_key(model.name),
             partition_mapping=dg.TimeWindowPartitionMapping(start_offset=-1, end_offset=-1),
         ),
     ]
@@ -552,6 +575,8 @@ def build_scores_asset(
             day = prepare_day(transforms, days[0], warehouse, choice=choice)
         except (ScoringError, BlobStorageError) as exc:
             raise failure(exc) from exc
+        for note in choice.notes:
+            context.log.warning(note)
         return dg.MaterializeResult(
             metadata=score_day(context, transforms, day, launcher, warehouse)
         )

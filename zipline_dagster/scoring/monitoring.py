@@ -16,10 +16,10 @@ from typing import Any
 import dagster as dg
 
 from zipline_dagster.declarations.transforms import ModelTransforms
+from zipline_dagster.lineage.ledger import Ledger, State
 from zipline_dagster.lineage.partitions import (
     latest_materialization,
     record_range,
-    recorded_write,
     table_asset_key,
 )
 from zipline_dagster.rollout import gates as g
@@ -31,7 +31,6 @@ from zipline_dagster.storage.resources import WarehouseResource
 from zipline_dagster.storage.tables import (
     committed_partitions,
     committed_scan,
-    unrecorded_write,
 )
 from zipline_dagster.training.assets import PARTITIONS_PER_RUN
 
@@ -137,16 +136,14 @@ def build_monitoring_asset(
         }
         done: dict[str, dict[str, Any]] = {}
         errors: dict[str, str] = {}
+        ledger = Ledger(context.instance)
         for ds in days:
             try:
-                why = unrecorded_write(
-                    scores.get(ds, ([], None))[1],
-                    recorded_write(context.instance, scores_key, ds),
-                )
-                if why:  # what Dagster records of this day would describe other scores
-                    raise MonitoringError(
-                        f"its scores: {why}. Materialize {transforms.table} {ds} again first"
-                    )
+                day = ledger.settle(scores_key, ds, scores[ds][1] if ds in scores else None)
+                if day.state is State.RECORDED:
+                    context.log.warning(f"{transforms.table} {ds}: {day.describe()}")
+                elif day.state is State.IN_FLIGHT:  # left to the run that is writing them
+                    raise MonitoringError(f"its scores: {day.describe()}; monitor it after")
                 done[ds] = monitor_day(transforms, ds, store, committed, warehouse)
                 context.log.info(
                     f"{ds}: "

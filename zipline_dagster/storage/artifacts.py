@@ -21,6 +21,7 @@ from typing import Any
 
 from zipline_dagster.processes import holder_gone, lock_owner
 from zipline_dagster.storage.blobs import BlobStorageError, BlobStore
+from zipline_dagster.storage.commits import MODEL, Commit
 from zipline_dagster.storage.paths import MANIFEST_NAME, join_uri
 
 #: Each training attempt writes into its own folder; only a successful one is promoted
@@ -269,6 +270,22 @@ def committed_manifest(
     return manifest
 
 
+def model_commit(manifest: dict[str, Any] | None, model_dir: str, ds: str) -> Commit | None:
+    """Model partition ``ds``'s commit, as its ``manifest`` (None: not committed) names it."""
+    if manifest is None:
+        return None
+    run, at = manifest.get("dagster_run_id"), manifest.get("committed_at")
+    return Commit(
+        MODEL,
+        ds,
+        model_dir,
+        named_attempt(manifest),
+        run_id=str(run) if run else None,
+        at=float(at) if isinstance(at, (int, float)) else None,
+        code_version=str(manifest["version"]) if manifest.get("version") else None,
+    )
+
+
 def is_committed(store: BlobStore, model_dir: str, *, checksums: bool = True) -> bool:
     """A partition is a finished model only when its manifest exists and every file matches
     (``committed_manifest``)."""
@@ -284,44 +301,3 @@ def named_attempt(manifest: dict[str, Any] | None) -> str | None:
 def manifest_attempt(store: BlobStore, model_dir: str) -> str | None:
     """The attempt the partition's manifest names (``named_attempt``, read from storage)."""
     return named_attempt(read_json_object(store, join_uri(model_dir, MANIFEST_NAME)))
-
-
-def unrecorded_attempt(
-    manifest: dict[str, Any],
-    recorded: str | None,
-    *,
-    run_status: str | None = None,
-    run_finished: bool = True,
-) -> str | None:
-    """Why the finished model on storage (its ``manifest``) is not the one Dagster
-    recorded for the partition (``recorded``: the attempt of its latest materialization),
-    or None when they agree or nothing says. They differ when a run was stopped (killed,
-    its machine lost) after it promoted its attempt and before Dagster recorded it: storage
-    then holds a model that no materialization describes.
-
-    With no materialization of the partition, ``run_status`` is the status of the run that
-    promoted the model when that run is one of the instance's (``DagsterRunStatus`` value;
-    ``run_finished``: whether Dagster counts it finished): the run then never recorded what
-    it promoted, or has not yet. None: it is not (trained under another Dagster instance,
-    say), and Dagster cannot tell."""
-    held = named_attempt(manifest)
-    if not held or held == recorded:
-        return None
-    run = manifest.get("dagster_run_id") or "unknown"
-    if not recorded:
-        if run_status is None:
-            return None
-        return (
-            f"storage holds attempt {held}, promoted by run {run} ({run_status}), and Dagster "
-            "has no materialization of the partition: "
-            + (
-                "the run ended without recording it (stopped between promoting its model "
-                "and recording it, or its record was wiped)"
-                if run_finished
-                else "that run has not recorded it yet"
-            )
-        )
-    return (
-        f"storage holds attempt {held} (promoted by run {run}), not attempt {recorded} that "
-        "Dagster recorded last: a run stopped between promoting its model and recording it"
-    )

@@ -32,9 +32,14 @@ def model_archive_uri(model: Model) -> str:
     return archive_uri(model.model_artifact_base_uri, model.name, model.version)
 
 
+def model_root_uri(base: str, model_name: str) -> str:
+    """``{base}/models/{model_name}``: a model's versions, champion pointer and history."""
+    return join_uri(base, "models", model_name)
+
+
 def model_dir_uri(base: str, model_name: str, version: str, ds: str) -> str:
     """``{base}/models/{model_name}/{version}/{ds}``: artifacts coming out, per partition."""
-    return join_uri(base, "models", model_name, version, ds)
+    return join_uri(model_root_uri(base, model_name), version, ds)
 
 
 def model_partition_uri(model: Model, ds: str) -> str:

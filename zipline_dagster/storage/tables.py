@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Iterator
 
 from zipline_dagster.storage.blobs import BlobStorageError, BlobStore, LocalStore
+from zipline_dagster.storage.commits import TABLE, Commit
 from zipline_dagster.storage.paths import join_uri, table_partition_uri, table_uri
 
 #: The partition's commit marker; the trainers read the same file (``trainer/io.py``).
@@ -86,11 +87,10 @@ def _list_committed(
 
 def committed_scan(
     store: BlobStore, root: str, listed: list[str] | None = None
-) -> dict[str, tuple[list[str], str | None]]:
-    """{ds: (URIs of its committed parquet files, the write its marker names)} for every
-    complete partition of the table at ``root`` (None: a marker naming no write), from one
-    listing (``listed``: the table's objects, when the caller has just listed them) plus
-    one read per marker."""
+) -> dict[str, tuple[list[str], Commit]]:
+    """{ds: (URIs of its committed parquet files, its commit)} for every complete
+    partition of the table at ``root``, from one listing (``listed``: the table's objects,
+    when the caller has just listed them) plus one read per marker."""
     parquet: dict[str, list[str]] = {}
     markers: set[str] = set()
     for uri in store.list(root) if listed is None else listed:
@@ -106,35 +106,36 @@ def committed_scan(
     folders = {ds: join_uri(root, f"ds={ds}") for ds in marked}
     reads = _read_all(store, [join_uri(folders[ds], COMMIT_NAME) for ds in marked])
     bodies = dict(zip(marked, reads, strict=True))
-    out: dict[str, tuple[list[str], str | None]] = {}
+    out: dict[str, tuple[list[str], Commit]] = {}
     for ds in sorted(markers | set(parquet)):
+        folder = join_uri(root, f"ds={ds}")
         if ds in bodies:
             body = json.loads(bodies[ds])
             files = body.get("files")
             if files is not None:  # None: a first write still in progress
-                write = body.get("write_id")
-                out[ds] = ([join_uri(folders[ds], n) for n in files], str(write) if write else None)
-        else:  # written before markers: no write named
-            out[ds] = (sorted(parquet[ds]), None)
+                commit = Commit(
+                    TABLE,
+                    ds,
+                    folder,
+                    _text(body.get("write_id")),
+                    run_id=_text(body.get("dagster_run_id")),
+                    at=body.get("committed_at"),
+                    code_version=_text(body.get("code_version")),
+                )
+                out[ds] = ([join_uri(folder, n) for n in files], commit)
+        else:  # written by another system, with no marker: no write named
+            out[ds] = (sorted(parquet[ds]), Commit(TABLE, ds, folder, None))
     return out
+
+
+def _text(value: object) -> str | None:
+    return str(value) if value else None
 
 
 def partition_writes(store: BlobStore, table_root: str) -> dict[str, str | None]:
     """{ds: the write (``write_id``) that committed it} for every complete partition of
     the table at ``table_root`` (None: one whose marker names none), from one listing."""
-    return {ds: write for ds, (_, write) in committed_scan(store, table_root).items()}
-
-
-def unrecorded_write(held: str | None, recorded: str | None) -> str | None:
-    """Why a partition storage holds (committed by write ``held``) is not the one Dagster
-    recorded (``recorded``: the write its latest materialization names), or None when
-    they agree or either names none."""
-    if not held or not recorded or held == recorded:
-        return None
-    return (
-        f"storage holds write {held}, not write {recorded} that Dagster recorded last: "
-        "a run stopped between committing it and recording it"
-    )
+    return {ds: c.write for ds, (_, c) in committed_scan(store, table_root).items()}
 
 
 def _read_all(store: BlobStore, uris: list[str]) -> list[bytes]:
@@ -171,9 +172,18 @@ def begin_partition(store: BlobStore, folder: str) -> None:
 
 
 def commit_partition(
-    store: BlobStore, folder: str, files: list[str], *, write_id: str, rows: int
+    store: BlobStore,
+    folder: str,
+    files: list[str],
+    *,
+    write_id: str,
+    rows: int,
+    run_id: str | None = None,
+    code_version: str | None = None,
 ) -> list[str]:
-    """Swap the marker to ``files`` (names inside ``folder``), then delete the rest.
+    """Swap the marker to ``files`` (names inside ``folder``), then delete the rest. The
+    marker names the write, the Dagster run that made it (``run_id``) and the
+    ``code_version`` that wrote it, as a model's manifest does.
 
     The partition is committed once the marker is written: only that write's failure
     raises. Deleting the files it replaced is tidying (readers never read them), so a
@@ -182,7 +192,14 @@ def commit_partition(
     (the folder itself when it could not even be listed).
     """
     marker = join_uri(folder, COMMIT_NAME)
-    body = {"files": files, "write_id": write_id, "rows": rows, "committed_at": time.time()}
+    body = {
+        "files": files,
+        "write_id": write_id,
+        "rows": rows,
+        "committed_at": time.time(),
+        "dagster_run_id": run_id,
+        "code_version": code_version,
+    }
     store.write_bytes(marker, json.dumps(body, sort_keys=True).encode())
     keep = {join_uri(folder, f) for f in files} | {marker}
     left = []

@@ -1,6 +1,5 @@
 """Model assets: one daily-partitioned asset per declared ``Model``, trained as a Ray Job."""
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -9,10 +8,11 @@ import dagster as dg
 
 from zipline_dagster.declarations.model import Model
 from zipline_dagster.errors import failure
+from zipline_dagster.lineage.ledger import ARTIFACT_ROOT, Difference, Ledger, State
 from zipline_dagster.lineage.partitions import (
     daily_partitions,
+    model_asset_key,
     record_range,
-    recorded_write,
     starting_at,
     table_asset_key,
 )
@@ -22,9 +22,10 @@ from zipline_dagster.storage.artifacts import (
     read_report,
 )
 from zipline_dagster.storage.blobs import BlobNotFoundError, BlobStorageError
-from zipline_dagster.storage.paths import join_uri, table_uri
+from zipline_dagster.storage.commits import Commit
+from zipline_dagster.storage.paths import join_uri, model_root_uri, table_uri
 from zipline_dagster.storage.resources import WarehouseResource
-from zipline_dagster.storage.tables import committed_scan, format_days, unrecorded_write
+from zipline_dagster.storage.tables import committed_scan
 from zipline_dagster.training.archive import (
     ArchiveVerificationError,
     TrainerArchiveError,
@@ -96,8 +97,7 @@ def build_model_asset(
     partitions_def = trainable_partitions(model, partitions_def)
 
     @dg.asset(
-        name=model.name,
-        key_prefix=["models"],
+        key=model_asset_key(model.name),
         group_name=group_name,
         partitions_def=partitions_def,
         # A backfill hands a run up to this many partitions; on Ray they train together
@@ -125,6 +125,9 @@ def build_model_asset(
             ),
             "zipline/model_name": model.name,
             "zipline/version": model.version,
+            ARTIFACT_ROOT: join_uri(
+                model_root_uri(model.model_artifact_base_uri, model.name), model.version
+            ),
             "zipline/input_table": model.table,
             "zipline/window_days": n,
         },
@@ -135,15 +138,22 @@ def build_model_asset(
         context: dg.AssetExecutionContext, launcher: TrainingLauncher, warehouse: WarehouseResource
     ) -> dg.MaterializeResult:
         days = list(context.partition_keys)
-        # the write Dagster recorded for each training-table day (once per day per run)
-        recorded = functools.cache(functools.partial(recorded_write, context.instance, upstream))
+        # the ledger's rule for each training-table day (Dagster's record read once per day)
+        ledger = Ledger(context.instance)
+
+        def settle(day: str, commit: Commit) -> Difference:
+            diff = ledger.settle(upstream, day, commit)
+            if diff.state is State.RECORDED:
+                context.log.warning(f"{model.table} {day}: {diff.describe()}")
+            return diff
+
         if len(days) == 1:
             return dg.MaterializeResult(
                 metadata=train_partition(
-                    context, model, days[0], launcher, warehouse, recorded=recorded
+                    context, model, days[0], launcher, warehouse, settle=settle
                 )
             )
-        return train_range(context, model, days, launcher, warehouse, recorded=recorded)
+        return train_range(context, model, days, launcher, warehouse, settle=settle)
 
     return _model_asset
 
@@ -161,17 +171,17 @@ def prepare(
     ds: str,
     warehouse: WarehouseResource,
     *,
-    scan: dict[str, tuple[list[str], str | None]] | None = None,
-    recorded: Callable[[str], str | None] | None = None,
+    scan: dict[str, tuple[list[str], Commit]] | None = None,
+    settle: Callable[[str, Commit], Difference] | None = None,
 ) -> tuple[TrainingRequest, dict[str, int]]:
-    """The partition's request, after checking its window exists and (with ``recorded``:
-    a day -> the write Dagster recorded for it) that storage holds what Dagster recorded
-    for each of its days. ``scan``: the training table's ``committed_scan``, when the
-    caller already holds it.
+    """The partition's request, after checking its window exists and applying the
+    ledger's rule to each of its days (``settle``: a day's commit -> its ``Difference``;
+    a day committed by a run that ended without recording it is recorded from storage and
+    trained on). ``scan``: the training table's ``committed_scan``, when the caller
+    already holds it.
 
     Raises:
-        TrainingDataError: a window day is missing, or another write than the recorded
-            one committed it (a run stopped between its commit and its record).
+        TrainingDataError: a window day is missing, or a run is still writing it.
     """
     request = build_training_request(model, ds, warehouse=warehouse.uri)
     store = warehouse.store(request.warehouse)
@@ -182,15 +192,16 @@ def prepare(
     differ = {
         day: why
         for day in request.days
-        if recorded is not None and (why := unrecorded_write(scan[day][1], recorded(day)))
+        if settle is not None
+        and (diff := settle(day, scan[day][1])).state is State.IN_FLIGHT
+        and (why := diff.describe())
     }
     if differ:
         raise TrainingDataError(
-            f"model {model.name!r} partition {ds}: training table {model.table} does not hold "
-            "what Dagster recorded for "
+            f"model {model.name!r} partition {ds}: training table {model.table} is still "
+            "being written for "
             + "; ".join(f"{day} ({why})" for day, why in differ.items())
-            + f". Materialize {model.table} {format_days(sorted(differ))} again first (a "
-            "backfill of the model does it), so that the model trains on what Dagster records"
+            + ". Train it once that run has ended, so that it trains on what Dagster records"
         )
     return request, counts
 
@@ -202,12 +213,12 @@ def train_partition(
     launcher: TrainingLauncher,
     warehouse: WarehouseResource,
     *,
-    recorded: Callable[[str], str | None] | None = None,
+    settle: Callable[[str, Commit], Difference] | None = None,
 ) -> dict[str, Any]:
     """Train one partition as its own job and promote it; its materialization metadata
-    (``recorded``: see ``prepare``)."""
+    (``settle``: see ``prepare``)."""
     try:
-        request, counts = prepare(model, ds, warehouse, recorded=recorded)
+        request, counts = prepare(model, ds, warehouse, settle=settle)
         archive, requirements = load_archive(model, warehouse)
     except (
         TrainingDataError,
@@ -346,9 +357,9 @@ def train_range(
     launcher: TrainingLauncher,
     warehouse: WarehouseResource,
     *,
-    recorded: Callable[[str], str | None] | None = None,
+    settle: Callable[[str, Commit], Difference] | None = None,
 ) -> dg.MaterializeResult:
-    """Train a run's range of partitions, each its own materialization (``recorded``: see
+    """Train a run's range of partitions, each its own materialization (``settle``: see
     ``prepare``).
 
     On Ray (a model without Ray Train workers) the partitions train together in one job,
@@ -358,7 +369,6 @@ def train_range(
     re-execution of the run from its failure does not train again what the failed run
     trained when nothing has changed since (``reusable_partitions``).
     """
-    from zipline_dagster.training.resources import RayJobsResource
 
     done: dict[str, dict[str, Any]] = {}
     errors: dict[str, str] = {}
@@ -370,14 +380,14 @@ def train_range(
     ready: list[TrainingRequest] = []
     for ds in days:
         try:
-            ready.append(prepare(model, ds, warehouse, scan=scan, recorded=recorded)[0])
+            ready.append(prepare(model, ds, warehouse, scan=scan, settle=settle)[0])
         except TrainingDataError as exc:
             errors[ds] = str(exc)
     # A re-execution from failure trains only what the runs it resumes left undone.
     done.update(reusable_partitions(context, ready, warehouse))
     ready = [r for r in ready if r.ds not in done]
     together = (
-        isinstance(launcher, RayJobsResource)
+        launcher.runs_ranges_in_one_job
         and model.training_conf.resource_config.workers == 0
         and len(ready) > 1
     )

@@ -11,11 +11,6 @@ from typing import Any
 
 import dagster as dg
 
-from zipline_dagster.lineage.partitions import recorded_value
-from zipline_dagster.storage.artifacts import (
-    unrecorded_attempt,
-)
-
 
 def _range_text(split: dict[str, Any]) -> str:
     rng = split.get("date_range") or {}
@@ -123,26 +118,3 @@ def segment_metadata(report: dict[str, Any]) -> dict[str, Any]:
             ),
         ),
     }
-
-
-def recorded_attempt(instance: dg.DagsterInstance, key: dg.AssetKey, ds: str) -> str | None:
-    """The attempt Dagster's latest materialization of model partition ``ds`` names
-    (None: no materialization, or one that names none)."""
-    return recorded_value(instance, key, ds, "attempt")
-
-
-def unrecorded_on_storage(
-    instance: dg.DagsterInstance, key: dg.AssetKey, ds: str, manifest: dict[str, Any]
-) -> str | None:
-    """Why the finished model on storage for model partition ``ds`` (its ``manifest``) is
-    not the one Dagster recorded (``unrecorded_attempt``), or None when it is, or when
-    Dagster cannot tell: with no materialization of the partition, only a run of this
-    instance that promoted the model says that it was never recorded."""
-    recorded = recorded_attempt(instance, key, ds)
-    run_id = manifest.get("dagster_run_id")
-    run = instance.get_run_by_id(str(run_id)) if recorded is None and run_id else None
-    if run is None:
-        return unrecorded_attempt(manifest, recorded)
-    return unrecorded_attempt(
-        manifest, recorded, run_status=run.status.value, run_finished=run.is_finished
-    )

@@ -27,6 +27,12 @@ class TrainingLauncher(dg.ConfigurableResource):
     def runner(self, log: Any) -> TrainingRunner:
         raise NotImplementedError
 
+    @property
+    def runs_ranges_in_one_job(self) -> bool:
+        """Whether a range of partitions (or of scoring days) runs as one job, one task
+        each, through the archive's platform driver; False: one job after another."""
+        return False
+
     def archive_problem(self, uri: str, options: StorageOptions) -> str | None:
         """Why this launcher cannot run a trainer archive stored at ``uri``; None if it can.
 
@@ -87,6 +93,10 @@ class RayJobsResource(TrainingLauncher):
     embedded_state_dir: str | None = Field(
         default=None, description="State folder of the embedded head (default $ZIPLINE_HOME/ray)."
     )
+
+    @property
+    def runs_ranges_in_one_job(self) -> bool:
+        return True
 
     def resolved_address(self) -> tuple[str, str | None]:
         """(dashboard address, auth mode), starting the embedded head when nothing is configured."""

@@ -14,9 +14,10 @@ from __future__ import annotations
 from typing import Any
 
 import dagster as dg
-from dagster._core.storage.tags import ASSET_RESUME_RETRY_TAG, RESUME_RETRY_TAG
 
-from zipline_dagster.lineage.backfill import CODE_VERSION_TAG, FreshnessResolver
+from zipline_dagster.lineage.backfill import FreshnessResolver
+from zipline_dagster.lineage.internals import ASSET_RESUME_RETRY_TAG, RESUME_RETRY_TAG
+from zipline_dagster.lineage.ledger import CODE_VERSION_TAG
 from zipline_dagster.storage.artifacts import (
     read_json_object,
 )
@@ -54,7 +55,7 @@ def _json_object(warehouse: WarehouseResource, uri: str) -> dict[str, Any] | Non
         return None
 
 
-def changed_on_storage(
+def why_changed_on_storage(
     warehouse: WarehouseResource, request: TrainingRequest, run_id: str, attempt: str
 ) -> str | None:
     """Why the partition's finished model on storage is not the one ``run_id`` recorded,
@@ -122,7 +123,7 @@ def reusable_partitions(
         elif attempt is None:
             why = "its materialization names no attempt"
         else:
-            why = changed_on_storage(warehouse, request, record.run_id, str(attempt.value))
+            why = why_changed_on_storage(warehouse, request, record.run_id, str(attempt.value))
         if why is not None:
             context.log.info(
                 f"{request.ds} trains again although run {record.run_id} trained it: {why}"

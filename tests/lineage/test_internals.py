@@ -1,0 +1,44 @@
+"""Dagster's private modules are used in one place: ``zipline_dagster.lineage.internals``.
+
+Each name it takes from ``dagster._core`` / ``dagster._daemon`` is imported here, so a
+Dagster upgrade that moves one fails this test (not a user's run); and no other module
+of the library reaches into a private Dagster module."""
+
+import ast
+import importlib
+from pathlib import Path
+
+import zipline_dagster
+from zipline_dagster.lineage import internals
+
+LIBRARY = Path(zipline_dagster.__file__).parent
+PRIVATE = ("dagster._core", "dagster._daemon")
+
+
+def _private_imports(path: Path) -> list[tuple[str, str]]:
+    """(module, name) of every import from a private Dagster module in ``path``."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(PRIVATE):
+            out += [(str(node.module), a.name) for a in node.names]
+        elif isinstance(node, ast.Import):
+            out += [(a.name, "") for a in node.names if a.name.startswith(PRIVATE)]
+    return out
+
+
+def test_every_private_name_the_library_uses_still_exists() -> None:
+    used = _private_imports(Path(internals.__file__))
+    assert len(used) >= 10  # the backfill launcher and driver, tags, errors, types
+    for module, name in used:
+        assert hasattr(importlib.import_module(module), name), f"{module}.{name} moved"
+    for name in internals.__all__:
+        assert getattr(internals, name) is not None
+
+
+def test_no_other_module_imports_a_private_dagster_module() -> None:
+    offenders = {
+        str(path.relative_to(LIBRARY)): found
+        for path in sorted(LIBRARY.rglob("*.py"))
+        if path.name != "internals.py" and (found := _private_imports(path))
+    }
+    assert offenders == {}

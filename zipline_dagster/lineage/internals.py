@@ -1,0 +1,202 @@
+"""What this project uses of Dagster that has no public form, in one place.
+
+Everything here reaches into ``dagster._core`` or ``dagster._daemon``: a Dagster upgrade
+may move it. ``tests/lineage/test_internals.py`` imports every name this module uses and
+fails when one moves; nothing else in the project imports a private Dagster module.
+
+* submitting an asset backfill from a plan (``launch_backfill``): Dagster's public API
+  launches backfills only through the UI or GraphQL against a running webserver;
+* running a plan's runs in-process with a range run's tags (``execute_plan_in_process``,
+  for ``make demo`` and the benchmarks);
+* running the backfill and run-queue daemons' iterations in-process
+  (``drive_backfill``, for ``zipline-dagster backfill --wait`` without a daemon), and
+  telling whether a daemon is heartbeating (``daemon_running``);
+* the run tags of a range run and of a re-execution from failure, the error of an unset
+  ``DAGSTER_HOME``, a check evaluation's target materialization, the asset graph type.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import dagster as dg
+from dagster._core.definitions.assets.graph.asset_graph import AssetGraph
+from dagster._core.errors import DagsterHomeNotSetError
+from dagster._core.storage.tags import (
+    ASSET_PARTITION_RANGE_END_TAG,
+    ASSET_PARTITION_RANGE_START_TAG,
+    ASSET_RESUME_RETRY_TAG,
+    RESUME_RETRY_TAG,
+)
+
+from zipline_dagster.lineage.backfill import BackfillError, Plan, contiguous_runs, span_text
+
+__all__ = [
+    "ASSET_PARTITION_RANGE_END_TAG",
+    "ASSET_PARTITION_RANGE_START_TAG",
+    "ASSET_RESUME_RETRY_TAG",
+    "RESUME_RETRY_TAG",
+    "AssetGraph",
+    "DagsterHomeNotSetError",
+    "check_target",
+    "daemon_running",
+    "drive_backfill",
+    "execute_plan_in_process",
+    "launch_backfill",
+]
+
+
+def check_target(record: dg.EventLogRecord) -> Any:
+    """The target of a check evaluation logged outside the check's own step: the
+    materialization ``record`` (Dagster has no public constructor for it)."""
+    from dagster._core.definitions.asset_checks.asset_check_evaluation import (
+        AssetCheckEvaluationTargetMaterializationData,
+    )
+
+    return AssetCheckEvaluationTargetMaterializationData(
+        storage_id=record.storage_id, run_id=record.run_id, timestamp=record.timestamp
+    )
+
+
+def launch_backfill(
+    defs: dg.Definitions, instance: dg.DagsterInstance, plan: Plan, *, title: str
+) -> str:
+    """Submit the plan as a Dagster asset backfill (the daemon runs it; visible in the UI)."""
+    from dagster._core.definitions.assets.graph.asset_graph_subset import AssetGraphSubset
+    from dagster._core.definitions.events import AssetKeyPartitionKey
+    from dagster._core.execution.backfill import PartitionBackfill
+    from dagster._core.utils import make_new_backfill_id
+
+    graph = defs.resolve_asset_graph()
+    asset_partitions = {AssetKeyPartitionKey(key, p) for key, parts in plan.steps for p in parts}
+    subset = AssetGraphSubset.from_asset_partition_set(asset_partitions, graph)
+    backfill_id = make_new_backfill_id()
+    backfill = PartitionBackfill.from_asset_graph_subset(
+        backfill_id=backfill_id,
+        backfill_timestamp=time.time(),
+        tags={"zipline/backfill": title},
+        dynamic_partitions_store=instance,
+        asset_graph_subset=subset,
+        title=title,
+        description=plan.describe(),
+        run_config=None,
+    )
+    instance.add_backfill(backfill)
+    return backfill_id
+
+
+def execute_plan_in_process(
+    defs: dg.Definitions,
+    instance: dg.DagsterInstance,
+    plan: Plan,
+    *,
+    log=print,  # type: ignore[no-untyped-def]
+    one_at_a_time: bool = False,
+) -> list[dg.ExecuteInProcessResult]:
+    """Run the plan here, upstream first, in the runs a Dagster backfill would launch:
+    each asset's backfill policy sets how many partitions one run covers (a Spark
+    producer's whole range in one run; up to 30 model partitions per run, which train
+    together in one Ray job). ``one_at_a_time`` runs every partition alone instead (the
+    benchmarks' baseline).
+    """
+    graph = defs.resolve_asset_graph()
+    job = defs.resolve_implicit_global_asset_job_def()
+    quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+    results = []
+    for key, parts in plan.steps:
+        policy = graph.get(key).backfill_policy
+        size = 1
+        if policy is not None and not one_at_a_time:
+            size = policy.max_partitions_per_run or len(parts)
+        for batch in contiguous_runs([parts], size):
+            log(f"materializing {key.to_user_string()} {span_text(batch)}")
+            tags = (
+                {"dagster/partition": batch[0]}
+                if len(batch) == 1
+                else {
+                    ASSET_PARTITION_RANGE_START_TAG: batch[0],
+                    ASSET_PARTITION_RANGE_END_TAG: batch[-1],
+                }
+            )
+            result = job.execute_in_process(
+                run_config=quiet,
+                instance=instance,
+                asset_selection=[key],
+                tags=tags,
+                raise_on_error=False,
+            )
+            results.append(result)
+            if not result.success:
+                failures = result.get_step_failure_events()
+                text = (
+                    failures[0].step_failure_data.error.message
+                    if failures and failures[0].step_failure_data.error
+                    else "see the run log"
+                )
+                raise RuntimeError(f"{key.to_user_string()} {span_text(batch)} failed: {text}")
+    return results
+
+
+def daemon_running(instance: dg.DagsterInstance) -> bool:
+    """True when a dagster-daemon (e.g. the one `dagster dev` starts) is heartbeating."""
+    from dagster._daemon.controller import all_daemons_live
+
+    try:
+        return bool(all_daemons_live(instance, heartbeat_tolerance_seconds=60))
+    except Exception:
+        return False
+
+
+def drive_backfill(
+    instance: dg.DagsterInstance,
+    backfill_id: str,
+    *,
+    workspace_file: str,
+    timeout_s: float = 3600,
+    poll_s: float = 1.0,
+    log=print,  # type: ignore[no-untyped-def]
+) -> str:
+    """Run the daemon's backfill and run-queue iterations here until the backfill ends.
+
+    What ``dagster-daemon`` does every 30 s, done every ``poll_s``: the runs are launched
+    by the instance's run launcher exactly as the daemon would launch them.
+    """
+    import logging
+
+    from dagster._core.execution.backfill import BulkActionStatus
+    from dagster._core.workspace.context import WorkspaceProcessContext
+    from dagster._core.workspace.load_target import WorkspaceFileTarget
+    from dagster._daemon.backfill import execute_backfill_iteration
+    from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import (
+        QueuedRunCoordinatorDaemon,
+    )
+
+    logger = logging.getLogger("zipline_dagster.lineage.backfill")
+    queue = QueuedRunCoordinatorDaemon(interval_seconds=poll_s)
+    deadline = time.monotonic() + timeout_s
+    last = ""
+    with WorkspaceProcessContext(instance, WorkspaceFileTarget(paths=[workspace_file])) as ctx:
+        while True:
+            for _ in execute_backfill_iteration(ctx, logger):
+                pass
+            for _ in queue.run_iteration(ctx):
+                pass
+            backfill = instance.get_backfill(backfill_id)
+            if backfill is None:
+                raise BackfillError(f"backfill {backfill_id} disappeared")
+            runs = instance.get_run_records(dg.RunsFilter(tags={"dagster/backfill": backfill_id}))
+            states = sorted(str(r.dagster_run.status.value) for r in runs)
+            summary = f"{backfill.status.value}: {len(runs)} runs " + (
+                ", ".join(f"{states.count(s)} {s.lower()}" for s in sorted(set(states)))
+                if states
+                else ""
+            )
+            if summary != last:
+                log(summary)
+                last = summary
+            if backfill.status != BulkActionStatus.REQUESTED:
+                return str(backfill.status.value)
+            if time.monotonic() > deadline:
+                raise BackfillError(f"backfill {backfill_id} still running after {timeout_s:.0f}s")
+            time.sleep(poll_s)
