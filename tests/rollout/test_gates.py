@@ -52,11 +52,76 @@ def trained(store: BlobStore, model: Model, ds: str, rep: dict[str, Any]) -> str
     return d
 
 
-def test_unknown_metric_name_is_refused_listing_the_known_ones() -> None:
+@pytest.mark.parametrize(
+    ("metric", "said"),
+    [
+        (
+            Metric("holdout_ndcg", 0.5),
+            "Model 'listing_ctr_model': deployment_conf: Metric 'holdout_ndcg': whether higher "
+            "is better is not known for 'ndcg' (known: accuracy, auc, f1, logloss, mae, mse, "
+            "precision, r2, recall, rmse, rows); declare higher_is_better=True or False.",
+        ),
+        (
+            Metric("valid_auc", 0.5),
+            "Model 'listing_ctr_model': deployment_conf: Metric name='valid_auc' is invalid; "
+            "expected {split}_{metric} with split train or holdout",
+        ),
+    ],
+)
+def test_a_metric_that_cannot_be_judged_is_refused_naming_the_model(
+    metric: Metric, said: str
+) -> None:
     with pytest.raises(ModelSpecError) as exc:
-        Metric("holdout_f1", 0.5)
-    assert "'holdout_f1'" in str(exc.value)
-    assert "holdout_auc, holdout_logloss, holdout_rows" in str(exc.value)
+        model_with("file:///tmp/x", metric)
+    assert str(exc.value).startswith(said)
+
+
+def test_any_reported_metric_can_gate_in_either_direction() -> None:
+    """Known keys take their direction; another declares it; the metadata's spelling
+    (``holdout/auc``) names the same metric."""
+    assert Metric("holdout/auc", 0.6) == Metric("holdout_auc", 0.6)
+    assert Metric("holdout_f1", 0.5).describe() == "holdout_f1 >= 0.5"
+    assert Metric("holdout_mae", 0.2).describe() == "holdout_mae <= 0.2"
+    ndcg = Metric("holdout_ndcg", 0.4, higher_is_better=True)
+    assert model_with("file:///tmp/x", ndcg).rollout.rollout_metric_thresholds == (ndcg,)
+    assert Metric("holdout_latency", 9.0, higher_is_better=False).describe() == (
+        "holdout_latency <= 9"
+    )
+
+
+def regression_report(rmse: float, r2: float) -> dict[str, Any]:
+    """What a regression trainer reports: RMSE, MAE and R² per split, no AUC."""
+    return {
+        "train": {"rows": 1200, "metrics": {"rmse": 0.2, "mae": 0.15, "r2": 0.8}},
+        "holdout": {"rows": 400, "metrics": {"rmse": rmse, "mae": 0.2, "r2": r2}},
+        "status": {},
+    }
+
+
+def test_a_regression_model_is_gated_on_rmse_and_r2(file_base: str) -> None:
+    model = model_with(file_base, Metric("holdout_rmse", 0.3), Metric("holdout_r2", 0.5))
+    store = blob_store(file_base)
+    trained(store, model, "2026-07-10", regression_report(rmse=0.25, r2=0.62))
+    trained(store, model, "2026-07-11", regression_report(rmse=0.41, r2=0.31))
+    ok = g.evaluate(model, store, "2026-07-10")
+    assert all(r.passed for r in ok.values()), ok
+    assert ok[g.THRESHOLDS].summary == (
+        "holdout_rmse=0.2500 (holdout_rmse <= 0.3), holdout_r2=0.6200 (holdout_r2 >= 0.5)"
+    )
+    bad = g.evaluate(model, store, "2026-07-11")[g.THRESHOLDS]
+    assert not bad.passed and bad.summary == (
+        "holdout_rmse=0.4100 fails holdout_rmse <= 0.3; holdout_r2=0.3100 fails holdout_r2 >= 0.5"
+    )
+    # the champion takes the newest partition passing its gates, not the newer failing one
+    assert ch.advance(store, model, by="test").pointer["ds"] == "2026-07-10"  # type: ignore[index]
+
+    # A metric the report does not hold fails the gate, listing what it holds.
+    auc_gated = model_with(file_base, Metric("holdout_auc", 0.6))
+    missing = g.evaluate(auc_gated, store, "2026-07-10")[g.THRESHOLDS]
+    assert not missing.passed and missing.summary == (
+        "holdout_auc is not in the report (it holds holdout_mae, holdout_r2, holdout_rmse, "
+        "holdout_rows, train_mae, train_r2, train_rmse, train_rows)"
+    )
 
 
 @pytest.mark.parametrize(

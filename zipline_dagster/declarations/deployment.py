@@ -2,53 +2,66 @@
 
 ``Model(..., deployment_conf=DeploymentSpec(rollout_strategy=RolloutStrategy(
 rollout_metric_thresholds=[Metric("holdout_auc", 0.65)])))``. Plain Python, validated
-when constructed: a metric name must be one the trainer's report holds.
+when constructed; a metric's name and direction are checked by the ``Model`` that
+declares it (its refusal names the model), and that the trainer's report holds it when
+the gate runs (a metric missing from the report fails the gate, listing what it holds).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from zipline_dagster.declarations.errors import ModelSpecError
 
-#: Report metrics a threshold may name: ``{split}_{metric}`` for the train and holdout
-#: splits; ``True`` where higher is better (the threshold is a minimum), ``False`` for
-#: losses (a maximum).
-HIGHER_IS_BETTER = {"auc": True, "accuracy": True, "logloss": False, "rows": True}
+#: The report's splits; a metric is named ``{split}_{key}``, ``key`` one of the split's
+#: metrics in the report (``holdout_auc``, ``holdout_rmse``) or ``rows``.
 SPLITS = ("train", "holdout")
-KNOWN_METRICS: dict[str, bool] = {
-    f"{split}_{metric}": better for split in SPLITS for metric, better in HIGHER_IS_BETTER.items()
+#: Metric keys whose direction is known: True where higher is better (the threshold is a
+#: minimum), False for losses and errors (a maximum). Any other key declares its own.
+DIRECTIONS = {
+    "auc": True,
+    "accuracy": True,
+    "precision": True,
+    "recall": True,
+    "f1": True,
+    "r2": True,
+    "rows": True,
+    "logloss": False,
+    "rmse": False,
+    "mae": False,
+    "mse": False,
 }
-
-
-def higher_is_better(name: str) -> bool:
-    return KNOWN_METRICS[name]
+_NAME_RE = re.compile(r"^(train|holdout)_([a-z0-9][a-z0-9_]*)$")
 
 
 @dataclass(frozen=True)
 class Metric:
-    """A rollout threshold on a report metric.
+    """A rollout threshold on a metric of the trainer's report.
 
     Args:
-        name: a metric of the trainer's report, ``{split}_{metric}`` (``holdout_auc``,
-            ``holdout_logloss`` ...).
-        threshold: a minimum for scores (AUC, accuracy, rows), a maximum for losses.
+        name: ``{split}_{key}``: ``split`` train or holdout, ``key`` any metric the
+            trainer reports for it, or ``rows`` (``holdout_auc``, ``holdout_rmse``,
+            ``train_r2``). The metadata's spelling, ``holdout/auc``, is the same metric.
+        threshold: a minimum where higher is better, a maximum where lower is.
+        higher_is_better: the direction; None takes it from the known keys (auc,
+            accuracy, precision, recall, f1, r2, rows higher; logloss, rmse, mae, mse
+            lower), and another key must declare it.
 
     Example:
-        ``Metric(name="holdout_auc", threshold=0.65)``
+        ``Metric(name="holdout_rmse", threshold=0.3)``;
+        ``Metric(name="holdout_ndcg", threshold=0.4, higher_is_better=True)``
     """
 
     name: str
     threshold: float
+    higher_is_better: bool | None = None
 
     def __post_init__(self) -> None:
-        if self.name not in KNOWN_METRICS:
-            raise ModelSpecError(
-                f"Metric name={self.name!r} is unknown; the report holds: "
-                + ", ".join(sorted(KNOWN_METRICS))
-            )
+        if isinstance(self.name, str):  # the metadata's holdout/auc is holdout_auc
+            object.__setattr__(self, "name", self.name.replace("/", "_", 1))
         if (
             isinstance(self.threshold, bool)
             or not isinstance(self.threshold, (int, float))
@@ -56,12 +69,41 @@ class Metric:
         ):
             raise ModelSpecError(
                 f"Metric {self.name!r}: threshold={self.threshold!r} is invalid; expected a "
-                "finite number (a minimum for scores, a maximum for losses)"
+                "finite number (a minimum where higher is better, a maximum where lower is)"
+            )
+        if self.higher_is_better is not None and not isinstance(self.higher_is_better, bool):
+            raise ModelSpecError(
+                f"Metric {self.name!r}: higher_is_better={self.higher_is_better!r} is "
+                "invalid; expected True, False or None (from the known metric keys)"
             )
 
     @property
+    def key(self) -> str:
+        """The report's key within the split (``auc`` of ``holdout_auc``)."""
+        return self.name.partition("_")[2]
+
+    def problem(self) -> str | None:
+        """Why this metric cannot be judged (its name, or no known direction); None when
+        it can. The ``Model`` declaring it raises it, naming the model."""
+        if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
+            return (
+                f"Metric name={self.name!r} is invalid; expected {{split}}_{{metric}} with "
+                "split train or holdout and a metric the trainer reports (holdout_auc, "
+                "holdout_rmse, train_r2 ...; holdout/auc is accepted too)"
+            )
+        if self.higher_is_better is None and self.key not in DIRECTIONS:
+            return (
+                f"Metric {self.name!r}: whether higher is better is not known for "
+                f"{self.key!r} (known: {', '.join(sorted(DIRECTIONS))}); declare "
+                "higher_is_better=True or False"
+            )
+        return None
+
+    @property
     def is_minimum(self) -> bool:
-        return higher_is_better(self.name)
+        if self.higher_is_better is not None:
+            return self.higher_is_better
+        return DIRECTIONS[self.key]
 
     def passes(self, value: float) -> bool:
         return value >= self.threshold if self.is_minimum else value <= self.threshold

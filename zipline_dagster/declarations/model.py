@@ -333,6 +333,9 @@ class Model:
                 self.deployment_conf,
                 "expected DeploymentSpec(rollout_strategy=RolloutStrategy(...))",
             )
+        for metric in self.rollout.rollout_metric_thresholds:
+            if (why := metric.problem()) is not None:
+                raise ModelSpecError(f"Model {name!r}: deployment_conf: {why}.")
 
     @property
     def rollout(self) -> RolloutStrategy:

@@ -13,6 +13,10 @@ PARTITIONS_START = "2026-07-01"
 
 daily_partitions = dg.DailyPartitionsDefinition(start_date=PARTITIONS_START)
 
+#: Most partitions one backfill run covers (model partitions, scores and monitoring days;
+#: on Ray a range trains or scores in one job, one task each).
+PARTITIONS_PER_RUN = 30
+
 
 def latest_materialization(
     instance: dg.DagsterInstance, key: dg.AssetKey, ds: str

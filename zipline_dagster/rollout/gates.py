@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from zipline_dagster.declarations.deployment import HIGHER_IS_BETTER, SPLITS, Metric
+from zipline_dagster.declarations.deployment import SPLITS, Metric
 from zipline_dagster.declarations.model import Model
 from zipline_dagster.storage.artifacts import (
     REPORT_NAME,
@@ -59,19 +59,22 @@ class GateResult:
 
 
 def report_metrics(report: dict[str, Any]) -> dict[str, float | None]:
-    """``{split}_{metric}`` -> value (None when the report has no number for it)."""
+    """``{split}_{key}`` -> value for every metric the report holds, and each split's
+    ``rows`` (None where the report has no number for it)."""
     out: dict[str, float | None] = {}
     for split in SPLITS:
         part = report.get(split) or {}
-        metrics = part.get("metrics") or {}
-        for metric in HIGHER_IS_BETTER:
-            raw = part.get("rows") if metric == "rows" else metrics.get(metric)
+        for key, raw in [*(part.get("metrics") or {}).items(), ("rows", part.get("rows"))]:
             ok = isinstance(raw, (int, float)) and not isinstance(raw, bool)
-            out[f"{split}_{metric}"] = float(raw) if ok else None  # type: ignore[arg-type]
+            if ok or key != "rows" or "rows" in part:
+                out[f"{split}_{key}"] = float(raw) if ok else None
     return out
 
 
-def _why_missing(report: dict[str, Any], name: str) -> str:
+def _why_missing(report: dict[str, Any], name: str, values: dict[str, float | None]) -> str:
+    if name not in values:
+        held = ", ".join(sorted(values)) or "nothing"
+        return f"{name} is not in the report (it holds {held})"
     split, _, metric = name.partition("_")
     why = (report.get("status") or {}).get(f"{split}.{metric}")
     return f"{name} is missing ({why})" if why else f"{name} is missing (no status given)"
@@ -89,7 +92,7 @@ def check_thresholds(model: Model, report: dict[str, Any]) -> GateResult:
         shown[m.name] = value
         shown[f"{m.name}.threshold"] = m.threshold
         if value is None:
-            failed.append(_why_missing(report, m.name))
+            failed.append(_why_missing(report, m.name, values))
         elif not m.passes(value):
             failed.append(f"{m.name}={value:.4f} fails {m.describe()}")
     if failed:
@@ -117,7 +120,7 @@ def check_no_regression(
         shown[m.name] = mine
         shown[f"{m.name}.champion"] = best
         if mine is None:
-            failed.append(_why_missing(report, m.name))
+            failed.append(_why_missing(report, m.name, values))
             continue
         if not isinstance(best, (int, float)):
             continue  # the champion has no number to compare against

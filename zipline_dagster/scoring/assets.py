@@ -23,6 +23,7 @@ from zipline_dagster.declarations.transforms import ModelTransforms, ScoreWith
 from zipline_dagster.errors import failure
 from zipline_dagster.lineage.ledger import Ledger, State
 from zipline_dagster.lineage.partitions import (
+    PARTITIONS_PER_RUN,
     champion_asset_key,
     daily_partitions,
     model_asset_key,
@@ -54,7 +55,6 @@ from zipline_dagster.storage.tables import (
     shift_day,
 )
 from zipline_dagster.training.assets import (
-    PARTITIONS_PER_RUN,
     load_archive,
     run_range_job,
     trainable_partitions,

@@ -18,6 +18,7 @@ import dagster as dg
 from zipline_dagster.declarations.transforms import ModelTransforms
 from zipline_dagster.lineage.ledger import Ledger, State
 from zipline_dagster.lineage.partitions import (
+    PARTITIONS_PER_RUN,
     latest_materialization,
     record_range,
     table_asset_key,
@@ -32,7 +33,6 @@ from zipline_dagster.storage.tables import (
     committed_partitions,
     committed_scan,
 )
-from zipline_dagster.training.assets import PARTITIONS_PER_RUN
 
 REALIZED_CHECK = "realized_auc"
 

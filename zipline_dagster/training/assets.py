@@ -10,6 +10,7 @@ from zipline_dagster.declarations.model import Model
 from zipline_dagster.errors import failure
 from zipline_dagster.lineage.ledger import ARTIFACT_ROOT, Difference, Ledger, State
 from zipline_dagster.lineage.partitions import (
+    PARTITIONS_PER_RUN,
     daily_partitions,
     model_asset_key,
     record_range,
@@ -44,9 +45,6 @@ from zipline_dagster.training.request import (
 )
 from zipline_dagster.training.resources import TrainingLauncher
 from zipline_dagster.training.retries import reusable_partitions
-
-#: Most model partitions one backfill run trains (on Ray: one job, one task each).
-PARTITIONS_PER_RUN = 30
 
 
 def trainable_partitions(
