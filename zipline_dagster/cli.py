@@ -237,7 +237,7 @@ def _backfill(args: argparse.Namespace) -> int:
     from zipline_dagster.lineage.backfill import model_partitions, plan_backfill
     from zipline_dagster.lineage.internals import daemon_running, drive_backfill, launch_backfill
     from zipline_dagster.lineage.ledger import Ledger
-    from zipline_dagster.lineage.partitions import model_asset_key
+    from zipline_dagster.lineage.partitions import champion_asset_key, model_asset_key
     from zipline_dagster.rollout.assets import gate_judge
 
     if args.wait and not Path(args.workspace).is_file():  # before any backfill is launched
@@ -281,7 +281,36 @@ def _backfill(args: argparse.Namespace) -> int:
         log=lambda m: print(f"  {m}", file=sys.stderr, flush=True),
     )
     print(f"status={status}")
-    return 0 if status == "COMPLETED_SUCCESS" or status == "COMPLETED" else 1
+    done = status in ("COMPLETED_SUCCESS", "COMPLETED")
+    champion = champion_asset_key(key.path[-1])
+    if done and key == model_asset_key(key.path[-1]) and defs.resolve_asset_graph().has(champion):
+        print(_evaluate_champion(defs, instance, key.path[-1]))
+    return 0 if done else 1
+
+
+def _evaluate_champion(defs: object, instance: object, model_name: str) -> str:
+    """Materialize ``model_name``'s champion here, once its partitions are trained (the
+    champion sensor would too, when a daemon runs); what it now points at."""
+    import dagster as dg
+
+    from zipline_dagster.lineage.partitions import champion_asset_key
+
+    assert isinstance(defs, dg.Definitions) and isinstance(instance, dg.DagsterInstance)
+    quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+    result = defs.resolve_implicit_global_asset_job_def().execute_in_process(
+        run_config=quiet,
+        instance=instance,
+        asset_selection=[champion_asset_key(model_name)],
+        raise_on_error=False,
+    )
+    events = result.get_asset_materialization_events() if result.success else []
+    if not events:
+        return f"champion=unknown (the champion asset's run {result.run_id} failed)"
+    md = {
+        k: v.value for k, v in events[0].step_materialization_data.materialization.metadata.items()
+    }
+    where = f"{md['version']}/{md['ds']}" if "ds" in md else "none"
+    return f"champion={where} ({md.get('reason')})"
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -27,8 +27,8 @@ from zipline_dagster.lineage.automation import automation_sensor, retrain_condit
 from zipline_dagster.lineage.partitions import daily_partitions, table_asset_key
 from zipline_dagster.rollout.assets import (
     build_champion_asset,
+    build_champion_sensor,
     build_model_checks,
-    champion_condition,
 )
 from zipline_dagster.scoring.assets import build_scores_asset
 from zipline_dagster.scoring.monitoring import build_monitoring_asset, build_monitoring_checks
@@ -256,11 +256,7 @@ def build_definitions(
     checks: list[Any] = []
     for m in models:
         checks += build_model_checks(m, trainable_partitions(m, daily_partitions))
-        assets.append(
-            build_champion_asset(
-                m, automation_condition=champion_condition() if automation else None
-            )
-        )
+        assets.append(build_champion_asset(m))
     for mt in transforms:
         assets.append(build_scores_asset(mt, automation_condition=condition))
         if mt.labels is not None:
@@ -270,7 +266,11 @@ def build_definitions(
     return dg.Definitions(
         assets=assets,
         asset_checks=checks,
-        sensors=[automation_sensor()] if automation else [],
+        sensors=(
+            [automation_sensor(), *([build_champion_sensor(list(models))] if models else [])]
+            if automation
+            else []
+        ),
         resources=dict(resources or {}),
         # One process per run: Spark starts once per run and steps share it.
         executor=dg.in_process_executor,

@@ -110,20 +110,30 @@ def test_automation_sensor_is_on_by_default() -> None:
     assert sensor.default_status == dg.DefaultSensorStatus.RUNNING
 
 
-def test_a_trained_model_partition_requests_the_champion() -> None:
-    """The champion asset is re-evaluated by automation after a model partition is
-    materialized (it then decides from storage whether the gates let it move)."""
+def test_the_champion_follows_every_model_materialization_whatever_ran_it() -> None:
+    """Model partitions materialized while no daemon ran (a CLI backfill, `make demo`) are
+    seen by the champion sensor at its first tick: it compares the model's newest
+    materialization with the champion's last evaluation, not ticks. Once the champion is
+    evaluated it requests nothing until a model partition is materialized again."""
     instance = seeded_instance()
     defs = demo_defs()
     champion = dg.AssetKey(["champions", "listing_ctr_model"])
-    c = dg.evaluate_automation_conditions(defs=defs, instance=instance, evaluation_time=NOW).cursor
-    quiet = dg.evaluate_automation_conditions(
-        defs=defs, instance=instance, evaluation_time=NOW, cursor=c
-    )
-    assert quiet.total_requested == 0
-    materialize_report(instance, MODEL, ["2026-07-14"], demo.LISTING_CTR_MODEL_VERSION)
-    result = dg.evaluate_automation_conditions(
-        defs=defs, instance=instance, evaluation_time=NOW, cursor=quiet.cursor
-    )
-    assert result.get_num_requested(champion) == 1
-    assert result.total_requested == 1
+    sensor = defs.resolve_sensor_def("zipline_champions")
+    assert sensor.default_status == dg.DefaultSensorStatus.RUNNING
+
+    def requests() -> list[dg.RunRequest]:
+        context = dg.build_sensor_context(instance=instance, definitions=defs)
+        return list(sensor.evaluate_tick(context).run_requests or [])
+
+    def newest(key: dg.AssetKey) -> int:
+        found = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=key), limit=1)
+        return found.records[0].storage_id
+
+    (first,) = requests()
+    assert first.asset_selection == [champion]
+    assert first.run_key == f"listing_ctr_model-{newest(MODEL)}"
+    instance.report_runless_asset_event(dg.AssetMaterialization(asset_key=champion))
+    assert requests() == []
+    materialize_report(instance, MODEL, ["2026-07-12"], demo.LISTING_CTR_MODEL_VERSION)
+    (again,) = requests()
+    assert again.run_key == f"listing_ctr_model-{newest(MODEL)}" != first.run_key

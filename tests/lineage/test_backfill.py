@@ -79,6 +79,11 @@ def test_backfill_materializes_upstream_first_and_skips_fresh(
         line.split("=", 1)[1] for line in res.stdout.splitlines() if line.startswith("backfill_id=")
     )
     assert "status=COMPLETED_SUCCESS" in res.stdout
+    # the champion is evaluated once the partitions are trained, and says where it points
+    version = demo_version()
+    assert f"champion={version}/2026-07-11 (newest partition passing every gate)" in res.stdout, (
+        res.stdout
+    )
 
     os.environ["DAGSTER_HOME"] = str(home)
     try:

@@ -298,11 +298,35 @@ def build_champion_asset(
     return _champion
 
 
-def champion_condition() -> dg.AutomationCondition:
-    """Re-evaluate the champion whenever a model partition was materialized (the asset
-    itself decides, from storage, whether a newer partition passes every gate)."""
-    return (
-        dg.AutomationCondition.any_deps_updated()
-        & ~dg.AutomationCondition.any_deps_in_progress()
-        & ~dg.AutomationCondition.in_progress()
-    ).with_label("a model partition was trained")
+def latest_storage_id(instance: dg.DagsterInstance, key: dg.AssetKey) -> int:
+    """The storage id of ``key``'s newest materialization, any partition (0: none)."""
+    records = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=key), limit=1)
+    return records.records[0].storage_id if records.records else 0
+
+
+def build_champion_sensor(models: list[Model]) -> dg.SensorDefinition:
+    """Evaluates each model's champion whenever a partition of the model was materialized
+    after the champion's last evaluation, by any path (the UI, a CLI backfill, a sensor,
+    ``make demo``), whether or not a daemon ran then: it compares what the instance holds
+    (the model's newest materialization against the champion's), not ticks. One run per
+    new model materialization (its storage id is the run key)."""
+
+    @dg.sensor(
+        name="zipline_champions",
+        asset_selection=dg.AssetSelection.assets(*(champion_asset_key(m.name) for m in models)),
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        minimum_interval_seconds=30,
+        description="Moves each model's champion after its partitions were materialized.",
+    )
+    def _champions(context: dg.SensorEvaluationContext) -> Iterator[dg.RunRequest]:
+        for model in models:
+            trained = latest_storage_id(context.instance, model_asset_key(model.name))
+            judged = latest_storage_id(context.instance, champion_asset_key(model.name))
+            if trained > judged:
+                yield dg.RunRequest(
+                    run_key=f"{model.name}-{trained}",
+                    asset_selection=[champion_asset_key(model.name)],
+                    tags={"zipline/champion": model.name},
+                )
+
+    return _champions
