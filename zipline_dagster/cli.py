@@ -10,13 +10,49 @@ from pathlib import Path
 
 
 def _build_trainer(args: argparse.Namespace) -> int:
-    from zipline_dagster.training.archive import publish_trainer_archive
+    from zipline_dagster.training.archive import build_trainer_archive, publish_trainer_archive
+    from zipline_dagster.training.pins import find_lock, read_lock, record_pin
 
+    lock = find_lock(args.path)
+    archive = build_trainer_archive(args.path)
+    if args.check:  # verify the pin without writing anything
+        pinned = read_lock(lock).get(args.model_name, {}).get("version")
+        if pinned != archive.version:
+            print(
+                f"error: {args.path} builds trainer version {archive.version}, but {lock} pins "
+                f"{pinned or 'nothing'} for {args.model_name}; run this command without --check "
+                "(with --base) to upload it and record the pin",
+                file=sys.stderr,
+            )
+            return 1
+        print(f"ok: {args.path} builds {archive.version}, as {lock} pins for {args.model_name}")
+        return 0
+    if not args.base:
+        raise CliError("build-trainer needs --base URI (where builds/ go) unless --check")
     print(f"building trainer archive from {args.path} ...", file=sys.stderr)
     published = publish_trainer_archive(args.path, model_name=args.model_name, base=args.base)
+    record_pin(lock, args.model_name, archive, Path(args.path))
     print(f"uploaded {published.size} bytes to {published.uri}", file=sys.stderr)
+    print(f"pinned {args.model_name} to {published.version} in {lock}", file=sys.stderr)
     print(f"version={published.version}")
     print(f"uri={published.uri}")
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    import importlib
+
+    from zipline_dagster.training.pins import TRAINERS_DIR, find_drift, find_lock
+
+    module = args.module or project_code_location()
+    models = declared_models(module).values()
+    project = find_lock(str(importlib.import_module(module).__file__)).parent
+    drifts = find_drift(models, project / TRAINERS_DIR)  # type: ignore[arg-type]
+    for drift in drifts:
+        print(f"error: {drift.describe()}", file=sys.stderr)
+    if drifts:
+        return 1
+    print(f"ok: {len(models)} model(s) of {module}; every trainer in the project builds to its pin")
     return 0
 
 
@@ -324,10 +360,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--model-name", required=True, help="names the archive: {base}/builds/{name}-{version}.zip"
     )
+    p.add_argument("--base", help="model_artifact_base_uri (file:///... or s3://...)")
     p.add_argument(
-        "--base", required=True, help="model_artifact_base_uri (file:///... or s3://...)"
+        "--check",
+        action="store_true",
+        help="only check that the source builds to the version trainers.lock pins",
     )
     p.set_defaults(func=_build_trainer)
+
+    p = sub.add_parser(
+        "check",
+        help="fail when a model's trainer source builds to another version than it pins",
+    )
+    p.add_argument("--module", help="code location module (default: the project's)")
+    p.set_defaults(func=_check)
 
     p = sub.add_parser(
         "verify-trainer", help="re-hash a stored archive; fail on mismatch or absence"

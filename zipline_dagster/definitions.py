@@ -13,8 +13,10 @@ partitions are then observed in the warehouse, never assumed fresh.
 
 import difflib
 import hashlib
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -38,7 +40,10 @@ from zipline_dagster.storage.paths import model_archive_uri, table_uri
 from zipline_dagster.storage.resources import WarehouseResource
 from zipline_dagster.storage.tables import committed_partitions
 from zipline_dagster.training.assets import build_model_asset, trainable_partitions
+from zipline_dagster.training.pins import find_drift
 from zipline_dagster.training.resources import TrainingLauncher
+
+log = logging.getLogger("zipline_dagster")
 
 
 @dataclass(frozen=True)
@@ -194,9 +199,14 @@ def build_definitions(
     resources: Mapping[str, Any] | None = None,
     extra_assets: Sequence[Any] = (),
     automation: bool = True,
+    trainers: Path | None = None,
 ) -> dg.Definitions:
     """Definitions for producers, models (with their blocking checks and champion) and
     model transforms (scores tables, monitoring), every table name checked at load time.
+
+    ``trainers``: the project's trainer folders (``{trainers}/{model_name}``): a model
+    whose source there builds to another version than it pins is named in a warning (the
+    log, and its asset's description in the UI) and refuses to train (``training.pins``).
 
     Raises:
         ModelSpecError: a table is produced twice, an input table resolves to no asset, or
@@ -252,7 +262,15 @@ def build_definitions(
     assets: list[Any] = [s.asset for s in sources]
     assets += [build_external_table_asset(e) for e in external_tables]
     assets += [build_producer_asset(p, automation_condition=condition) for p in producers]
-    assets += [build_model_asset(model=m, automation_condition=condition) for m in models]
+    drifts = {d.model: d for d in find_drift(models, trainers)}
+    for drift in drifts.values():
+        log.warning(drift.describe())
+    assets += [
+        build_model_asset(
+            model=m, automation_condition=condition, trainers=trainers, drift=drifts.get(m.name)
+        )
+        for m in models
+    ]
     checks: list[Any] = []
     for m in models:
         checks += build_model_checks(m, trainable_partitions(m, daily_partitions))

@@ -10,13 +10,20 @@ from tests.conftest import TRAINERS
 from zipline_dagster.training.archive import build_trainer_archive
 
 
-def test_pinned_version_is_the_reference_trainer_build() -> None:
+def test_every_trainer_of_the_project_builds_to_its_pin() -> None:
+    """trainers.lock pins what trainers/listing_ctr_model builds, and the code location
+    declares that pin."""
     from zipline_dagster.defs.listing_ctr import LISTING_CTR_MODEL_VERSION
+    from zipline_dagster.training.pins import find_lock, read_lock
 
-    built = build_trainer_archive(TRAINERS / "listing_ctr_model").version
-    assert built == LISTING_CTR_MODEL_VERSION, (
-        f"trainers/listing_ctr_model builds {built}; update LISTING_CTR_MODEL_VERSION in zipline_dagster/defs/listing_ctr.py"
-    )
+    built = build_trainer_archive(TRAINERS / "listing_ctr_model")
+    pin = read_lock(find_lock(TRAINERS / "listing_ctr_model"))["listing_ctr_model"]
+    assert pin == {
+        "version": built.version,
+        "sha256": built.sha256,
+        "source": "trainers/listing_ctr_model",
+    }, "trainers/listing_ctr_model changed: run `zipline-dagster build-trainer` to pin it"
+    assert built.version == LISTING_CTR_MODEL_VERSION
 
 
 def test_code_location_loads_without_ray_or_spark() -> None:

@@ -21,6 +21,7 @@ from zipline_dagster.declarations.model import Model
 from zipline_dagster.declarations.transforms import ModelTransforms
 from zipline_dagster.definitions import ExternalTable, SourceTable, build_definitions
 from zipline_dagster.defs.resources import resources
+from zipline_dagster.training.pins import TRAINERS_DIR, find_lock
 
 
 def collect(package: str = __name__) -> dict[str, list[Any]]:
@@ -59,4 +60,7 @@ defs = build_definitions(
     models=_declared["models"],
     transforms=_declared["transforms"],
     resources=resources(),
+    # a model whose trainers/{name} source builds to another version than it pins is
+    # named at load and refuses to train
+    trainers=find_lock(__file__).parent / TRAINERS_DIR,
 )

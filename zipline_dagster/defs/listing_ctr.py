@@ -44,10 +44,12 @@ from zipline_dagster.declarations.features import (
 from zipline_dagster.definitions import SourceTable
 from zipline_dagster.defs.listing_ctr_data import build_listing_views_asset
 from zipline_dagster.settings import artifact_base_uri
+from zipline_dagster.training.pins import pinned_version
 
-#: Content address of trainers/listing_ctr_model (`zipline-dagster build-trainer` prints
-#: it). A test fails when the trainer changes and this is not updated.
-LISTING_CTR_MODEL_VERSION = "ab614e666667"
+#: Content address of trainers/listing_ctr_model, as trainers.lock pins it
+#: (`zipline-dagster build-trainer` records it there). A changed trainer that is not built
+#: again is named at load, by `zipline-dagster check`, and refuses to train.
+LISTING_CTR_MODEL_VERSION = pinned_version("listing_ctr_model", near=__file__)
 
 listing_views = SourceTable(
     table="ctr.listing_views", asset=build_listing_views_asset("ctr.listing_views")

@@ -2,6 +2,7 @@
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -33,6 +34,7 @@ from zipline_dagster.training.archive import (
     load_verified_archive,
 )
 from zipline_dagster.training.metadata import report_metadata
+from zipline_dagster.training.pins import Drift, drift_of
 from zipline_dagster.training.request import (
     TrainingDataError,
     TrainingJobError,
@@ -84,11 +86,16 @@ def build_model_asset(
     group_name: str = "models",
     automation_condition: dg.AutomationCondition | None = None,
     partitions_per_run: int = PARTITIONS_PER_RUN,
+    trainers: Path | None = None,
+    drift: Drift | None = None,
 ) -> dg.AssetsDefinition:
     """A daily-partitioned asset whose partition ``ds`` trains ``model`` on Ray.
 
     Partition ``ds`` depends on exactly the N training-table partitions ``ds-(N-1)..ds``;
-    its ``code_version`` is the trainer version, so a new version shows it unsynced.
+    its ``code_version`` is the trainer version, so a new version shows it unsynced. With
+    ``trainers`` (the project's trainer folders), a partition refuses to train while the
+    model's source there builds to another version than it pins (``drift``, found at
+    load, is shown in the asset's description).
     """
     n = model.window_days
     upstream = upstream_key or table_asset_key(model.table)
@@ -109,9 +116,10 @@ def build_model_asset(
             )
         ],
         description=(
-            f"Trains {model.name} (trainer version {model.version}) as a Ray Job on "
+            (f"WARNING: {drift.describe()}. " if drift is not None else "")
+            + f"Trains {model.name} (trainer version {model.version}) as a Ray Job on "
             f"{model.table} over a {n}-day window ending at the partition day; artifacts at "
-            f"{join_uri(model.model_artifact_base_uri, 'models', model.name, model.version)}/{{ds}}."
+            f"{join_uri(model_root_uri(model.model_artifact_base_uri, model.name), model.version)}/{{ds}}."
         ),
         metadata={
             **(
@@ -136,6 +144,9 @@ def build_model_asset(
         context: dg.AssetExecutionContext, launcher: TrainingLauncher, warehouse: WarehouseResource
     ) -> dg.MaterializeResult:
         days = list(context.partition_keys)
+        drifted = drift_of(model, trainers)  # the source as it is now, not at load
+        if drifted is not None:
+            raise dg.Failure(f"refusing to train {model.name}: {drifted.describe()}")
         # the ledger's rule for each training-table day (Dagster's record read once per day)
         ledger = Ledger(context.instance)
 

@@ -1,0 +1,124 @@
+"""Pinned trainer versions cannot drift: a trainer edited without building it again is
+named at load (a warning, and the model asset's description), by `zipline-dagster check`
+and `build-trainer --check` (non-zero exits), and the model refuses to train; building it
+records the new pin, and then all agree again. Run on a copy of a project: real CLI
+processes, a real code location module, a real Dagster materialization."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+
+from tests.conftest import ROOT, TRAINERS, run_cli
+from zipline_dagster import ModelSpecError
+from zipline_dagster.training.archive import build_trainer_archive
+from zipline_dagster.training.pins import LOCK_NAME, find_drift, pinned_version
+
+NAME = "listing_ctr_model"
+
+
+def project(tmp_path: Path, base: str) -> Path:
+    """A project: pyproject.toml, trainers/{NAME} and a code location module whose model
+    reads its pin from trainers.lock."""
+    root = tmp_path / "proj"
+    shutil.copytree(
+        TRAINERS / NAME, root / "trainers" / NAME, ignore=shutil.ignore_patterns("__pycache__")
+    )
+    (root / "pyproject.toml").write_text('[project]\nname = "proj"\n')
+    (root / "proj_defs.py").write_text(
+        textwrap.dedent(
+            f"""
+            import dataclasses
+            from pathlib import Path
+            from tests.training.test_assets import TABLE, make_model, resources
+            from zipline_dagster.definitions import ExternalTable, build_definitions
+            from zipline_dagster.training.pins import pinned_version
+
+            model = make_model(pinned_version({NAME!r}, near=__file__), {base!r})
+            defs = build_definitions(
+                external_tables=[ExternalTable(TABLE)],
+                models=[model],
+                resources=resources(None, {base!r}),
+                automation=False,
+                trainers=Path(__file__).parent / "trainers",
+            )
+            """
+        )
+    )
+    return root
+
+
+def test_a_trainer_edited_without_a_new_pin_is_named_everywhere_and_refuses_to_train(
+    tmp_path: Path, file_base: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = project(tmp_path, file_base)
+    env = {"PYTHONPATH": f"{ROOT}:{root}"}
+    source = root / "trainers" / NAME
+
+    with pytest.raises(ModelSpecError, match="pins no trainer version for it; build its"):
+        pinned_version(NAME, near=root / "proj_defs.py")
+    built = run_cli("build-trainer", str(source), "--model-name", NAME, "--base", file_base)
+    assert built.returncode == 0, built.stderr
+    first = build_trainer_archive(source).version
+    lock = json.loads((root / LOCK_NAME).read_text())
+    assert lock["models"][NAME]["version"] == first
+    assert lock["models"][NAME]["source"] == f"trainers/{NAME}"
+    ok = run_cli("check", "--module", "proj_defs", env=env)
+    assert ok.returncode == 0, ok.stderr
+    assert "every trainer in the project builds to its pin" in ok.stdout
+
+    # edited, not built again
+    train = source / "trainer" / "train.py"
+    train.write_text(train.read_text() + "\n# a new flag, say\n")
+    second = build_trainer_archive(source).version
+    said = (
+        f"model '{NAME}' pins trainer version {first}, but its source {source} builds to "
+        f"{second}: it would train the old archive. Run `zipline-dagster build-trainer "
+        f"{source} --model-name {NAME} --base {file_base}`"
+    )
+    checked = run_cli("check", "--module", "proj_defs", env=env)
+    assert checked.returncode == 1 and said in checked.stderr
+    pin_check = run_cli("build-trainer", str(source), "--model-name", NAME, "--check")
+    assert pin_check.returncode == 1
+    assert f"builds trainer version {second}, but" in pin_check.stderr
+
+    # at load: a warning in the log and on the asset's description in the UI
+    import importlib
+    import sys
+
+    sys.path.insert(0, str(root))
+    try:
+        with caplog.at_level(logging.WARNING, logger="zipline_dagster"):
+            module = importlib.import_module("proj_defs")
+        defs: Any = module.defs
+        model = module.model
+    finally:
+        sys.path.remove(str(root))
+        sys.modules.pop("proj_defs", None)
+    assert said in caplog.text
+    node = defs.resolve_asset_graph().get(dg.AssetKey(["models", NAME]))
+    assert node.description.startswith(f"WARNING: {said}")
+    assert [d.built for d in find_drift([model], root / "trainers")] == [second]
+
+    # and training refuses, before anything is read or submitted
+    refused = defs.resolve_implicit_global_asset_job_def().execute_in_process(
+        instance=dg.DagsterInstance.ephemeral(),
+        asset_selection=[dg.AssetKey(["models", NAME])],
+        partition_key="2026-07-10",
+        raise_on_error=False,
+    )
+    assert not refused.success
+    (failure,) = refused.get_step_failure_events()
+    assert f"refusing to train {NAME}: {said}" in failure.step_failure_data.error.message  # type: ignore[union-attr]
+
+    rebuilt = run_cli("build-trainer", str(source), "--model-name", NAME, "--base", file_base)
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert json.loads((root / LOCK_NAME).read_text())["models"][NAME]["version"] == second
+    assert run_cli("check", "--module", "proj_defs", env=env).returncode == 0
