@@ -39,6 +39,120 @@ def _build_trainer(args: argparse.Namespace) -> int:
     return 0
 
 
+#: The defs file ``new-model`` writes: a model on a training table, pinned by the lock.
+MODEL_TEMPLATE = '''"""{name}: scaffolded by `zipline-dagster new-model {name}`.
+
+Its trainer is trainers/{name}/ (a copy of the reference trainer). After editing it, build
+it again (`zipline-dagster build-trainer trainers/{name} --model-name {name} --base
+BASE`): that records its new version in trainers.lock, which this file reads.
+"""
+
+from zipline_dagster import (
+    DeploymentSpec,
+    EventSource,
+    InferenceSpec,
+    Metric,
+    Model,
+    ModelBackend,
+    Query,
+    ResourceConfig,
+    RolloutStrategy,
+    TimeUnit,
+    TrainingSpec,
+    Window,
+    selects,
+)
+from zipline_dagster.settings import artifact_base_uri
+from zipline_dagster.training.pins import pinned_version
+
+#: The columns of {table} the trainer reads (besides the label).
+FEATURES = {features!r}
+
+{name} = Model(
+    version=pinned_version("{name}", near=__file__),
+    model_artifact_base_uri=artifact_base_uri(),
+    inference_spec=InferenceSpec(
+        model_backend=ModelBackend.RAY,
+        model_backend_params={{"model_name": "{name}", "model_type": "custom"}},
+    ),
+    training_conf=TrainingSpec(
+        training_data_source=EventSource(
+            table="{table}",
+            query=Query(selects=selects(*FEATURES, "label"), start_partition="2026-07-01"),
+        ),
+        training_data_window=Window(length={window}, time_unit=TimeUnit.DAYS),
+        python_module="trainer.train",
+        resource_config=ResourceConfig(min_replica_count=0),
+        job_configs={{"features": ",".join(FEATURES), "label-column": "label", "eval-days": "1"}},
+    ),
+    deployment_conf=DeploymentSpec(
+        rollout_strategy=RolloutStrategy(
+            rollout_metric_thresholds=[Metric(name="holdout_auc", threshold={threshold})],
+            regression_tolerance=0.02,
+        )
+    ),
+)
+'''
+
+
+def _new_model(args: argparse.Namespace) -> int:
+    import importlib.util
+    import re
+    import shutil
+
+    from zipline_dagster.declarations.model import MODEL_NAME_ACCEPTED, MODEL_NAME_RE
+    from zipline_dagster.settings import artifact_base_uri
+    from zipline_dagster.training.archive import build_trainer_archive, publish_trainer_archive
+    from zipline_dagster.training.pins import TRAINERS_DIR, find_lock, record_pin
+
+    name = args.name
+    if not MODEL_NAME_RE.match(name) or not name.isidentifier():
+        raise CliError(
+            f"new-model {name!r}: expected {MODEL_NAME_ACCEPTED}, also a Python name "
+            "(it names the defs module and the declaration)"
+        )
+    module = args.module or project_code_location()
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise CliError(f"--module={module!r} is not a package whose modules declare models")
+    defs_file = Path(next(iter(spec.submodule_search_locations))) / f"{name}.py"
+    lock = find_lock(defs_file)
+    template = lock.parent / TRAINERS_DIR / args.template
+    trainer = lock.parent / TRAINERS_DIR / name
+    for path in (trainer, defs_file):
+        if path.exists():
+            raise CliError(f"new-model {name!r}: {path} already exists; nothing was written")
+    if not (template / "setup.py").is_file():
+        raise CliError(f"new-model: the template trainer {template} has no setup.py")
+    shutil.copytree(template, trainer, ignore=shutil.ignore_patterns("__pycache__"))
+    setup = trainer / "setup.py"
+    setup.write_text(re.sub(r'name="[^"]*"', f'name="{name}"', setup.read_text(), count=1))
+    base = artifact_base_uri()
+    published = publish_trainer_archive(trainer, model_name=name, base=base)
+    record_pin(lock, name, build_trainer_archive(trainer), trainer)
+    features = tuple(f for f in args.features.split(",") if f)
+    defs_file.write_text(
+        MODEL_TEMPLATE.format(
+            name=name,
+            table=args.table,
+            features=features,
+            window=args.window,
+            threshold=args.threshold,
+        )
+    )
+    print(f"wrote {trainer}/ (from {template}) and {defs_file}", file=sys.stderr)
+    print(
+        f"pinned {name} to {published.version} in {lock}; uploaded {published.uri}", file=sys.stderr
+    )
+    print(
+        f"next: `dg check defs`, then `zipline-dagster backfill {name} --start-ds D1 "
+        "--end-ds D2 --wait` trains it and moves its champion",
+        file=sys.stderr,
+    )
+    print(f"version={published.version}")
+    return 0
+
+
 def _check(args: argparse.Namespace) -> int:
     import importlib
 
@@ -367,6 +481,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="only check that the source builds to the version trainers.lock pins",
     )
     p.set_defaults(func=_build_trainer)
+
+    p = sub.add_parser(
+        "new-model",
+        help="scaffold a model: its trainer (from the reference one), its defs file, its pin",
+    )
+    p.add_argument("name", help="the model's name (names its trainer, archive and defs module)")
+    p.add_argument("--table", default="ctr.training_v1", help="the training table it reads")
+    p.add_argument(
+        "--features",
+        default="price_log,inventory_count",
+        help="comma-separated columns of the table the trainer reads (besides label)",
+    )
+    p.add_argument("--window", type=int, default=4, help="training window, in days")
+    p.add_argument("--threshold", type=float, default=0.6, help="the holdout_auc gate")
+    p.add_argument("--template", default="listing_ctr_model", help="the trainers/ folder to copy")
+    p.add_argument("--module", help="code location package (default: the project's)")
+    p.set_defaults(func=_new_model)
 
     p = sub.add_parser(
         "check",

@@ -122,3 +122,49 @@ def test_a_trainer_edited_without_a_new_pin_is_named_everywhere_and_refuses_to_t
     assert rebuilt.returncode == 0, rebuilt.stderr
     assert json.loads((root / LOCK_NAME).read_text())["models"][NAME]["version"] == second
     assert run_cli("check", "--module", "proj_defs", env=env).returncode == 0
+
+
+def test_new_model_scaffolds_a_pinned_trainer_and_its_declaration(
+    tmp_path: Path, file_base: str
+) -> None:
+    """`zipline-dagster new-model` copies the reference trainer under its own name, pins
+    it and writes a defs module declaring it from the pin: `check` passes at once, and
+    names the drift once the new trainer is edited. It never overwrites."""
+    root = tmp_path / "proj"
+    shutil.copytree(
+        TRAINERS / NAME, root / "trainers" / NAME, ignore=shutil.ignore_patterns("__pycache__")
+    )
+    (root / "pyproject.toml").write_text('[project]\nname = "proj"\n')
+    (root / "proj_defs").mkdir()
+    (root / "proj_defs" / "__init__.py").write_text(
+        "import dagster as dg\ndefs = dg.Definitions()\n"
+    )
+    env = {"PYTHONPATH": f"{ROOT}:{root}", "ZIPLINE_ARTIFACT_BASE": file_base}
+
+    made = run_cli("new-model", "churn_model", "--window", "7", "--module", "proj_defs", env=env)
+    assert made.returncode == 0, made.stderr
+    trainer = root / "trainers" / "churn_model"
+    assert 'name="churn_model"' in (trainer / "setup.py").read_text()
+    version = build_trainer_archive(trainer).version
+    assert made.stdout.strip() == f"version={version}"
+    assert json.loads((root / LOCK_NAME).read_text())["models"]["churn_model"]["version"] == (
+        version
+    )
+    assert (Path(file_base[len("file://") :]) / "builds" / f"churn_model-{version}.zip").is_file()
+    declared = (root / "proj_defs" / "churn_model.py").read_text()
+    assert 'pinned_version("churn_model", near=__file__)' in declared
+    assert "Window(length=7, time_unit=TimeUnit.DAYS)" in declared
+    ok = run_cli("check", "--module", "proj_defs", env=env)
+    assert ok.returncode == 0, ok.stderr
+    assert "ok: 1 model(s) of proj_defs" in ok.stdout
+
+    again = run_cli("new-model", "churn_model", "--module", "proj_defs", env=env)
+    assert again.returncode == 1 and "already exists; nothing was written" in again.stderr
+    bad = run_cli("new-model", "Churn", "--module", "proj_defs", env=env)
+    assert bad.returncode == 1 and "new-model 'Churn': expected a safe path segment" in bad.stderr
+
+    train = trainer / "trainer" / "train.py"
+    train.write_text(train.read_text() + "\n# edited\n")
+    drifted = run_cli("check", "--module", "proj_defs", env=env)
+    assert drifted.returncode == 1
+    assert f"model 'churn_model' pins trainer version {version}, but its source" in drifted.stderr
