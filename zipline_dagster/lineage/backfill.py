@@ -73,7 +73,6 @@ class FreshnessResolver:
         self._ids: dict[dg.AssetKey, dict[str, int]] = {}
         self._versions: dict[dg.AssetKey, dict[str, str]] = {}
         self._artifacts: dict[dg.AssetKey, dict[str, str]] = {}
-        self._attempts: dict[dg.AssetKey, dict[str, str]] = {}
         #: a table partition's recorded folder and write, and each table's writes on storage
         self._writes: dict[dg.AssetKey, dict[str, tuple[str, str]]] = {}
         self._stored: dict[str, dict[str, tuple[list[str], Commit]]] = {}
@@ -130,7 +129,6 @@ class FreshnessResolver:
             ids = self.latest_ids(key)
             versions: dict[str, str] = {}
             artifacts: dict[str, str] = {}
-            attempts: dict[str, str] = {}
             writes: dict[str, tuple[str, str]] = {}
             if ids:
                 records = self.instance.fetch_materializations(
@@ -144,15 +142,12 @@ class FreshnessResolver:
                         uri = mat.metadata.get("artifact_uri")
                         if uri is not None:
                             artifacts[mat.partition] = str(uri.value)
-                        attempt = mat.metadata.get("attempt")
-                        if attempt is not None:
-                            attempts[mat.partition] = str(attempt.value)
+                        self.ledger.remember(key, mat.partition, r)  # read once, here
                         path, write = mat.metadata.get("path"), mat.metadata.get(WRITE_ID)
                         if path is not None and write is not None:
                             writes[mat.partition] = (str(path.value), str(write.value))
             self._versions[key] = versions
             self._artifacts[key] = artifacts
-            self._attempts[key] = attempts
             self._writes[key] = writes
         return self._versions[key]
 
@@ -203,7 +198,7 @@ class FreshnessResolver:
                 return f"its finished model is missing on storage ({where})"
             return f"it is not committed on storage ({where})"
         if diff.state is State.RECORDED:
-            for cache in (self._ids, self._versions, self._artifacts, self._attempts, self._writes):
+            for cache in (self._ids, self._versions, self._artifacts, self._writes):
                 cache.pop(key, None)
         return None
 

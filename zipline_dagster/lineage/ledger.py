@@ -130,15 +130,19 @@ class Ledger:
     def record(self, key: dg.AssetKey, partition: str) -> Record | None:
         """Dagster's latest materialization of ``key`` partition ``partition``."""
         if (key, partition) not in self._records:
-            found = latest_materialization(self.instance, key, partition)
-            mat = found.asset_materialization if found is not None else None
-            if found is None or mat is None:
-                self._records[(key, partition)] = None
-            else:
-                named = mat.metadata.get(WRITE_ID) or mat.metadata.get(ATTEMPT)
-                write = str(named.value) if named is not None else None
-                self._records[(key, partition)] = Record(write, found.run_id)
+            self.remember(key, partition, latest_materialization(self.instance, key, partition))
         return self._records[(key, partition)]
+
+    def remember(self, key: dg.AssetKey, partition: str, found: dg.EventLogRecord | None) -> None:
+        """Take ``found``, the latest materialization of ``key`` partition ``partition``
+        that the caller read (the planner reads a key's in one batch), as its record."""
+        mat = found.asset_materialization if found is not None else None
+        if found is None or mat is None:
+            self._records[(key, partition)] = None
+            return
+        named = mat.metadata.get(WRITE_ID) or mat.metadata.get(ATTEMPT)
+        write = str(named.value) if named is not None else None
+        self._records[(key, partition)] = Record(write, found.run_id)
 
     def compare(self, key: dg.AssetKey, partition: str, commit: Commit | None) -> Difference:
         """The difference, without acting on it (an unrecorded commit is ``RECORDED`` only
