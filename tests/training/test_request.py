@@ -9,7 +9,6 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -243,51 +242,15 @@ def test_supersede_moves_everything_and_manifest_first(file_base: str) -> None:
     assert store.exists(f"{dest}/sub/model.bin")
 
 
-def with_driver_edited(archive: bytes, edit: Callable[[bytes], bytes]) -> bytes:
-    """``archive`` with its ``zipline_trainer_io.py`` passed through ``edit``: what an
-    archive built by an older platform holds."""
-    import io
-    import zipfile
-
-    out = io.BytesIO()
-    with zipfile.ZipFile(io.BytesIO(archive)) as src, zipfile.ZipFile(out, "w") as dst:
-        for name in src.namelist():
-            data = src.read(name)
-            if name.endswith("/zipline_trainer_io.py"):
-                data = edit(data)
-            dst.writestr(name, data)
-    return out.getvalue()
-
-
-def test_only_archives_with_the_range_driver_train_ranges_in_one_job() -> None:
-    """An archive built by an older platform has a ``zipline_trainer_io`` without the
-    driver: its jobs run the plain trainer command and its ranges train one by one."""
-    from tests.conftest import TRAINERS
-    from zipline_dagster.training.archive import build_trainer_archive
-    from zipline_dagster.training.launchers.ray_job import has_platform_driver
-
-    current = build_trainer_archive(TRAINERS / "listing_ctr_model").data
-    assert has_platform_driver(current)
-    old = with_driver_edited(current, lambda src: src.split(b"# Many partitions in one Ray job")[0])
-    assert not has_platform_driver(old)
-    assert not has_platform_driver(b"not a zip") and not has_platform_driver(None)
-
-
-def test_the_driver_is_told_where_to_write_its_end_marker_when_it_can() -> None:
-    """Current archives' driver gets ``--done-uri`` (single partitions and ranges); one
-    built before it existed is launched without it, as it was."""
+def test_the_driver_is_told_where_to_write_its_end_marker() -> None:
+    """A job runs under the archive's driver, told where to write its end marker (single
+    partitions and ranges alike)."""
     import shlex
 
-    from tests.conftest import TRAINERS
-    from zipline_dagster.training.archive import build_trainer_archive
-    from zipline_dagster.training.launchers.ray_job import RayJobRunner, has_done_marker
+    from zipline_dagster.training.launchers.ray_job import RayJobRunner
     from zipline_dagster.training.request import (
         build_range_request,
     )
-
-    current = build_trainer_archive(TRAINERS / "listing_ctr_model").data
-    older = with_driver_edited(current, lambda src: src.replace(b'"--done-uri"', b'"--other"'))
-    assert has_done_marker(current) and not has_done_marker(older)
 
     runner = RayJobRunner(address="http://127.0.0.1:1")  # never contacted
     model = make_model("a" * 12, "s3://b/wh")
@@ -297,33 +260,23 @@ def test_the_driver_is_told_where_to_write_its_end_marker_when_it_can() -> None:
     )
     root = f"s3://b/wh/models/listing_ctr_model/{'a' * 12}/2026-07-10/_attempts"
     for request, sid in ((one, "zd-x-1"), (both, "zd-range-1")):
-        argv = shlex.split(runner.entrypoint(request, sid, current))
+        argv = shlex.split(runner.entrypoint(request, sid))
         assert argv[:3] == ["python", "-m", "zipline_trainer_io"]
         assert f"--done-uri={root}/{sid}.done" in argv
-        assert not any(
-            a.startswith("--done-uri") for a in shlex.split(runner.entrypoint(request, sid, older))
-        )
 
 
-def test_scoring_runs_under_the_driver_when_it_can_with_its_marker_beside_the_scores() -> None:
+def test_scoring_runs_under_the_driver_with_its_marker_beside_the_scores() -> None:
     """A scores day runs under the archive's driver (``--attempt-flag=write-id``: the
     attempt names the file it writes), its end marker in the scores partition's folder,
     never the model's; a scores range names its job by its days and by every day's flags
-    (the model partition that scores it). A driver built before ``--attempt-flag``
-    existed gets the inference command as it is."""
-    from tests.conftest import TRAINERS
+    (the model partition that scores it)."""
     from tests.scoring.test_scores import transforms_for
     from zipline_dagster.scoring.assets import scoring_request
-    from zipline_dagster.training.archive import build_trainer_archive
-    from zipline_dagster.training.launchers.ray_job import RayJobRunner, has_attempt_flag
+    from zipline_dagster.training.launchers.ray_job import RayJobRunner
     from zipline_dagster.training.request import (
         TrainingRequest,
         build_range_request,
     )
-
-    current = build_trainer_archive(TRAINERS / "listing_ctr_model").data
-    older = with_driver_edited(current, lambda src: src.replace(b'"--attempt-flag"', b'"--x"'))
-    assert has_attempt_flag(current) and not has_attempt_flag(older)
 
     model = make_model("a" * 12, "s3://b/wh")
     t = transforms_for(model)
@@ -336,20 +289,19 @@ def test_scoring_runs_under_the_driver_when_it_can_with_its_marker_beside_the_sc
 
     one = day("2026-07-11", "2026-07-10")
     runner = RayJobRunner(address="http://127.0.0.1:1")  # never contacted
-    argv = shlex.split(runner.entrypoint(one, "zd-s-1", current))
+    argv = shlex.split(runner.entrypoint(one, "zd-s-1"))
     assert argv[:4] == ["python", "-m", "zipline_trainer_io", "--attempt-id=zd-s-1"]
     assert "--module=trainer.score" in argv and "--attempt-flag=write-id" in argv
     scores = "s3://b/tables/ctr/listing_ctr_model_scores/ds=2026-07-11"
     assert f"--done-uri={scores}/_attempts/zd-s-1.done" in argv
-    plain = shlex.split(runner.entrypoint(one, "zd-s-1", older))
-    assert plain[:3] == ["python", "-m", "trainer.score"] and "--write-id=zd-s-1" in plain
-    assert f"--model-dir={model_dir}/2026-07-10" in plain  # never an attempt folder
+    spec = json.loads(next(a for a in argv if a.startswith("--partitions="))[13:])
+    assert f"--model-dir={model_dir}/2026-07-10" in spec["2026-07-11"]  # never an attempt
 
     both = build_range_request([one, day("2026-07-12", "2026-07-11")], key_prefix="score-x")
     assert both.job_key.startswith("score-x-2026-07-11_2026-07-12-")
     other_model = build_range_request([one, day("2026-07-12", "2026-07-10")], key_prefix="score-x")
     assert other_model.job_key != both.job_key  # another model for a day: another job
-    argv = shlex.split(runner.entrypoint(both, "zd-r-1", current))
+    argv = shlex.split(runner.entrypoint(both, "zd-r-1"))
     assert (
         "--attempt-flag=write-id" in argv and f"--done-uri={scores}/_attempts/zd-r-1.done" in argv
     )

@@ -410,8 +410,6 @@ def score_range(
     model or source day missing, its run failing) fails only itself: the others are
     committed and materialized, then the step fails naming it.
     """
-    from zipline_dagster.training.launchers.ray_job import has_attempt_flag
-
     model = transforms.model
     errors: dict[str, str] = {}
     done: dict[str, dict[str, Any]] = {}
@@ -436,15 +434,6 @@ def score_range(
             archive, requirements = load_archive(model, warehouse)
         except (BlobStorageError, RuntimeError) as exc:
             raise failure(exc) from exc
-        together = has_attempt_flag(archive)
-        if not together:
-            context.log.warning(
-                f"the {model.name} {model.version} archive's driver cannot run its inference "
-                "module (built by an older zipline-dagster): scoring the range one day after "
-                "another; rebuild it with `zipline-dagster build-trainer` to score ranges in "
-                "one job"
-            )
-    if together:
         done.update(
             _score_in_one_job(
                 context, transforms, ready, launcher, warehouse, archive, requirements, errors

@@ -401,21 +401,10 @@ def train_range(
         and len(ready) > 1
     )
     if together:
-        from zipline_dagster.training.launchers.ray_job import has_platform_driver
-
         try:
             archive, requirements = load_archive(model, warehouse)
         except (ArchiveVerificationError, TrainerArchiveError, BlobStorageError) as exc:
             raise failure(exc) from None
-        # An archive built before the range driver existed trains one job per partition.
-        together = has_platform_driver(archive)
-        if not together:
-            context.log.warning(
-                f"the {model.name} {model.version} archive has no range driver (built by an "
-                "older zipline-dagster): training the range one partition after another; "
-                "rebuild it with `zipline-dagster build-trainer` to train ranges in one job"
-            )
-    if together:
         done.update(
             _train_in_one_job(context, model, ready, launcher, archive, requirements, errors)
         )

@@ -268,7 +268,7 @@ def build_range_request(
         flags=(
             "--attempt-id=",
             f"--module={first.module or model.training_conf.python_module}",
-            # older drivers know model-dir only: a training range leaves the flag out
+            # a training range takes the driver's default (model-dir)
             *([f"--attempt-flag={first.attempt_flag}"] if first.scoring else []),
             f"--num-cpus={cpus:g}",
             f"--partitions={spec}",

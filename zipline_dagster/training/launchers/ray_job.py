@@ -457,19 +457,16 @@ class RayJobRunner:
             env["pip"] = {"packages": requirements, "pip_check": False}
         return env
 
-    def entrypoint(self, request: TrainingRequest, sid: str, archive: bytes | None) -> str:
+    def entrypoint(self, request: TrainingRequest, sid: str) -> str:
         """The job's command. A partition (a model day, or a scores day) runs under the
         archive's platform driver (``python -m zipline_trainer_io --in-process``: the same
         trainer or inference command in the same process, plus a marker file and one last
-        line that tell the step the job is ending), when the archive's driver can run it;
-        anything else runs as built."""
+        line that tell the step the job is ending); a range job is the driver itself."""
         job = request.for_attempt(sid)
-        marker = [f"--done-uri={done_marker(request, sid)}"] if has_done_marker(archive) else []
+        marker = [f"--done-uri={done_marker(request, sid)}"]
         if request.module == DRIVER_MODULE:  # a range job: the driver is the entrypoint
             return shlex.join([*job.argv, *marker])
         scoring = request.scoring
-        if not (has_attempt_flag(archive) if scoring else has_platform_driver(archive)):
-            return job.entrypoint
         spec = json.dumps({request.ds: list(request.flags)}, separators=(",", ":"))
         return shlex.join(
             [
@@ -508,7 +505,7 @@ class RayJobRunner:
         sid = f"zd-{request.job_key}-{attempt + 1}"
         job = request.for_attempt(sid)
         resources = request.model.training_conf.resource_config
-        entrypoint = self.entrypoint(request, sid, archive)
+        entrypoint = self.entrypoint(request, sid)
 
         def submit() -> None:
             self.client().submit_job(
@@ -686,39 +683,6 @@ class RayJobRunner:
 
 
 DRIVER_MODULE = "zipline_trainer_io"
-
-
-def _driver_source(archive: bytes | None) -> bytes:
-    """The archive's ``zipline_trainer_io`` source (empty when it has none)."""
-    if archive is None:
-        return b""
-    import io
-    import zipfile
-
-    try:
-        with zipfile.ZipFile(io.BytesIO(archive)) as zf:
-            names = [n for n in zf.namelist() if n.endswith("/zipline_trainer_io.py")]
-            return zf.read(names[0]) if names else b""
-    except zipfile.BadZipFile:
-        return b""
-
-
-def has_done_marker(archive: bytes | None) -> bool:
-    """Whether the archive's driver takes ``--done-uri`` (older builds do not)."""
-    return b'"--done-uri"' in _driver_source(archive)
-
-
-def has_platform_driver(archive: bytes | None) -> bool:
-    """Whether the archive's ``zipline_trainer_io`` has the partitions driver (archives
-    built by an older platform do not; their jobs run the trainer command as it is)."""
-    return DONE_PREFIX.encode() in _driver_source(archive)
-
-
-def has_attempt_flag(archive: bytes | None) -> bool:
-    """Whether the archive's driver runs inference modules too (``--attempt-flag``: a
-    scoring day in the driver, a scores range in one job); older builds run training
-    only, and their scoring jobs the inference command as it is, one day each."""
-    return b'"--attempt-flag"' in _driver_source(archive)
 
 
 def loggable_command(command: str) -> str:
