@@ -490,7 +490,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--table", default="ctr.training_v1", help="the training table it reads")
     p.add_argument(
         "--features",
-        default="price_log,inventory_count",
+        default="price_log,inventory_count,clicked_count_7d,clicked_sum_7d,clicked_sum_1d,price_avg_7d",
         help="comma-separated columns of the table the trainer reads (besides label)",
     )
     p.add_argument("--window", type=int, default=4, help="training window, in days")
