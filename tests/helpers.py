@@ -171,3 +171,19 @@ def attempt_of(result: Any) -> str:
         for e in result.get_asset_materialization_events()
     ]
     return str(mat.metadata["attempt"].value)
+
+
+def in_process_dagster_home(tmp_path: Path) -> Path:
+    """A DAGSTER_HOME under ``tmp_path`` whose runs execute in the launching process, one
+    after another (Dagster's in-memory launcher): a CLI backfill's logic is the same,
+    without a process and a Spark JVM per run. Runs in their own processes (the default
+    launcher) are what the UI test drives through `dagster dev`."""
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(
+        "telemetry:\n  enabled: false\n"
+        "run_launcher:\n"
+        "  module: dagster._core.launcher.sync_in_memory_run_launcher\n"
+        "  class: SyncInMemoryRunLauncher\n"
+    )
+    return home

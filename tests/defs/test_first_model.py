@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import ROOT
+from tests.helpers import in_process_dagster_home
 
 BIN = ROOT / ".venv" / "bin"
 NAME = "churn_model"
@@ -27,15 +28,7 @@ def test_a_new_model_goes_from_scaffold_to_champion_and_cannot_drift(
 ) -> None:
     project = tmp_path / "project"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(project)], check=True)
-    home = tmp_path / "dagster_home"
-    home.mkdir()
-    # the runs execute in the backfill's own process (as in tests/lineage/test_backfill.py)
-    (home / "dagster.yaml").write_text(
-        "telemetry:\n  enabled: false\n"
-        "run_launcher:\n"
-        "  module: dagster._core.launcher.sync_in_memory_run_launcher\n"
-        "  class: SyncInMemoryRunLauncher\n"
-    )
+    home = in_process_dagster_home(tmp_path)  # the runs execute in the backfill's process
     env = {
         **os.environ,
         "PYTHONPATH": str(project),  # the copy's code, not this checkout's

@@ -12,6 +12,7 @@ import dagster as dg
 import pytest
 
 from tests.conftest import BIN, ROOT, TRAINERS
+from tests.helpers import in_process_dagster_home
 from zipline_dagster.training.archive import publish_trainer_archive
 
 MODEL = dg.AssetKey(["models", "listing_ctr_model"])
@@ -39,18 +40,7 @@ def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
 def test_backfill_materializes_upstream_first_and_skips_fresh(
     ray_head: Any, tmp_path: Path
 ) -> None:
-    home = tmp_path / "dagster_home"
-    home.mkdir()
-    # The runs execute in the CLI's own process, one after another (Dagster's in-memory
-    # launcher): the backfill logic under test is the same, without a process and a Spark
-    # JVM per run. Runs in their own processes (the default launcher) are what the UI test
-    # drives through `dagster dev`.
-    (home / "dagster.yaml").write_text(
-        "telemetry:\n  enabled: false\n"
-        "run_launcher:\n"
-        "  module: dagster._core.launcher.sync_in_memory_run_launcher\n"
-        "  class: SyncInMemoryRunLauncher\n"
-    )
+    home = in_process_dagster_home(tmp_path)
     warehouse = (tmp_path / "warehouse").as_uri()
     env = {
         **os.environ,
