@@ -29,7 +29,7 @@ from zipline_dagster.rollout import champion as ch
 from zipline_dagster.rollout import gates as g
 from zipline_dagster.storage.artifacts import model_commit
 from zipline_dagster.storage.blobs import blob_store
-from zipline_dagster.storage.paths import model_dir_uri
+from zipline_dagster.storage.paths import model_partition_uri
 from zipline_dagster.storage.resources import WarehouseResource
 
 # Partitioned asset checks are marked preview in Dagster 1.13; per-partition gates are
@@ -101,7 +101,7 @@ def gate_results(
     results = g.evaluate(model, store, ds)
     if g.NO_REGRESSION in selected:
         results[g.NO_REGRESSION] = g.compare_with_champion(model, store, ds, champion)
-    uri = model_dir_uri(model.model_artifact_base_uri, model.name, model.version, ds)
+    uri = model_partition_uri(model, ds)
     warn, error = dg.AssetCheckSeverity.WARN, dg.AssetCheckSeverity.ERROR
     return [
         (n, check_result(results[n], error if n in g.GATES else warn, artifact_uri=uri))
@@ -222,7 +222,7 @@ def why_in_flight(
     it is left to a run still writing it, or None when it may be judged (recorded into
     Dagster from storage first, with ``warn`` told, when its run ended without recording
     it)."""
-    model_dir = model_dir_uri(model.model_artifact_base_uri, model.name, model.version, ds)
+    model_dir = model_partition_uri(model, ds)
     diff = ledger.settle(
         model_asset_key(model.name), ds, model_commit(manifest or None, model_dir, ds)
     )

@@ -5,7 +5,8 @@ range of days is one Ray Job too, one task per day.
 Partition ``ds`` depends on the source table's partition ``ds`` and on the model
 partition ``ds-1`` (or the champion), so retraining that model partition makes exactly
 the scores it served stale. By default the day is scored by the newest model partition at
-or before ``ds-1`` whose blocking gates pass (``ScoreWith``, ``ModelChoice``). The job writes one file per day named by its attempt; the
+or before ``ds-1`` whose blocking gates pass (``ScoreWith``, ``ModelChoice``). The job
+writes one file per day named by its attempt; the
 step commits a day (``_COMMITTED.json``) only when that day's run succeeded, so readers
 see the old scores or the new ones, never a mix.
 """
@@ -39,10 +40,11 @@ from zipline_dagster.storage.artifacts import (
     model_commit,
 )
 from zipline_dagster.storage.blobs import BlobStorageError
+from zipline_dagster.storage.commits import Commit
 from zipline_dagster.storage.paths import (
     join_uri,
     model_archive_uri,
-    model_dir_uri,
+    model_partition_uri,
     table_partition_uri,
 )
 from zipline_dagster.storage.resources import WarehouseResource
@@ -155,10 +157,9 @@ class ModelChoice:
         if transforms.score_with is ScoreWith.CHAMPION:
             return self._champion(ds)
         model_ds = shift_day(ds, -1)
-        model_dir = model_dir_uri(
-            model.model_artifact_base_uri, model.name, model.version, model_ds
-        )
-        if committed_manifest(store, model_dir, checksums=False) is None:
+        model_dir = model_partition_uri(model, model_ds)
+        manifest = committed_manifest(store, model_dir, checksums=False)
+        if manifest is None:
             raise ScoringError(
                 f"{transforms.table} {ds} is scored by {model.name} partition {model_ds} "
                 f"(trained on data before {ds}), which is not trained: no finished model at "
@@ -169,8 +170,11 @@ class ModelChoice:
             why += ", whatever its gates said (declared score_with='day_before', for evaluation)"
         elif failed := self._failed(model_ds):
             chosen, why = self._newest_passing(ds, model_ds, failed)
-        self._check_recorded(ds, chosen)
-        return model_dir_uri(model.model_artifact_base_uri, model.name, model.version, chosen), why
+        chosen_dir = model_partition_uri(model, chosen)
+        if chosen != model_ds:  # an older partition: its own manifest
+            manifest = committed_manifest(store, chosen_dir, checksums=False)
+        self._check_recorded(ds, chosen, model_commit(manifest, chosen_dir, chosen))
+        return chosen_dir, why
 
     def _newest_passing(
         self, ds: str, model_ds: str, failed: list[g.GateResult]
@@ -193,20 +197,14 @@ class ModelChoice:
             "with the day before whatever its gates say (for evaluation)."
         )
 
-    def _check_recorded(self, ds: str, model_ds: str) -> None:
-        """The ledger's rule for the model partition that scores ``ds``: storage's model
-        is recorded into Dagster when its run ended without recording it; one a run is
-        still writing is refused."""
+    def _check_recorded(self, ds: str, model_ds: str, commit: Commit | None) -> None:
+        """The ledger's rule for the model partition that scores ``ds`` (its ``commit``,
+        as just read): storage's model is recorded into Dagster when its run ended without
+        recording it; one a run is still writing is refused."""
         if self.ledger is None:
             return
         model = self.model
-        model_dir = model_dir_uri(
-            model.model_artifact_base_uri, model.name, model.version, model_ds
-        )
-        manifest = committed_manifest(self.store, model_dir, checksums=False)
-        diff = self.ledger.settle(
-            model_asset_key(model.name), model_ds, model_commit(manifest, model_dir, model_ds)
-        )
+        diff = self.ledger.settle(model_asset_key(model.name), model_ds, commit)
         if diff.state is State.RECORDED:
             self.notes.append(f"{model.name} partition {model_ds}: {diff.describe()}")
         elif diff.state is State.IN_FLIGHT:
