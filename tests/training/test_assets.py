@@ -26,8 +26,8 @@ from zipline_dagster.storage.paths import MANIFEST_NAME
 from zipline_dagster.storage.resources import WarehouseResource
 from zipline_dagster.training.archive import publish_trainer_archive
 from zipline_dagster.training.assets import build_model_asset
+from zipline_dagster.training.channel import attempt_flags
 from zipline_dagster.training.resources import LocalLauncherResource, RayJobsResource
-from zipline_dagster.training.trainer_io import attempt_flags
 
 DS = "2026-07-10"
 TABLE = "ctr.training_v1"
@@ -178,7 +178,7 @@ def test_materialize_partition_file_warehouse(
         assert argv[:6] == [
             "python",
             "-m",
-            "zipline_trainer_io",
+            "zipline_channel",
             f"--attempt-id={job_id}",
             "--module=trainer.train",
             "--in-process",

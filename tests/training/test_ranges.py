@@ -239,45 +239,39 @@ def test_a_retry_from_failure_trains_only_what_failed_or_changed(
 
 
 def test_what_on_storage_makes_a_retry_train_again(file_base: str) -> None:
-    """Each reason a partition the failed run trained is trained again on the retry, read
-    from the files themselves: the manifest unreadable, naming another attempt, or without
-    a commit time; an input day without a commit time, or committed after the model."""
-    from zipline_dagster.storage.paths import join_uri, table_partition_uri
-    from zipline_dagster.storage.resources import WarehouseResource
-    from zipline_dagster.storage.tables import COMMIT_NAME
-    from zipline_dagster.training.request import (
-        build_training_request,
-    )
-    from zipline_dagster.training.retries import why_changed_on_storage
+    """Each reason, read from the files themselves, that a partition the failed run
+    trained (and the ledger finds as Dagster recorded it) is trained again on the retry:
+    its manifest incomplete or without a commit time; a window day without a commit time,
+    or committed after the model (a write the run's graph does not see)."""
+    from zipline_dagster.storage.commits import TABLE as TABLE_KIND
+    from zipline_dagster.storage.commits import Commit
+    from zipline_dagster.storage.paths import join_uri
+    from zipline_dagster.training.request import build_training_request
+    from zipline_dagster.training.retries import why_input_changed
 
     store = blob_store(file_base)
     request = build_training_request(make_model("a" * 12, file_base), DS, warehouse=file_base)
     manifest_uri = join_uri(request.canonical_dir, MANIFEST_NAME)
-    first_day = table_partition_uri(file_base, TABLE, request.days[0])
-
-    def commit(uri: str, data: object) -> None:
-        store.write_bytes(uri, json.dumps(data).encode())
-
-    for day in request.days:
-        commit(
-            join_uri(table_partition_uri(file_base, TABLE, day), COMMIT_NAME),
-            {"committed_at": 100.0},
-        )
+    scan = {
+        day: ([], Commit(TABLE_KIND, day, f"{file_base}/{day}", "w", at=100.0))
+        for day in request.days
+    }
 
     def why() -> str | None:
-        return why_changed_on_storage(WarehouseResource(uri=file_base), request, "run-1", "zd-x-1")
+        return why_input_changed(store, request, scan)
 
-    assert why() == f"its manifest {manifest_uri} cannot be read"
-    commit(manifest_uri, {"dagster_run_id": "run-1", "attempt": "zd-x-2", "committed_at": 200})
-    assert why() == f"{manifest_uri} now holds attempt zd-x-2 of run run-1"
-    commit(manifest_uri, {"dagster_run_id": "run-1", "attempt": "zd-x-1", "committed_at": "late"})
-    assert why() == f"its manifest {manifest_uri} has no commit time"
-    commit(manifest_uri, {"dagster_run_id": "run-1", "attempt": "zd-x-1", "committed_at": 200})
+    def commit(at: object) -> None:
+        manifest = {"dagster_run_id": "run-1", "attempt": "zd-x-1", "committed_at": at}
+        store.write_bytes(manifest_uri, json.dumps({**manifest, "files": []}).encode())
+
+    incomplete = f"its manifest in {request.canonical_dir} is not complete or has no commit time"
+    assert why() == incomplete
+    commit("late")
+    assert why() == incomplete
+    commit(200)
     assert why() is None  # the model of that run, trained after its input
-    commit(join_uri(first_day, COMMIT_NAME), {"committed_at": 300.0})
-    assert why() == (f"its input {TABLE} {request.days[0]} was written after it was trained")
-    commit(join_uri(first_day, COMMIT_NAME), ["not", "an", "object"])
-    assert why() == (
-        f"its input {TABLE} {request.days[0]} has no commit time "
-        f"({join_uri(first_day, COMMIT_NAME)})"
-    )
+    first = request.days[0]
+    scan[first] = ([], Commit(TABLE_KIND, first, f"{file_base}/{first}", "w2", at=300.0))
+    assert why() == f"its input {TABLE} {first} was written after it was trained"
+    scan[first] = ([], Commit(TABLE_KIND, first, f"{file_base}/{first}", None))
+    assert why() == f"its input {TABLE} {first} has no commit time"

@@ -27,11 +27,11 @@ from zipline_dagster.storage.artifacts import (
 )
 from zipline_dagster.storage.blobs import blob_store
 from zipline_dagster.storage.paths import MANIFEST_NAME
+from zipline_dagster.training.channel import RESULT_PREFIX, TAIL_LINES
 from zipline_dagster.training.request import (
     build_training_request,
     window_days,
 )
-from zipline_dagster.training.trainer_io import RESULT_PREFIX, TAIL_LINES
 
 
 def test_window_is_exactly_n_days_ending_at_ds() -> None:
@@ -261,7 +261,7 @@ def test_the_driver_is_told_where_to_write_its_end_marker() -> None:
     root = f"s3://b/wh/models/listing_ctr_model/{'a' * 12}/2026-07-10/_attempts"
     for request, sid in ((one, "zd-x-1"), (both, "zd-range-1")):
         argv = shlex.split(runner.entrypoint(request, sid))
-        assert argv[:3] == ["python", "-m", "zipline_trainer_io"]
+        assert argv[:3] == ["python", "-m", "zipline_channel"]
         assert f"--done-uri={root}/{sid}.done" in argv
 
 
@@ -271,7 +271,7 @@ def test_scoring_runs_under_the_driver_with_its_marker_beside_the_scores() -> No
     never the model's; a scores range names its job by its days and by every day's flags
     (the model partition that scores it)."""
     from tests.scoring.test_scores import transforms_for
-    from zipline_dagster.scoring.assets import scoring_request
+    from zipline_dagster.scoring.assets import Chosen, scoring_request
     from zipline_dagster.training.launchers.ray_job import RayJobRunner
     from zipline_dagster.training.request import (
         TrainingRequest,
@@ -283,14 +283,13 @@ def test_scoring_runs_under_the_driver_with_its_marker_beside_the_scores() -> No
     model_dir = f"s3://b/wh/models/listing_ctr_model/{'a' * 12}"
 
     def day(ds: str, model_ds: str) -> TrainingRequest:
-        return scoring_request(
-            t, ds, warehouse="s3://b/tables", model_dir=f"{model_dir}/{model_ds}"
-        )
+        chosen = Chosen(f"{model_dir}/{model_ds}", "a" * 12, model_ds, "test")
+        return scoring_request(t, ds, warehouse="s3://b/tables", model=chosen)
 
     one = day("2026-07-11", "2026-07-10")
     runner = RayJobRunner(address="http://127.0.0.1:1")  # never contacted
     argv = shlex.split(runner.entrypoint(one, "zd-s-1"))
-    assert argv[:4] == ["python", "-m", "zipline_trainer_io", "--attempt-id=zd-s-1"]
+    assert argv[:4] == ["python", "-m", "zipline_channel", "--attempt-id=zd-s-1"]
     assert "--module=trainer.score" in argv and "--attempt-flag=write-id" in argv
     scores = "s3://b/tables/ctr/listing_ctr_model_scores/ds=2026-07-11"
     assert f"--done-uri={scores}/_attempts/zd-s-1.done" in argv
@@ -317,12 +316,12 @@ def test_end_marker_watcher_sees_the_file_appear_and_rides_out_errors(
 ) -> None:
     import threading
 
-    from zipline_dagster.training.launchers.ray_job import _DoneWatcher
+    from zipline_dagster.training.launchers.ray_job import done_watcher
 
     base = str(request.getfixturevalue(BUCKETS[where]))
     uri = f"{base}/m/_attempts/zd-x-1.done"
     seen = threading.Event()
-    watcher = _DoneWatcher(uri, seen)
+    watcher = done_watcher(uri, seen)
     watcher.start()
     try:
         assert not seen.wait(1.2)  # nothing there yet: no signal
@@ -338,8 +337,8 @@ def test_end_marker_watcher_sees_the_file_appear_and_rides_out_errors(
     young, old = f"{base}/m/_attempts/zd-x-2.done", f"{base}/m/_attempts/zd-x-3.done"
     with s3_requests(os.environ["AWS_ENDPOINT_URL"]) as seen_requests:
         watchers = [
-            _DoneWatcher(young, threading.Event()),
-            _DoneWatcher(old, threading.Event(), job_start=time.time() - 60),
+            done_watcher(young, threading.Event()),
+            done_watcher(old, threading.Event(), job_start=time.time() - 60),
         ]
         for w in watchers:
             w.start()
@@ -351,7 +350,7 @@ def test_end_marker_watcher_sees_the_file_appear_and_rides_out_errors(
     assert 2 <= looks["zd-x-3.done"] <= 3, seen_requests
     # A bucket that does not exist on the S3 server never sets it, nor raises.
     broken = threading.Event()
-    watcher = _DoneWatcher("s3://no-such-bucket-zd/x.done", broken)
+    watcher = done_watcher("s3://no-such-bucket-zd/x.done", broken)
     watcher.start()
     assert not broken.wait(1.2)
     watcher.stop()
@@ -393,7 +392,7 @@ def test_a_partition_run_in_the_driver_keeps_only_the_tail_of_its_output(
         [
             sys.executable,
             "-m",
-            "zipline_dagster.training.trainer_io",
+            "zipline_dagster.training.channel",
             "--attempt-id=zd-chatty-1",
             "--module=chatty",
             "--in-process",
@@ -418,7 +417,7 @@ def test_a_partition_run_in_the_driver_keeps_only_the_tail_of_its_output(
         [
             sys.executable,
             "-c",
-            "import sys; from zipline_dagster.training.trainer_io import run_partition; "
+            "import sys; from zipline_dagster.training.channel import run_partition; "
             "r = run_partition('chatty', [], tail_chars=4096); "
             "sys.stderr.write(f\"{len(r['log'])} {r['log'].splitlines()[-1][:11]}\")",
         ],
@@ -432,7 +431,7 @@ def test_a_partition_run_in_the_driver_keeps_only_the_tail_of_its_output(
 
 
 def test_the_logged_command_sums_up_a_range_but_keeps_anything_else_whole() -> None:
-    from zipline_dagster.training.launchers.ray_job import loggable_command
+    from zipline_dagster.training.channel import loggable_command
 
     flags = ["--start-ds=2026-08-02", "--model-dir=file:///w/m/v/x"]
     one = shlex.join(["python", "-m", "m", f"--partitions={json.dumps({'2026-08-05': flags})}"])
@@ -547,6 +546,6 @@ def test_the_trainer_and_the_platform_name_the_same_attempts_folder() -> None:
     """The trainer side (shipped in every archive, importing nothing of the platform) and
     the artifact protocol on storage each name the attempts folder; they must agree."""
     from zipline_dagster.storage import artifacts
-    from zipline_dagster.training import trainer_io
+    from zipline_dagster.training import channel
 
-    assert trainer_io.ATTEMPTS_DIR == artifacts.ATTEMPTS_DIR == "_attempts"
+    assert channel.ATTEMPTS_DIR == artifacts.ATTEMPTS_DIR == "_attempts"

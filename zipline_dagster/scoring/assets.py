@@ -1,19 +1,18 @@
 """The scores table of a ``ModelTransforms``: a daily asset whose partition ``ds`` is one
 Ray Job (the model's inference module, from the same trainer archive); a backfill run's
-range of days is one Ray Job too, one task per day.
+range of days is one Ray Job too, one task per day (``training.ranges``, as model
+partitions run).
 
 Partition ``ds`` depends on the source table's partition ``ds`` and on the model
 partition ``ds-1`` (or the champion), so retraining that model partition makes exactly
 the scores it served stale. By default the day is scored by the newest model partition at
 or before ``ds-1`` whose blocking gates pass (``ScoreWith``, ``ModelChoice``). The job
-writes one file per day named by its attempt; the
-step commits a day (``_COMMITTED.json``) only when that day's run succeeded, so readers
+writes one file per day named by its attempt; the step commits a day (``_COMMITTED.json``) only when that day's run succeeded, so readers
 see the old scores or the new ones, never a mix.
 """
 
 import datetime as dt
 import io
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +27,6 @@ from zipline_dagster.lineage.partitions import (
     champion_asset_key,
     daily_partitions,
     model_asset_key,
-    record_range,
     starting_at,
     table_asset_key,
 )
@@ -57,16 +55,13 @@ from zipline_dagster.storage.tables import (
     shift_day,
 )
 from zipline_dagster.training.assets import (
-    load_archive,
-    run_range_job,
     trainable_partitions,
 )
+from zipline_dagster.training.ranges import Ran, run_days
 from zipline_dagster.training.request import (
     TrainingRequest,
-    build_range_request,
 )
 from zipline_dagster.training.resources import TrainingLauncher
-from zipline_dagster.training.trainer_io import model_partition_of
 
 
 def scoring_partitions(transforms: ModelTransforms) -> dg.TimeWindowPartitionsDefinition:
@@ -80,33 +75,41 @@ class ScoringError(RuntimeError):
     """What scoring a day needs is not there; the message names it."""
 
 
+@dataclass(frozen=True)
+class Chosen:
+    """The model partition that scores a day, and why that one."""
+
+    uri: str
+    version: str
+    ds: str
+    why: str
+
+
 def scoring_request(
-    transforms: ModelTransforms, ds: str, *, warehouse: str, model_dir: str
+    transforms: ModelTransforms, ds: str, *, warehouse: str, model: Chosen
 ) -> TrainingRequest:
-    """Day ``ds``'s job: the inference module on the source's day with the model at
-    ``model_dir``, its output file named by the attempt (``--write-id``)."""
-    model = transforms.model
-    version, model_ds = model_partition_of(model_dir)
+    """Day ``ds``'s job: the inference module on the source's day with the ``model``
+    partition, its output file named by the attempt (``--write-id``)."""
     flags = (
         f"--input-table={transforms.source.table}",
         f"--ds={ds}",
-        f"--model-dir={model_dir}",
+        f"--model-dir={model.uri}",
         f"--output-table={transforms.table}",
         f"--warehouse={warehouse}",
         "--write-id=pending",  # the launcher names it after the attempt
         f"--passthrough={','.join(transforms.passthrough_fields)}",
     )
     return TrainingRequest(
-        model=model,
+        model=transforms.model,
         ds=ds,
         warehouse=warehouse,
         days=(ds,),
-        model_dir=model_dir,
-        archive_uri=model_archive_uri(model),
+        model_dir=model.uri,
+        archive_uri=model_archive_uri(transforms.model),
         flags=flags,
         module=transforms.inference_module,
         attempt_flag="write-id",
-        job_key_override=f"{_key_prefix(transforms)}-{version}-{model_ds}-{ds}",
+        job_key_override=f"{_key_prefix(transforms)}-{model.version}-{model.ds}-{ds}",
         marker_dir=table_partition_uri(warehouse, transforms.table, ds),
     )
 
@@ -125,13 +128,14 @@ class ModelChoice:
         transforms: ModelTransforms,
         warehouse: WarehouseResource,
         instance: dg.DagsterInstance | None = None,
+        warn: Callable[[str], None] = lambda _: None,
     ) -> None:
         self.transforms = transforms
         self.model = transforms.model
         self.store = warehouse.store(self.model.model_artifact_base_uri)
         self.ledger = Ledger(instance, judge=gate_judge(self.model)) if instance else None
-        #: what the run should be told (a model partition recorded from storage)
-        self.notes: list[str] = []
+        #: told what the run should know (a model partition recorded from storage)
+        self.warn = warn
         self._trained: list[str] | None = None
         self._verdicts: dict[str, dict[str, g.GateResult]] = {}
 
@@ -146,8 +150,8 @@ class ModelChoice:
             self._trained = ch.trained_partitions(self.store, self.model)
         return [d for d in reversed(self._trained) if d < model_ds]
 
-    def resolve(self, ds: str) -> tuple[str, str]:
-        """(model partition URI, why that one) for scoring day ``ds``. With the run's
+    def resolve(self, ds: str) -> Chosen:
+        """The model partition that scores day ``ds``. With the run's
         ``instance``, the model partition on storage must be the one Dagster recorded.
 
         Raises:
@@ -174,7 +178,7 @@ class ModelChoice:
         if chosen != model_ds:  # an older partition: its own manifest
             manifest = committed_manifest(store, chosen_dir, checksums=False)
         self._check_recorded(ds, chosen, model_commit(manifest, chosen_dir, chosen))
-        return chosen_dir, why
+        return Chosen(chosen_dir, model.version, chosen, why)
 
     def _newest_passing(
         self, ds: str, model_ds: str, failed: list[g.GateResult]
@@ -206,14 +210,14 @@ class ModelChoice:
         model = self.model
         diff = self.ledger.settle(model_asset_key(model.name), model_ds, commit)
         if diff.state is State.RECORDED:
-            self.notes.append(f"{model.name} partition {model_ds}: {diff.describe()}")
+            self.warn(f"{model.name} partition {model_ds}: {diff.describe()}")
         elif diff.state is State.IN_FLIGHT:
             raise ScoringError(
                 f"{self.transforms.table} {ds} is scored by {model.name} partition {model_ds}, "
                 f"but {diff.describe()}: score it once that run has ended"
             )
 
-    def _champion(self, ds: str) -> tuple[str, str]:
+    def _champion(self, ds: str) -> Chosen:
         transforms, model, store = self.transforms, self.model, self.store
         pointer = ch.read_champion(store, model)
         if pointer is None:
@@ -229,63 +233,81 @@ class ModelChoice:
                 f"{champion_asset_key(model.name).to_user_string()}, or `zipline-dagster promote "
                 f"{model.name} --ds {pointer['ds']}`) so that what serves has passed the gates"
             )
-        return str(pointer["artifact_uri"]), f"champion {pointer['version']}/{pointer['ds']}"
-
-
-@dataclass(frozen=True)
-class ScoringDay:
-    """One day ready to score: its job, and why the model that scores it is that one."""
-
-    request: TrainingRequest
-    chosen: str
-
-    @property
-    def folder(self) -> str:
-        """The scores partition's folder (its job's end marker goes there too)."""
-        return self.request.marker_dir
-
-
-def prepare_day(
-    transforms: ModelTransforms,
-    ds: str,
-    warehouse: WarehouseResource,
-    *,
-    choice: ModelChoice,
-    have: dict[str, int] | None = None,
-) -> ScoringDay:
-    """Day ``ds``'s job, once its model and its source day are there (``have``: the
-    source table's committed days, when the caller listed them once for a range;
-    ``choice``: the run's, see ``ModelChoice.resolve``).
-
-    Raises:
-        ScoringError, BlobStorageError: naming what is missing.
-    """
-    model_dir, chosen = choice.resolve(ds)
-    if have is None:
-        have = existing_partitions(
-            warehouse.store(warehouse.uri), warehouse.uri, transforms.source.table
+        version, model_ds = str(pointer["version"]), str(pointer["ds"])
+        return Chosen(
+            str(pointer["artifact_uri"]), version, model_ds, f"champion {version}/{model_ds}"
         )
-    if ds not in have:
-        raise ScoringError(
-            f"{transforms.table} {ds}: source {transforms.source.table} partition {ds} "
-            "is missing (not committed); materialize it first"
+
+
+class ScoringWork:
+    """Scores days for ``run_days``: each day's model chosen (``ModelChoice``) and its
+    source day checked (the source table listed once per step); the file a day's job
+    wrote committed as the day's only file."""
+
+    verb, doing, runner, together = "scored", "scoring", "inference module", True
+
+    def __init__(
+        self,
+        context: dg.AssetExecutionContext,
+        transforms: ModelTransforms,
+        warehouse: WarehouseResource,
+    ) -> None:
+        self.context, self.transforms, self.warehouse = context, transforms, warehouse
+        self.model, self.name = transforms.model, transforms.table
+        self.key_prefix = _key_prefix(transforms)
+        self.choice = ModelChoice(transforms, warehouse, context.instance, context.log.warning)
+        self.chosen: dict[str, Chosen] = {}
+        try:
+            self.have = existing_partitions(
+                warehouse.store(warehouse.uri), warehouse.uri, transforms.source.table
+            )
+        except BlobStorageError as exc:
+            raise failure(exc) from exc
+
+    def prepare(self, ds: str) -> TrainingRequest:
+        source = self.transforms.source.table
+        try:
+            chosen = self.choice.resolve(ds)
+            if ds not in self.have:
+                raise ScoringError(
+                    f"{self.transforms.table} {ds}: source {source} partition {ds} is missing "
+                    "(not committed); materialize it first"
+                )
+        except (ScoringError, BlobStorageError) as exc:
+            raise failure(exc) from exc
+        self.chosen[ds] = chosen
+        self.context.log.info(f"{ds}: scoring {source} with {self.model.name} {chosen.why}")
+        return scoring_request(self.transforms, ds, warehouse=self.warehouse.uri, model=chosen)
+
+    def reuse(self, ready: list[TrainingRequest]) -> dict[str, dict[str, Any]]:
+        return {}
+
+    def begin(self, request: TrainingRequest) -> None:
+        begin_partition(self.warehouse.store(self.warehouse.uri), request.marker_dir)
+
+    def finish(self, request: TrainingRequest, ran: Ran) -> dict[str, Any]:
+        return commit_day(
+            self.transforms,
+            request,
+            self.chosen[request.ds],
+            self.warehouse,
+            ran,
+            run_id=self.context.run.run_id,
+            warn=self.context.log.warning,
         )
-    return ScoringDay(
-        scoring_request(transforms, ds, warehouse=warehouse.uri, model_dir=model_dir), chosen
-    )
 
 
 def commit_day(
     transforms: ModelTransforms,
-    day: ScoringDay,
+    request: TrainingRequest,
+    chosen: Chosen,
     warehouse: WarehouseResource,
+    ran: Ran,
     *,
-    job_id: str,
-    job_url: str | None,
     run_id: str,
     warn: Callable[[str], None],
 ) -> dict[str, Any]:
-    """Commit the file the day's run wrote (named by ``job_id``); its metadata. The files
+    """Commit the file the day's job wrote (named by its id); its metadata. The files
     the commit replaced and could not delete are left for the day's next commit, and
     ``warn`` is told (the day is committed: readers see only its new file).
 
@@ -296,11 +318,10 @@ def commit_day(
     import numpy as np
     import pyarrow.parquet as pq
 
-    ds, model_dir = day.request.ds, day.request.model_dir
-    model_version, model_ds = model_partition_of(model_dir)
+    ds, folder, job_id = request.ds, request.marker_dir, ran.job_id
     store = warehouse.store(warehouse.uri)
     name = f"part-{job_id}-00000.parquet"
-    written = join_uri(day.folder, name)
+    written = join_uri(folder, name)
     if not store.exists(written):
         raise dg.Failure(
             f"the scoring job {job_id} succeeded but wrote no {written}; "
@@ -318,7 +339,7 @@ def commit_day(
     try:
         left = commit_partition(
             store,
-            day.folder,
+            folder,
             [name],
             write_id=job_id,
             rows=rows,
@@ -332,16 +353,16 @@ def commit_day(
         ) from exc
     md: dict[str, Any] = {
         "rows": dg.MetadataValue.int(rows),
-        "model_dir": dg.MetadataValue.path(model_dir),
-        "model_version": dg.MetadataValue.text(model_version),
-        "model_ds": dg.MetadataValue.text(model_ds),
+        "model_dir": dg.MetadataValue.path(chosen.uri),
+        "model_version": dg.MetadataValue.text(chosen.version),
+        "model_ds": dg.MetadataValue.text(chosen.ds),
         "model_age_days": dg.MetadataValue.int(
-            (dt.date.fromisoformat(ds) - dt.date.fromisoformat(model_ds)).days
+            (dt.date.fromisoformat(ds) - dt.date.fromisoformat(chosen.ds)).days
         ),
         "score_with": dg.MetadataValue.text(ScoreWith(transforms.score_with).value),
-        "scored_by": dg.MetadataValue.text(day.chosen),
+        "scored_by": dg.MetadataValue.text(chosen.why),
         "uri": dg.MetadataValue.path(written),
-        "path": dg.MetadataValue.path(day.folder),
+        "path": dg.MetadataValue.path(folder),
         "job_id": dg.MetadataValue.text(job_id),
         WRITE_ID: dg.MetadataValue.text(job_id),
     }
@@ -350,160 +371,13 @@ def commit_day(
     if len(values):
         md["score_mean"] = dg.MetadataValue.float(float(values.mean()))
         md["score_p50"] = dg.MetadataValue.float(float(np.median(values)))
-    if job_url:
-        md["ray_job"] = dg.MetadataValue.url(job_url)
+    if ran.url:
+        md["ray_job"] = dg.MetadataValue.url(ran.url)
+    if ran.span:
+        md["range"] = dg.MetadataValue.text(ran.span)
     if left:
         warn(left_behind(transforms.table, ds, left))
     return md
-
-
-def score_day(
-    context: dg.AssetExecutionContext,
-    transforms: ModelTransforms,
-    day: ScoringDay,
-    launcher: TrainingLauncher,
-    warehouse: WarehouseResource,
-) -> dict[str, Any]:
-    """Score one day as its own job and commit it; its materialization metadata."""
-    model, ds = transforms.model, day.request.ds
-    try:
-        archive, requirements = load_archive(model, warehouse)
-    except (BlobStorageError, RuntimeError) as exc:
-        raise failure(exc) from exc
-    context.log.info(f"scoring {transforms.source.table} {ds} with {model.name} {day.chosen}")
-    begin_partition(warehouse.store(warehouse.uri), day.folder)
-    try:
-        outcome = launcher.runner(context.log).run(
-            day.request,
-            archive=archive,
-            requirements=requirements,
-            metadata={"zipline_table": transforms.table, "zipline_ds": ds},
-        )
-    except Exception as exc:
-        raise failure(exc) from exc
-    md = commit_day(
-        transforms,
-        day,
-        warehouse,
-        job_id=outcome.job_id,
-        job_url=outcome.job_url,
-        run_id=context.run.run_id,
-        warn=context.log.warning,
-    )
-    context.log.info(json.dumps({"scored_rows": md["rows"].value, "uri": md["uri"].value}))
-    return md
-
-
-def score_range(
-    context: dg.AssetExecutionContext,
-    transforms: ModelTransforms,
-    days: list[str],
-    launcher: TrainingLauncher,
-    warehouse: WarehouseResource,
-) -> dg.MaterializeResult:
-    """Score a run's range of days, each its own materialization and commit.
-
-    On Ray, with an archive whose driver runs inference modules, the days score together
-    in one job, one task each; otherwise one job after another. A day that fails (its
-    model or source day missing, its run failing) fails only itself: the others are
-    committed and materialized, then the step fails naming it.
-    """
-    model = transforms.model
-    errors: dict[str, str] = {}
-    done: dict[str, dict[str, Any]] = {}
-    try:
-        have = existing_partitions(
-            warehouse.store(warehouse.uri), warehouse.uri, transforms.source.table
-        )
-    except BlobStorageError as exc:
-        raise failure(exc) from exc
-    ready: list[ScoringDay] = []
-    choice = ModelChoice(transforms, warehouse, context.instance)
-    for ds in days:
-        try:
-            ready.append(prepare_day(transforms, ds, warehouse, choice=choice, have=have))
-        except (ScoringError, BlobStorageError) as exc:
-            errors[ds] = str(exc)
-    for note in choice.notes:
-        context.log.warning(note)
-    together = launcher.runs_ranges_in_one_job and len(ready) > 1
-    if together:
-        try:
-            archive, requirements = load_archive(model, warehouse)
-        except (BlobStorageError, RuntimeError) as exc:
-            raise failure(exc) from exc
-        done.update(
-            _score_in_one_job(
-                context, transforms, ready, launcher, warehouse, archive, requirements, errors
-            )
-        )
-    else:
-        for day in ready:
-            try:
-                done[day.request.ds] = score_day(context, transforms, day, launcher, warehouse)
-            except dg.Failure as exc:
-                errors[day.request.ds] = exc.description or "failed"
-    return record_range(
-        context,
-        days,
-        done,
-        errors,
-        name=transforms.table,
-        verb="scored",
-        code_version=model.version,
-    )
-
-
-def _score_in_one_job(
-    context: dg.AssetExecutionContext,
-    transforms: ModelTransforms,
-    ready: list[ScoringDay],
-    launcher: TrainingLauncher,
-    warehouse: WarehouseResource,
-    archive: bytes,
-    requirements: list[str],
-    errors: dict[str, str],
-) -> dict[str, dict[str, Any]]:
-    store = warehouse.store(warehouse.uri)
-    first, last = ready[0].request.ds, ready[-1].request.ds
-    job = build_range_request([d.request for d in ready], key_prefix=_key_prefix(transforms))
-    context.log.info(
-        f"scoring {len(ready)} days {first}..{last} of {transforms.source.table} with "
-        f"{transforms.model.name} in one Ray job, one task each"
-    )
-    for day in ready:
-        begin_partition(store, day.folder)
-    ran = run_range_job(
-        lambda: launcher.runner(context.log).run(
-            job,
-            archive=archive,
-            requirements=requirements,
-            metadata={"zipline_table": transforms.table, "zipline_ds": f"{first}_{last}"},
-        )
-    )
-    done: dict[str, dict[str, Any]] = {}
-    for day in ready:
-        ds = day.request.ds
-        problem = ran.problem(ds, runner="inference module", doing="scoring")
-        if problem is not None:
-            errors[ds] = problem
-            continue
-        try:
-            md = commit_day(
-                transforms,
-                day,
-                warehouse,
-                job_id=ran.sid,
-                job_url=ran.url,
-                run_id=context.run.run_id,
-                warn=context.log.warning,
-            )
-        except dg.Failure as exc:
-            errors[ds] = exc.description or "failed"
-            continue
-        md["range"] = dg.MetadataValue.text(f"{first}..{last}")
-        done[ds] = md
-    return done
 
 
 def build_scores_asset(
@@ -554,18 +428,7 @@ def build_scores_asset(
         launcher: TrainingLauncher,
         warehouse: WarehouseResource,
     ) -> dg.MaterializeResult:
-        days = list(context.partition_keys)
-        if len(days) > 1:
-            return score_range(context, transforms, days, launcher, warehouse)
-        try:
-            choice = ModelChoice(transforms, warehouse, context.instance)
-            day = prepare_day(transforms, days[0], warehouse, choice=choice)
-        except (ScoringError, BlobStorageError) as exc:
-            raise failure(exc) from exc
-        for note in choice.notes:
-            context.log.warning(note)
-        return dg.MaterializeResult(
-            metadata=score_day(context, transforms, day, launcher, warehouse)
-        )
+        work = ScoringWork(context, transforms, warehouse)
+        return run_days(context, work, list(context.partition_keys), launcher, warehouse)
 
     return _scores

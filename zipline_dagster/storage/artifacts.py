@@ -26,7 +26,7 @@ from zipline_dagster.storage.paths import MANIFEST_NAME, join_uri
 
 #: Each training attempt writes into its own folder; only a successful one is promoted
 #: into ``{version}/{ds}/``, so a failed retrain leaves the finished model in place. The
-#: trainer side (``training.trainer_io.ATTEMPTS_DIR``, shipped in every archive, which
+#: trainer side (``training.channel.ATTEMPTS_DIR``, shipped in every archive, which
 #: imports nothing of the platform) names the same folder; a test pins the two.
 ATTEMPTS_DIR = "_attempts"
 REPORT_NAME = "metrics.json"

@@ -26,7 +26,9 @@ if TYPE_CHECKING:
 FIXED_DATE_TIME = (1980, 1, 1, 0, 0, 0)
 VERSION_LENGTH = 12
 #: The trainer support module every archive gets, beside the trainer's own package.
-SUPPORT_MODULE = "zipline_trainer_io.py"
+#: The platform's modules every archive gets, beside the trainer's package: the trainer
+#: support, and the driver every job runs under.
+SUPPORT_MODULES = {"zipline_trainer_io.py": "trainer_io.py", "zipline_channel.py": "channel.py"}
 
 EXCLUDED_DIR_NAMES = frozenset(
     {
@@ -210,13 +212,15 @@ def build_trainer_archive(source: str | os.PathLike[str]) -> TrainerArchive:
     top = str(setup_keywords((root / "setup.py").read_bytes(), where=f"{root}/setup.py")["name"])
 
     files = _collect(root)
-    if any(rel == SUPPORT_MODULE for rel, _ in files):
+    taken = sorted(rel for rel, _ in files if rel in SUPPORT_MODULES)
+    if taken:
         raise TrainerArchiveError(
-            f"trainer folder {root} has its own {SUPPORT_MODULE}; that name is the platform's "
-            "trainer support module, which the build places into every archive"
+            f"trainer folder {root} has its own {', '.join(taken)}; those names are the "
+            "platform's trainer support modules, which the build places into every archive"
         )
-    # the platform's trainer support (shared, not copied), in sorted place
-    files = sorted([*files, (SUPPORT_MODULE, Path(__file__).with_name("trainer_io.py"))])
+    # the platform's modules (shared, not copied), in sorted place
+    here = Path(__file__).parent
+    files = sorted([*files, *((rel, here / name) for rel, name in SUPPORT_MODULES.items())])
     buf = io.BytesIO()
     # Entries are stored, not deflated: deflate output depends on the zlib build
     # (zlib vs zlib-ng), and the content address must not. Trainer sources are small.

@@ -25,7 +25,7 @@ from zipline_dagster.storage.paths import (
     table_uri,
 )
 from zipline_dagster.storage.tables import days_between, existing_partitions, format_days, shift_day
-from zipline_dagster.training.trainer_io import attempt_flags
+from zipline_dagster.training.channel import DRIVER_MODULE, attempt_flags, driver_argv
 
 
 class TrainingDataError(RuntimeError):
@@ -238,7 +238,7 @@ def build_range_request(
     training range, or a scores range (requests whose ``module`` is the inference module
     and whose attempt names the file each day writes).
 
-    Its entrypoint is the archive's ``zipline_trainer_io`` range driver; each partition
+    Its entrypoint is the archive's driver (``training.channel``); each partition
     keeps exactly its single-partition flags (its attempt, named after this job's
     submission id, set by the driver as for a job of its own), so the trainer cannot
     tell the two apart. The job key covers the range, so a retried step re-attaches to
@@ -258,6 +258,11 @@ def build_range_request(
     elif days != days_between(first.ds, last.ds):
         key += "-" + hashlib.sha256(",".join(days).encode()).hexdigest()[:8]
     cpus = model.training_conf.resource_config.cpus_per_replica
+    module = first.module or model.training_conf.python_module
+    # the driver's flags; its attempt id is set by ``for_attempt`` (``attempt_flag``)
+    flags = driver_argv(
+        "", module, json.loads(spec), attempt_flag=first.attempt_flag, num_cpus=cpus
+    )[3:]
     return TrainingRequest(
         model=model,
         ds=first.ds,
@@ -265,16 +270,9 @@ def build_range_request(
         days=tuple(sorted({d for r in requests for d in r.days})),
         model_dir=first.model_dir,
         archive_uri=first.archive_uri,
-        flags=(
-            "--attempt-id=",
-            f"--module={first.module or model.training_conf.python_module}",
-            # a training range takes the driver's default (model-dir)
-            *([f"--attempt-flag={first.attempt_flag}"] if first.scoring else []),
-            f"--num-cpus={cpus:g}",
-            f"--partitions={spec}",
-        ),
+        flags=tuple(flags),
         env=dict(first.env),
-        module="zipline_trainer_io",
+        module=DRIVER_MODULE,
         attempt_flag="attempt-id",
         job_key_override=key,
         driver_cpus=0,

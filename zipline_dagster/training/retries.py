@@ -18,13 +18,10 @@ import dagster as dg
 from zipline_dagster.lineage.backfill import FreshnessResolver
 from zipline_dagster.lineage.internals import ASSET_RESUME_RETRY_TAG, RESUME_RETRY_TAG
 from zipline_dagster.lineage.ledger import CODE_VERSION_TAG
-from zipline_dagster.storage.artifacts import (
-    read_json_object,
-)
-from zipline_dagster.storage.blobs import BlobStorageError
-from zipline_dagster.storage.paths import MANIFEST_NAME, join_uri, table_partition_uri
+from zipline_dagster.storage.artifacts import committed_manifest, model_commit
+from zipline_dagster.storage.blobs import BlobStore
+from zipline_dagster.storage.commits import Commit
 from zipline_dagster.storage.resources import WarehouseResource
-from zipline_dagster.storage.tables import COMMIT_NAME
 from zipline_dagster.training.request import (
     TrainingRequest,
 )
@@ -47,41 +44,25 @@ def earlier_attempt_runs(context: dg.AssetExecutionContext) -> set[str]:
     return runs
 
 
-def _json_object(warehouse: WarehouseResource, uri: str) -> dict[str, Any] | None:
-    """The JSON object stored at ``uri``; None when it is missing, unreadable or not one."""
-    try:
-        return read_json_object(warehouse.store(uri), uri)
-    except (ValueError, BlobStorageError):
-        return None
-
-
-def why_changed_on_storage(
-    warehouse: WarehouseResource, request: TrainingRequest, run_id: str, attempt: str
+def why_input_changed(
+    store: BlobStore, request: TrainingRequest, scan: dict[str, tuple[list[str], Commit]]
 ) -> str | None:
-    """Why the partition's finished model on storage is not the one ``run_id`` recorded,
-    or was trained on input that has been written again since (None: it is, and it was
-    not)."""
-    manifest_uri = join_uri(request.canonical_dir, MANIFEST_NAME)
-    manifest = _json_object(warehouse, manifest_uri)
-    if manifest is None:
-        return f"its manifest {manifest_uri} cannot be read"
-    if manifest.get("dagster_run_id") != run_id or manifest.get("attempt") != attempt:
-        return (
-            f"{manifest_uri} now holds attempt {manifest.get('attempt')} of run "
-            f"{manifest.get('dagster_run_id')}"
-        )
-    trained_at = manifest.get("committed_at")
-    if not isinstance(trained_at, (int, float)):
-        return f"its manifest {manifest_uri} has no commit time"
+    """Why the partition's model on storage cannot stand for its window as committed now
+    (``scan``: the training table's commits): a window day committed after the model was
+    (a write Dagster was never told of, when the table is outside the run's graph), or a
+    commit without a time. None: the model is newer than every day it read."""
+    manifest = committed_manifest(store, request.canonical_dir, checksums=False)
+    model = model_commit(manifest, request.canonical_dir, request.ds)
+    if model is None or model.at is None:
+        return f"its manifest in {request.canonical_dir} is not complete or has no commit time"
+    table = request.model.table
     for day in request.days:
-        marker = join_uri(
-            table_partition_uri(request.warehouse, request.model.table, day), COMMIT_NAME
-        )
-        committed = (_json_object(warehouse, marker) or {}).get("committed_at")
-        if not isinstance(committed, (int, float)):
-            return f"its input {request.model.table} {day} has no commit time ({marker})"
-        if committed > trained_at:
-            return f"its input {request.model.table} {day} was written after it was trained"
+        held = scan.get(day)
+        at = held[1].at if held is not None else None
+        if not isinstance(at, (int, float)):
+            return f"its input {table} {day} has no commit time"
+        if at > model.at:
+            return f"its input {table} {day} was written after it was trained"
     return None
 
 
@@ -89,12 +70,15 @@ def reusable_partitions(
     context: dg.AssetExecutionContext,
     requests: list[TrainingRequest],
     warehouse: WarehouseResource,
+    scan: dict[str, tuple[list[str], Commit]],
 ) -> dict[str, dict[str, Any]]:
     """{ds: its earlier materialization's metadata} for the partitions of ``requests`` a
     run this one resumes (``earlier_attempt_runs``) trained and materialized, when
     that is still the partition's latest materialization, of this trainer version, fresh
-    (``FreshnessResolver``: upstream not updated since), and storage holds exactly that
-    model, trained after its input was written. The others train."""
+    (``FreshnessResolver.status``: the ledger's rule applied to it and to what it reads,
+    so storage holds exactly that model and nothing upstream was updated since), and
+    trained after each window day was committed (``why_input_changed``; ``scan``: the
+    training table's commits). The others train."""
     runs = earlier_attempt_runs(context)
     if not runs or not requests:
         return {}
@@ -123,7 +107,7 @@ def reusable_partitions(
         elif attempt is None:
             why = "its materialization names no attempt"
         else:
-            why = why_changed_on_storage(warehouse, request, record.run_id, str(attempt.value))
+            why = why_input_changed(warehouse.store(request.canonical_dir), request, scan)
         if why is not None:
             context.log.info(
                 f"{request.ds} trains again although run {record.run_id} trained it: {why}"

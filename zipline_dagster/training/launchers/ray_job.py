@@ -35,8 +35,13 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
-from zipline_dagster.storage.artifacts import (
-    attempt_dir,
+from zipline_dagster.training.channel import (
+    DRIVER_MODULE,
+    DoneWatcher,
+    done_marker,
+    driver_argv,
+    is_done_line,
+    loggable_command,
 )
 from zipline_dagster.training.request import (
     JobOutcome,
@@ -44,7 +49,6 @@ from zipline_dagster.training.request import (
     TrainingRequest,
     traceback_tail,
 )
-from zipline_dagster.training.trainer_io import DONE_PREFIX
 
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 LIVE = frozenset({"PENDING", "RUNNING"})
@@ -179,7 +183,7 @@ class _LogFollower:
             lines = (self._partial + new).split("\n")
             self._partial = lines.pop()
             for line in lines:
-                if line.startswith(DONE_PREFIX):
+                if is_done_line(line):
                     self.ended.set()
                     self.ending.set()
                 if line.strip():
@@ -233,59 +237,18 @@ class _LogFollower:
         return "".join(self.text)
 
 
-def done_marker(request: TrainingRequest, submission_id: str) -> str:
-    """Where the archive's driver writes its marker just before it exits."""
-    return attempt_dir(request.marker_dir, submission_id) + ".done"
+def done_watcher(uri: str, event: threading.Event, job_start: float | None = None) -> DoneWatcher:
+    """A ``DoneWatcher`` of the marker at ``uri``, looking through the platform's storage."""
+    from zipline_dagster.storage.blobs import BlobStore, blob_store
 
+    store: BlobStore | None = None
 
-class _DoneWatcher:
-    """Sets ``event`` once the driver's marker file exists.
+    def exists() -> bool:
+        nonlocal store
+        store = store or blob_store(uri)
+        return store.exists(uri)
 
-    Cheap where it is: a local ``stat`` every 50 ms on ``file://``. On an object store a
-    look costs requests (on S3 a GET of one byte; on GCS and Azure the SDK's lookup of
-    the object), so the wait between looks is ``SHARE`` of the job's time so far (from
-    ``job_start``, its own clock), 0.5 s at least and 5 s at most: the end of a short job
-    is seen within 0.5 s, of any job within about 5% of its time, and an hour's job costs
-    about 770 looks where a look every 0.5 s would be 7,200. Storage errors are ignored
-    (the log line and the status polls still end the wait): the watcher only ever makes
-    the step learn sooner.
-    """
-
-    SHARE = 0.05
-    MIN_S, MAX_S = 0.5, 5.0
-
-    def __init__(self, uri: str, event: threading.Event, job_start: float | None = None) -> None:
-        self.uri = uri
-        self.event = event
-        self.job_start = time.time() if job_start is None else job_start
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="done-watcher", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def _interval(self) -> float:
-        if self.uri.startswith("file://"):
-            return 0.05
-        return min(max(self.MIN_S, (time.time() - self.job_start) * self.SHARE), self.MAX_S)
-
-    def _run(self) -> None:
-        from zipline_dagster.storage.blobs import blob_store
-
-        store = None
-        while not self._stop.is_set() and not self.event.is_set():
-            try:
-                store = store or blob_store(self.uri)
-                seen = store.exists(self.uri)
-            except Exception:
-                seen = False
-            if seen:
-                self.event.set()
-                return
-            self._stop.wait(self._interval())
+    return DoneWatcher(exists, event, job_start, local=uri.startswith("file://"))
 
 
 class RayJobRunner:
@@ -303,6 +266,9 @@ class RayJobRunner:
             retry re-attaches.
         request_timeout_s: longest wait for the dashboard's answer to one request; a
             request without one counts as the dashboard being unreachable.
+        entrypoint_resources: custom Ray resources every job's driver asks for (say
+            ``{"worker": 0.001}``, a sliver of a resource only worker nodes have, to keep
+            drivers off the head); None: none.
         install_requirements: install the trainer's ``install_requires`` into the job's
             environment (Ray's ``pip`` runtime env, cached per requirement set).
         log: receives the job's log lines and lifecycle messages.
@@ -322,6 +288,7 @@ class RayJobRunner:
         unreachable_tolerance_s: float = 120.0,
         request_timeout_s: float = REQUEST_TIMEOUT_S,
         install_requirements: bool = True,
+        entrypoint_resources: dict[str, float] | None = None,
         log: logging.Logger | logging.LoggerAdapter[Any] | None = None,
     ) -> None:
         if not isinstance(address, str) or not address:
@@ -342,6 +309,7 @@ class RayJobRunner:
         self.unreachable_tolerance_s = unreachable_tolerance_s
         self.request_timeout_s = float(request_timeout_s)
         self.install_requirements = install_requirements
+        self.entrypoint_resources = dict(entrypoint_resources or {})
         self.log = log or logging.getLogger(__name__)
         self._client: Any = None
         self._lost_since: float | None = None
@@ -458,28 +426,20 @@ class RayJobRunner:
         return env
 
     def entrypoint(self, request: TrainingRequest, sid: str) -> str:
-        """The job's command. A partition (a model day, or a scores day) runs under the
-        archive's platform driver (``python -m zipline_trainer_io --in-process``: the same
-        trainer or inference command in the same process, plus a marker file and one last
-        line that tell the step the job is ending); a range job is the driver itself."""
-        job = request.for_attempt(sid)
-        marker = [f"--done-uri={done_marker(request, sid)}"]
-        if request.module == DRIVER_MODULE:  # a range job: the driver is the entrypoint
-            return shlex.join([*job.argv, *marker])
-        scoring = request.scoring
-        spec = json.dumps({request.ds: list(request.flags)}, separators=(",", ":"))
+        """The job's command, always under the archive's driver (``training.channel``): a
+        partition (a model day, or a scores day) runs in the driver's own process, a range
+        job is the driver itself; either way the driver signals the job's end."""
+        done = done_marker(request.marker_dir, sid)
+        if request.module == DRIVER_MODULE:  # a range job
+            return shlex.join([*request.for_attempt(sid).argv, f"--done-uri={done}"])
         return shlex.join(
-            [
-                "python",
-                "-m",
-                DRIVER_MODULE,
-                f"--attempt-id={sid}",
-                f"--module={request.module or request.model.training_conf.python_module}",
-                *([f"--attempt-flag={request.attempt_flag}"] if scoring else []),
-                "--in-process",
-                f"--partitions={spec}",
-                *marker,
-            ]
+            driver_argv(
+                sid,
+                request.module or request.model.training_conf.python_module,
+                {request.ds: list(request.flags)},
+                attempt_flag=request.attempt_flag,
+                done_uri=done,
+            )
         )
 
     def submit_or_attach(
@@ -521,6 +481,7 @@ class RayJobRunner:
                     if resources.workers == 0
                     else 0
                 ),
+                entrypoint_resources=self.entrypoint_resources or None,
             )
 
         try:
@@ -582,7 +543,7 @@ class RayJobRunner:
             raise
         # The job's own clock: a re-attached step does not restart the timeout.
         job_start = (info.start_time / 1000.0) if info.start_time else time.time()
-        watcher = _DoneWatcher(done_marker(job, sid), follower.ending, job_start)
+        watcher = done_watcher(done_marker(job.marker_dir, sid), follower.ending, job_start)
         watcher.start()
         delay = 0.2
         ending_since: float | None = None
@@ -680,36 +641,6 @@ class RayJobRunner:
             request, requirements=requirements, metadata=metadata, archive=archive
         )
         return self.wait(job, attached=attached)
-
-
-DRIVER_MODULE = "zipline_trainer_io"
-
-
-def loggable_command(command: str) -> str:
-    """``command`` as the step logs it: a range job's ``--partitions`` (every partition's
-    flags, some 400 characters a partition: kilobytes for a month of days) is shown as
-    the number of partitions and their days. The Ray dashboard's job page keeps the whole
-    command; anything else is logged as it is."""
-    try:
-        words = shlex.split(command)
-    except ValueError:  # not a shell command line (unbalanced quotes): as it is
-        return command
-    for i, word in enumerate(words):
-        if not word.startswith("--partitions="):
-            continue
-        try:
-            spec = json.loads(word.partition("=")[2])
-        except ValueError:
-            return command
-        if not isinstance(spec, dict) or len(spec) < 2:
-            return command
-        days = sorted(spec)
-        shown = (
-            f"--partitions=<{len(days)} partitions, {days[0]}..{days[-1]}, each with its "
-            "own flags: the job's page in the Ray dashboard shows them>"
-        )
-        return " ".join([*map(shlex.quote, words[:i]), shown, *map(shlex.quote, words[i + 1 :])])
-    return command
 
 
 def _short(exc: BaseException, limit: int = 200) -> str:

@@ -1,0 +1,378 @@
+"""The channel between a job on the cluster and the step that follows it.
+
+Every job the platform submits (a model partition, a scores day, or a range of either)
+runs under this module as its driver, ``python -m zipline_channel``: ``build-trainer``
+places this file into every archive beside ``zipline_trainer_io``, so the job needs
+nothing of the platform installed. What crosses from the job to the step, and nothing
+else:
+
+* **attempts**: each partition's flags are pointed at the job's attempt
+  (``attempt_flags``): a trainer writes into ``{model-dir}/_attempts/{submission id}``,
+  an inference module names its file after it (``--write-id``);
+* **result lines**: one line per partition, ``zipline-partition-result {json}`` (its
+  ``ds``, exit code, seconds, and a failed partition's output tail), printed as each
+  one finishes; the step reads them with ``partition_results``, so a failing partition
+  fails only itself;
+* **the end**: just before it exits the driver writes a marker file
+  (``done_marker``: ``_attempts/{submission id}.done`` beside the attempts) and prints
+  one last line, ``zipline-partitions-done ...``. The step learns the job is ending from
+  whichever it sees first (``DoneWatcher`` on storage, the line in the log stream) and
+  only then polls Ray's status tightly.
+
+A single partition runs in the driver's own process (``--in-process``: the trainer is
+the job's driver, as with ``python -m {module}``); a range runs one Ray task per
+partition (``--num-cpus`` each), on workers that stay warm between partitions. Standard
+library, plus Ray in a range job; the marker is written through ``zipline_trainer_io``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+try:  # in a job: beside this module in the archive
+    import zipline_trainer_io as tio
+except ImportError:  # in the platform
+    from zipline_dagster.training import trainer_io as tio  # type: ignore[no-redef]
+
+#: The module name the driver has in every archive (``python -m zipline_channel``).
+DRIVER_MODULE = "zipline_channel"
+#: Prefix of the one line per partition the driver prints (the platform reads them).
+RESULT_PREFIX = "zipline-partition-result "
+#: Lines of a failed partition's output its result line carries.
+TAIL_LINES = 60
+#: Output a partition run in the driver's own process keeps for that tail: the end of it
+#: only, however much the trainer prints over hours (its stream goes to Ray's log as is).
+TAIL_CHARS = 1 << 20
+#: The driver's last line: the platform stops waiting for Ray's status to catch up.
+DONE_PREFIX = "zipline-partitions-done "
+#: Each training attempt writes into ``{model-dir}/_attempts/{attempt id}``; the platform
+#: promotes a successful one into ``{model-dir}``.
+ATTEMPTS_DIR = "_attempts"
+#: The flags that can name a partition's attempt: a trainer's ``--model-dir`` (pointed at
+#: an attempt folder below it) or an inference module's ``--write-id`` (which names the
+#: file it writes).
+ATTEMPT_FLAGS = ("model-dir", "write-id")
+
+
+def driver_argv(
+    attempt_id: str,
+    module: str,
+    partitions: dict[str, list[str]],
+    *,
+    attempt_flag: str = "model-dir",
+    num_cpus: float | None = None,
+    done_uri: str = "",
+) -> list[str]:
+    """The job's command: the driver running ``module`` for each partition's flags (one
+    partition without ``num_cpus``: in the driver's own process; else one task each)."""
+    return [
+        "python",
+        "-m",
+        DRIVER_MODULE,
+        f"--attempt-id={attempt_id}",
+        f"--module={module}",
+        *([f"--attempt-flag={attempt_flag}"] if attempt_flag != "model-dir" else []),
+        *(["--in-process"] if num_cpus is None else [f"--num-cpus={num_cpus:g}"]),
+        f"--partitions={json.dumps(partitions, separators=(',', ':'))}",
+        *([f"--done-uri={done_uri}"] if done_uri else []),
+    ]
+
+
+def done_marker(marker_dir: str, submission_id: str) -> str:
+    """Where the driver of job ``submission_id`` writes its end marker."""
+    return tio.join(marker_dir, ATTEMPTS_DIR, submission_id) + ".done"
+
+
+class _Tee:
+    """A worker's stdout/stderr, also copied into the current partition's buffer.
+
+    Installed once per worker process and re-pointed per task: a trainer's logging
+    handler (bound to ``sys.stdout`` when first configured) keeps writing here, so the
+    next partition's lines land in the next partition's buffer.
+    """
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.captured: list[str] | _Tail = []
+
+    def write(self, text: str) -> int:
+        self.captured.append(text)
+        self.real.write(text)  # a worker's stream may return None
+        return len(text)
+
+    def flush(self) -> None:
+        self.real.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+class _Tail:
+    """The end of what was written: whole writes, dropped from the front once they add
+    up to more than ``limit`` characters (the last write is always kept)."""
+
+    def __init__(self, limit: int) -> None:
+        import collections
+
+        self.limit = limit
+        self.parts: collections.deque[str] = collections.deque()
+        self.size = 0
+
+    def append(self, text: str) -> None:
+        self.parts.append(text)
+        self.size += len(text)
+        while self.size > self.limit and len(self.parts) > 1:
+            self.size -= len(self.parts.popleft())
+
+    def __iter__(self) -> Any:
+        return iter(self.parts)
+
+
+def attempt_flags(flags: list[str], attempt_id: str, flag: str = "model-dir") -> list[str]:
+    """The one place a partition's flags are pointed at an attempt (the platform's
+    launches and the range driver both use it): ``--model-dir=X`` becomes
+    ``X/_attempts/{attempt_id}``; ``--write-id=W`` becomes ``--write-id={attempt_id}``."""
+    prefix = f"--{flag}="
+    if flag == "model-dir":
+        return [
+            f"{prefix}{tio.join(f[len(prefix) :], ATTEMPTS_DIR, attempt_id)}"
+            if f.startswith(prefix)
+            else f
+            for f in flags
+        ]
+    return [f"{prefix}{attempt_id}" if f.startswith(prefix) else f for f in flags]
+
+
+def run_partition(
+    module: str, flags: list[str], *, tail_chars: int | None = None
+) -> dict[str, Any]:
+    """Run one partition's trainer (``python -m {module} {flags}``) in this process and
+    return its exit code, seconds and output (``tail_chars``: only about that much of its
+    end, for a caller that needs the tail only)."""
+    import runpy
+    import sys
+    import time
+    import traceback
+
+    out: list[str] | _Tail = [] if tail_chars is None else _Tail(tail_chars)
+    tees = []
+    for name in ("stdout", "stderr"):
+        tee = getattr(sys, name)
+        if not isinstance(tee, _Tee):
+            tee = _Tee(tee)
+            setattr(sys, name, tee)
+        tee.captured = out
+        tees.append(tee)
+    saved = sys.argv
+    sys.argv = [module, *flags]
+    started = time.time()
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # the trainer raised: its traceback is its log's tail
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.argv = saved
+        for tee in tees:
+            tee.flush()
+            tee.captured = []
+    return {"exit_code": code, "seconds": round(time.time() - started, 3), "log": "".join(out)}
+
+
+def run_partitions(argv: Any = None) -> int:
+    """The range driver: one Ray task per partition, results as they finish."""
+    import sys
+    import time
+
+    p = argparse.ArgumentParser(prog=f"python -m {DRIVER_MODULE}", description=__doc__)
+    p.add_argument("--attempt-id", required=True, help="this job's submission id")
+    p.add_argument("--module", required=True, help="the trainer module each partition runs")
+    p.add_argument(
+        "--attempt-flag",
+        choices=ATTEMPT_FLAGS,
+        default="model-dir",
+        help="the partition flag that names its attempt: model-dir (a trainer: its attempt "
+        "folder) or write-id (an inference module: the file it writes)",
+    )
+    p.add_argument("--num-cpus", type=float, default=1.0, help="CPUs per partition's task")
+    p.add_argument("--partitions", required=True, help='JSON {"ds": [flags...], ...}')
+    p.add_argument(
+        "--done-uri",
+        default="",
+        help="a file this driver writes just before its last line: the platform watches "
+        "storage for it to learn the job is ending sooner than the log stream says so",
+    )
+    p.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run the one partition in this driver (a single-partition job: the trainer "
+        "is the job's driver, as with `python -m {module}`)",
+    )
+    args = p.parse_args(argv)
+    partitions: dict[str, list[str]] = json.loads(args.partitions)
+    started = time.time()
+    failed = 0
+
+    def report(ds: str, result: dict[str, Any], *, echo: bool) -> None:
+        nonlocal failed
+        log = result.pop("log")
+        if echo:
+            for line in log.splitlines():
+                print(f"[{ds}] {line}")
+        result["ds"] = ds
+        if result["exit_code"] != 0:
+            failed += 1
+            result["tail"] = "\n".join(log.splitlines()[-TAIL_LINES:])
+        print(RESULT_PREFIX + json.dumps(result, sort_keys=True), flush=True)
+
+    if args.in_process:
+        for ds, flags in partitions.items():
+            report(
+                ds,
+                # the output went to the job's log as it came: only its tail is kept
+                run_partition(
+                    args.module,
+                    attempt_flags(flags, args.attempt_id, args.attempt_flag),
+                    tail_chars=TAIL_CHARS,
+                ),
+                echo=False,
+            )
+    else:
+        import ray
+
+        ray.init(log_to_driver=False)  # each partition's output comes back with its result
+        task = ray.remote(num_cpus=args.num_cpus, max_retries=1)(run_partition)
+        pending = {
+            task.remote(args.module, attempt_flags(flags, args.attempt_id, args.attempt_flag)): ds
+            for ds, flags in partitions.items()
+        }
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            ds = pending.pop(done[0])
+            try:
+                result = ray.get(done[0])
+            except Exception as exc:  # the worker died (twice): the partition failed
+                result = {"exit_code": -1, "seconds": 0.0, "log": f"{type(exc).__name__}: {exc}\n"}
+            report(ds, result, echo=True)
+    last_line = (
+        f"{DONE_PREFIX}{len(partitions) - failed} of {len(partitions)} partitions succeeded in "
+        f"{time.time() - started:.1f}s"
+    )
+    if args.done_uri:
+        directory, _, name = args.done_uri.rpartition("/")
+        try:
+            tio.write_bytes(directory, name, last_line.encode())
+        except Exception as exc:  # only a signal: the last line below says the same
+            print(f"could not write {args.done_uri}: {type(exc).__name__}: {exc}", flush=True)
+    print(last_line, flush=True)
+    sys.stdout.flush()
+    return 1 if failed else 0
+
+
+def partition_results(logs: str) -> dict[str, dict[str, Any]]:
+    """The result lines of a job's log, by ds."""
+    out: dict[str, dict[str, Any]] = {}
+    for line in logs.splitlines():
+        if line.startswith(RESULT_PREFIX):
+            result = json.loads(line[len(RESULT_PREFIX) :])
+            out[str(result["ds"])] = result
+    return out
+
+
+def is_done_line(line: str) -> bool:
+    """Whether a log line is the driver's last."""
+    return line.startswith(DONE_PREFIX)
+
+
+def loggable_command(command: str) -> str:
+    """``command`` as the step logs it: a range job's ``--partitions`` (every partition's
+    flags, some 400 characters a partition: kilobytes for a month of days) is shown as
+    the number of partitions and their days. The Ray dashboard's job page keeps the whole
+    command; anything else is logged as it is."""
+    try:
+        words = shlex.split(command)
+    except ValueError:  # not a shell command line (unbalanced quotes): as it is
+        return command
+    for i, word in enumerate(words):
+        if not word.startswith("--partitions="):
+            continue
+        try:
+            spec = json.loads(word.partition("=")[2])
+        except ValueError:
+            return command
+        if not isinstance(spec, dict) or len(spec) < 2:
+            return command
+        days = sorted(spec)
+        shown = (
+            f"--partitions=<{len(days)} partitions, {days[0]}..{days[-1]}, each with its "
+            "own flags: the job's page in the Ray dashboard shows them>"
+        )
+        return " ".join([*map(shlex.quote, words[:i]), shown, *map(shlex.quote, words[i + 1 :])])
+    return command
+
+
+class DoneWatcher:
+    """Sets ``event`` once the driver's marker exists (``exists``: asks storage whether it
+    does; an error counts as no).
+
+    Cheap where it is: a local ``stat`` every 50 ms (``local``). On an object store a
+    look costs requests (on S3 a GET of one byte; on GCS and Azure the SDK's lookup of
+    the object), so the wait between looks is ``SHARE`` of the job's time so far (from
+    ``job_start``, its own clock), 0.5 s at least and 5 s at most: the end of a short job
+    is seen within 0.5 s, of any job within about 5% of its time, and an hour's job costs
+    about 770 looks where a look every 0.5 s would be 7,200. The log line and the status
+    polls still end the wait: the watcher only ever makes the step learn sooner.
+    """
+
+    SHARE = 0.05
+    MIN_S, MAX_S = 0.5, 5.0
+
+    def __init__(
+        self,
+        exists: Callable[[], bool],
+        event: threading.Event,
+        job_start: float | None = None,
+        *,
+        local: bool = False,
+    ) -> None:
+        self.exists, self.event, self.local = exists, event, local
+        self.job_start = time.time() if job_start is None else job_start
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="done-watcher", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def interval(self) -> float:
+        if self.local:
+            return 0.05
+        return min(max(self.MIN_S, (time.time() - self.job_start) * self.SHARE), self.MAX_S)
+
+    def _run(self) -> None:
+        while not self._stop.is_set() and not self.event.is_set():
+            try:
+                seen = self.exists()
+            except Exception:
+                seen = False
+            if seen:
+                self.event.set()
+                return
+            self._stop.wait(self.interval())
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(run_partitions())

@@ -1,0 +1,247 @@
+"""The one range runner: how a step runs its partitions, model partitions or scores days,
+as jobs on the cluster.
+
+A step is handed one partition or a backfill run's range. For either, ``run_days``:
+
+1. prepares each day (``DayWork.prepare``: its inputs checked, its request built); a day
+   that cannot run fails alone;
+2. leaves out what the run it re-executes already finished (``DayWork.reuse``);
+3. loads the trainer archive once;
+4. runs the days in one job, one Ray task each (``training.channel``), when the launcher
+   and the work allow it, else one job after another;
+5. finishes each day that ran (``DayWork.finish``: promote a model attempt, commit a
+   scores file);
+6. records each finished day as its own materialization (``record_range``); when any
+   failed, the step fails naming each, after the others are recorded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import dagster as dg
+
+from zipline_dagster.declarations.model import Model
+from zipline_dagster.errors import failure
+from zipline_dagster.lineage.partitions import record_range
+from zipline_dagster.storage.blobs import BlobStorageError
+from zipline_dagster.storage.resources import WarehouseResource
+from zipline_dagster.training.archive import (
+    ArchiveVerificationError,
+    TrainerArchiveError,
+    load_verified_archive,
+)
+from zipline_dagster.training.channel import partition_results
+from zipline_dagster.training.launchers.ray_head import RayHeadError
+from zipline_dagster.training.launchers.ray_job import RayUnreachableError, job_metadata
+from zipline_dagster.training.request import (
+    JobOutcome,
+    TrainingJobError,
+    TrainingRequest,
+    build_range_request,
+    read_install_requires,
+    traceback_tail,
+)
+from zipline_dagster.training.resources import TrainingLauncher
+
+
+@dataclass(frozen=True)
+class Ran:
+    """How a day's job ran."""
+
+    #: the job's id, which is the day's attempt too
+    job_id: str
+    #: the job's page in the Ray dashboard (None: no dashboard)
+    url: str | None
+    #: whether the step re-attached to a job already running
+    attached: bool
+    seconds: float
+    #: ``ray`` or ``local``
+    launcher: str
+    #: ``first..last`` when the job ran several days, one task each
+    span: str | None = None
+
+
+class DayWork(Protocol):
+    """What one kind of partition does at each stage of ``run_days``."""
+
+    model: Model
+    #: named in the step's messages: the model, or the scores table
+    name: str
+    #: what finishing a day is ("trained"), doing it ("training"), and what runs it
+    #: ("trainer"), for the messages
+    verb: str
+    doing: str
+    runner: str
+    #: the job key's prefix of a range (``build_range_request``); "" for the default
+    key_prefix: str
+    #: whether its days may run together in one job
+    together: bool
+
+    def prepare(self, ds: str) -> TrainingRequest:
+        """Day ``ds``'s request. Raises ``dg.Failure`` naming why the day cannot run."""
+        ...
+
+    def reuse(self, ready: list[TrainingRequest]) -> dict[str, dict[str, Any]]:
+        """{ds: metadata} of the days the run this one re-executes finished already."""
+        ...
+
+    def begin(self, request: TrainingRequest) -> None:
+        """Before the day's job runs."""
+        ...
+
+    def finish(self, request: TrainingRequest, ran: Ran) -> dict[str, Any]:
+        """The day's job succeeded: make its output the partition; its metadata.
+        Raises ``dg.Failure`` naming why it could not (the partition is left as it was)."""
+        ...
+
+
+def load_archive(model: Model, warehouse: WarehouseResource) -> tuple[bytes, list[str]]:
+    """The model's verified trainer archive and its ``install_requires``.
+
+    Raises:
+        dg.Failure: the archive is missing, does not verify or cannot be read (named).
+    """
+    try:
+        archive_uri, archive = load_verified_archive(
+            base=model.model_artifact_base_uri,
+            model_name=model.name,
+            version=model.version,
+            options=warehouse.storage_options(),
+        )
+        return archive, read_install_requires(archive, uri=archive_uri)
+    except (ArchiveVerificationError, TrainerArchiveError, BlobStorageError) as exc:
+        raise failure(exc) from None
+
+
+def run_days(
+    context: dg.AssetExecutionContext,
+    work: DayWork,
+    days: list[str],
+    launcher: TrainingLauncher,
+    warehouse: WarehouseResource,
+) -> dg.MaterializeResult:
+    """Run ``days`` of ``work`` to their materializations (see the module's docstring).
+
+    Raises:
+        dg.Failure: a single day failed (its own failure), or some days of a range did
+            (naming each, after the others are recorded), or nothing could run (the
+            archive, or Ray unreachable).
+    """
+    done: dict[str, dict[str, Any]] = {}
+    errors: dict[str, dg.Failure] = {}
+    ready: list[TrainingRequest] = []
+    for ds in days:
+        try:
+            ready.append(work.prepare(ds))
+        except dg.Failure as exc:
+            errors[ds] = exc
+    done.update(work.reuse(ready))
+    ready = [r for r in ready if r.ds not in done]
+    if ready:
+        archive, requirements = load_archive(work.model, warehouse)
+        try:  # the embedded Ray head starts here when nothing else is configured
+            runner = launcher.runner(context.log)
+        except (RayUnreachableError, RayHeadError) as exc:
+            raise failure(exc) from None
+
+        def launch(request: TrainingRequest, label: str) -> JobOutcome:
+            return runner.run(
+                request,
+                archive=archive,
+                requirements=requirements,
+                metadata=job_metadata(
+                    model=work.model.name,
+                    version=work.model.version,
+                    ds=label,
+                    dagster_run_id=context.run.run_id,
+                ),
+            )
+
+        if launcher.runs_ranges_in_one_job and work.together and len(ready) > 1:
+            _in_one_job(context, work, ready, launch, done, errors)
+        else:
+            for request in ready:
+                try:
+                    done[request.ds] = _alone(work, request, launch)
+                except dg.Failure as exc:
+                    errors[request.ds] = exc
+    if len(days) == 1:
+        if errors:
+            raise errors[days[0]]
+        return dg.MaterializeResult(metadata=done[days[0]])
+    return record_range(
+        context,
+        days,
+        done,
+        {ds: exc.description or "failed" for ds, exc in errors.items()},
+        name=work.name,
+        verb=work.verb,
+        code_version=work.model.version,
+    )
+
+
+def _alone(
+    work: DayWork, request: TrainingRequest, launch: Callable[[TrainingRequest, str], JobOutcome]
+) -> dict[str, Any]:
+    """One day in a job of its own."""
+    work.begin(request)
+    try:
+        outcome = launch(request, request.ds)
+    except TrainingJobError as exc:
+        raise failure(
+            exc,
+            job_id=exc.job_id or "",
+            trainer_log_tail=dg.MetadataValue.md(f"```\n{exc.logs_tail}\n```"),
+        ) from None
+    except (RayUnreachableError, RayHeadError) as exc:
+        raise failure(exc) from None
+    ran = Ran(outcome.job_id, outcome.job_url, outcome.attached, outcome.seconds, outcome.launcher)
+    return work.finish(request, ran)
+
+
+def _in_one_job(
+    context: dg.AssetExecutionContext,
+    work: DayWork,
+    ready: list[TrainingRequest],
+    launch: Callable[[TrainingRequest, str], JobOutcome],
+    done: dict[str, dict[str, Any]],
+    errors: dict[str, dg.Failure],
+) -> None:
+    """The days in one job, one task each: a day without a result line (the job ended
+    first) or whose task failed fails alone; a failed job still yields the result lines
+    it printed."""
+    first, last = ready[0].ds, ready[-1].ds
+    span = f"{first}..{last}"
+    context.log.info(
+        f"{work.doing} {len(ready)} partitions {span} of {work.name} in one Ray job, one task each"
+    )
+    for request in ready:
+        work.begin(request)
+    job = build_range_request(ready, key_prefix=work.key_prefix)
+    error: TrainingJobError | None = None
+    try:
+        outcome = launch(job, f"{first}_{last}")
+        sid, logs, url, attached = outcome.job_id, outcome.logs, outcome.job_url, outcome.attached
+    except TrainingJobError as exc:
+        sid, logs, url, attached, error = exc.job_id or "", exc.logs, None, False, exc
+    except (RayUnreachableError, RayHeadError) as exc:
+        raise failure(exc) from None
+    results = partition_results(logs)
+    for request in ready:
+        result = results.get(request.ds)
+        if result is None:
+            errors[request.ds] = dg.Failure(f"Ray job {sid} ended without {work.doing} it: {error}")
+        elif result["exit_code"] != 0:
+            errors[request.ds] = dg.Failure(
+                f"its {work.runner} exited with {result['exit_code']} in Ray job {sid}:\n"
+                + traceback_tail(result.get("tail", ""))
+            )
+        else:
+            ran = Ran(sid, url, attached, float(result["seconds"]), "ray", span)
+            try:
+                done[request.ds] = work.finish(request, ran)
+            except dg.Failure as exc:
+                errors[request.ds] = exc
