@@ -179,3 +179,37 @@ def test_backfill_wait_refuses_a_workspace_that_is_not_there(tmp_path: Path) -> 
     assert "backfill_id" not in res.stdout
     with dg.DagsterInstance.from_config(str(home)) as instance:
         assert instance.get_backfills() == []
+
+
+@pytest.mark.parametrize(
+    ("url", "fragment"),
+    [
+        ("localhost:3000", "--url='localhost:3000' is not a Dagster webserver address"),
+        (
+            "http://127.0.0.1:{port}",
+            "the Dagster webserver at http://127.0.0.1:{port} did not answer",
+        ),
+    ],
+)
+def test_backfill_through_a_webserver_that_is_not_there_says_so(
+    tmp_path: Path, url: str, fragment: str
+) -> None:
+    """``--url`` launches the backfill through the deployment's GraphQL API: an address
+    that is not one, or a webserver that does not answer, is named, and nothing is left
+    launched in the instance."""
+    import dagster as dg
+
+    from tests.conftest import free_port
+
+    port = free_port()  # nothing listens there
+    home = tmp_path / "dagster"
+    home.mkdir()
+    res = run_cli(
+        *BACKFILL,
+        *("--url", url.format(port=port)),
+        env={"DAGSTER_HOME": str(home), "ZIPLINE_HOME": str(tmp_path / "zipline")},
+    )
+    _clean_error(res, fragment.format(port=port))
+    assert "backfill_id" not in res.stdout
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        assert instance.get_backfills() == []

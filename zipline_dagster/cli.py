@@ -385,16 +385,18 @@ def _backfill(args: argparse.Namespace) -> int:
     import dagster as dg
 
     from zipline_dagster.lineage.backfill import model_partitions, plan_backfill
+    from zipline_dagster.lineage.deployment import Deployment
     from zipline_dagster.lineage.internals import daemon_running, drive_backfill, launch_backfill
     from zipline_dagster.lineage.ledger import Ledger
     from zipline_dagster.lineage.partitions import champion_asset_key, model_asset_key
     from zipline_dagster.rollout.assets import gate_judge
 
-    if args.wait and not Path(args.workspace).is_file():  # before any backfill is launched
-        raise CliError(
-            f"--workspace={args.workspace} is not a file; --wait runs the backfill's runs from "
-            "the code locations it names (the project's workspace.yaml; run from the project "
-            "folder or pass its path)"
+    deployment = Deployment(args.url) if args.url else None
+    if args.wait and deployment is None and not Path(args.workspace).is_file():
+        raise CliError(  # before any backfill is launched
+            f"--workspace={args.workspace} is not a file; --wait without --url runs the "
+            "backfill's runs from the code locations it names (the project's workspace.yaml; "
+            "run from the project folder or pass its path)"
         )
     module = args.module or project_code_location()
     defs: dg.Definitions = load_definitions(module)  # type: ignore[assignment]
@@ -412,53 +414,49 @@ def _backfill(args: argparse.Namespace) -> int:
     if plan.empty:
         print("backfill_id=none (every partition is fresh)")
         return 0
-    backfill_id = launch_backfill(
-        defs, instance, plan, title=f"{key.to_user_string()} {args.start_ds}..{args.end_ds}"
+    # a model's champion judges the new partitions once they are trained, in the backfill
+    champion = champion_asset_key(key.path[-1])
+    also = (
+        [champion]
+        if key == model_asset_key(key.path[-1]) and defs.resolve_asset_graph().has(champion)
+        else []
     )
+    title = f"{key.to_user_string()} {args.start_ds}..{args.end_ds}"
+    if deployment is not None:
+        backfill_id = deployment.launch(plan, title=title, also=also)
+    else:
+        backfill_id = launch_backfill(defs, instance, plan, title=title, also=also)
     print(f"backfill_id={backfill_id}", flush=True)
     if not args.wait:
-        if not daemon_running(instance):
+        if deployment is None and not daemon_running(instance):
             print(
                 "note: no dagster-daemon is running for this instance; start `make dev` "
                 "(or pass --wait to run the backfill from this command)",
                 file=sys.stderr,
             )
         return 0
-    status = drive_backfill(
-        instance,
-        backfill_id,
-        workspace_file=args.workspace,
-        log=lambda m: print(f"  {m}", file=sys.stderr, flush=True),
-    )
+    progress = lambda m: print(f"  {m}", file=sys.stderr, flush=True)  # noqa: E731
+    if deployment is not None:
+        status = deployment.wait(backfill_id, log=progress)
+    else:
+        status = drive_backfill(instance, backfill_id, workspace_file=args.workspace, log=progress)
     print(f"status={status}")
     done = status in ("COMPLETED_SUCCESS", "COMPLETED")
-    champion = champion_asset_key(key.path[-1])
-    if done and key == model_asset_key(key.path[-1]) and defs.resolve_asset_graph().has(champion):
-        print(_evaluate_champion(defs, instance, key.path[-1]))
+    if done and also:
+        print(champion_line(instance, champion))
     return 0 if done else 1
 
 
-def _evaluate_champion(defs: object, instance: object, model_name: str) -> str:
-    """Materialize ``model_name``'s champion here, once its partitions are trained (the
-    champion sensor would too, when a daemon runs); what it now points at."""
+def champion_line(instance: object, champion: object) -> str:
+    """``champion=VERSION/DS (why)`` from the champion asset's latest materialization."""
     import dagster as dg
 
-    from zipline_dagster.lineage.partitions import champion_asset_key
-
-    assert isinstance(defs, dg.Definitions) and isinstance(instance, dg.DagsterInstance)
-    quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
-    result = defs.resolve_implicit_global_asset_job_def().execute_in_process(
-        run_config=quiet,
-        instance=instance,
-        asset_selection=[champion_asset_key(model_name)],
-        raise_on_error=False,
-    )
-    events = result.get_asset_materialization_events() if result.success else []
-    if not events:
-        return f"champion=unknown (the champion asset's run {result.run_id} failed)"
-    md = {
-        k: v.value for k, v in events[0].step_materialization_data.materialization.metadata.items()
-    }
+    assert isinstance(instance, dg.DagsterInstance) and isinstance(champion, dg.AssetKey)
+    event = instance.get_latest_materialization_event(champion)
+    mat = event.asset_materialization if event is not None else None
+    if mat is None:
+        return "champion=unknown (the champion asset has no materialization)"
+    md = {k: v.value for k, v in mat.metadata.items()}
     where = f"{md['version']}/{md['ds']}" if "ds" in md else "none"
     return f"champion={where} ({md.get('reason')})"
 
@@ -527,7 +525,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="model name (models/NAME) or an asset key a/b")
     p.add_argument("--start-ds", required=True)
     p.add_argument("--end-ds", required=True)
-    p.add_argument("--wait", action="store_true", help="run the backfill from here until it ends")
+    p.add_argument(
+        "--wait",
+        action="store_true",
+        help="wait until the backfill ends, showing its progress (without --url, this "
+        "command runs it, as the daemon would)",
+    )
+    p.add_argument(
+        "--url",
+        help="the deployment's Dagster webserver (http://host:3000): the backfill is launched "
+        "and followed through its GraphQL API, and its daemon runs it",
+    )
     p.add_argument(
         "--module",
         default=None,

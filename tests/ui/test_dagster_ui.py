@@ -6,6 +6,7 @@ blocking checks with their numbers, and the champion asset moving to it."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -33,7 +34,7 @@ from zipline_dagster.defs.listing_ctr import listing_ctr_model as m
 publish_trainer_archive("trainers/listing_ctr_model", model_name=m.name, base=m.model_artifact_base_uri)
 key = dg.AssetKey(["ctr", "training_v1"])
 instance = dg.DagsterInstance.get()
-plan = plan_backfill(defs, instance, key, model_partitions(defs, key, "2026-07-08", "2026-07-11"))
+plan = plan_backfill(defs, instance, key, model_partitions(defs, key, "2026-07-07", "2026-07-11"))
 execute_plan_in_process(defs, instance, plan, log=lambda m: None)
 """
 
@@ -41,7 +42,7 @@ execute_plan_in_process(defs, instance, plan, log=lambda m: None)
 @pytest.fixture(scope="module")
 def dagster_dev(
     ray_head: Any, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[dict[str, str]]:
+) -> Iterator[dict[str, Any]]:
     """`dagster dev` with the demo code location; its upstream tables already built."""
     if not os.path.exists(CHROMIUM):
         pytest.fail(
@@ -83,6 +84,7 @@ def dagster_dev(
         yield {
             "url": f"http://127.0.0.1:{port}",
             "warehouse": f"file://{tmp / 'zipline' / 'warehouse'}",
+            "env": env,  # type: ignore[dict-item]
         }
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -94,7 +96,7 @@ def dagster_dev(
         unregister(proc.pid)
 
 
-def test_launch_partition_from_ui_and_see_metadata(dagster_dev: dict[str, str]) -> None:
+def test_launch_partition_from_ui_and_see_metadata(dagster_dev: dict[str, Any]) -> None:
     from playwright.sync_api import sync_playwright
 
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
@@ -187,3 +189,33 @@ def test_launch_partition_from_ui_and_see_metadata(dagster_dev: dict[str, str]) 
             assert "/models/listing_ctr_model/" in ds_row and ds_row.rstrip().endswith(DS)
         finally:
             browser.close()
+
+
+def test_a_backfill_launched_and_followed_through_the_webserver(
+    dagster_dev: dict[str, Any],
+) -> None:
+    """``zipline-dagster backfill --url``, as against a deployment: the plan goes to the
+    webserver's GraphQL API as one asset backfill (the model partition, then its
+    champion), the deployment's own daemon runs it, and the command follows it to its end
+    and names the champion. Run again, the partition is fresh: nothing is launched."""
+    command = [
+        str(BIN / "zipline-dagster"),
+        *("backfill", "listing_ctr_model", "--start-ds", "2026-07-10", "--end-ds", "2026-07-10"),
+        *("--url", dagster_dev["url"], "--wait"),
+    ]
+    run = subprocess.run(
+        command, cwd=ROOT, env=dagster_dev["env"], capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "models/listing_ctr_model: 2026-07-10 (missing)" in run.stderr
+    assert re.search(r"^backfill_id=\w+$", run.stdout, re.M), run.stdout
+    assert "status=COMPLETED_SUCCESS" in run.stdout
+    # the progress the deployment reported: the model's run, then the champion's
+    assert re.search(r"COMPLETED_SUCCESS: 2 runs 2 success", run.stderr), run.stderr
+    assert re.search(r"^champion=\w{12}/2026-07-1[01] \(", run.stdout, re.M), run.stdout
+
+    again = subprocess.run(
+        command, cwd=ROOT, env=dagster_dev["env"], capture_output=True, text=True, timeout=600
+    )
+    assert again.returncode == 0, again.stderr
+    assert "backfill_id=none (every partition is fresh)" in again.stdout

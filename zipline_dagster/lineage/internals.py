@@ -4,8 +4,9 @@ Everything here reaches into ``dagster._core`` or ``dagster._daemon``: a Dagster
 may move it. ``tests/lineage/test_internals.py`` imports every name this module uses and
 fails when one moves; nothing else in the project imports a private Dagster module.
 
-* submitting an asset backfill from a plan (``launch_backfill``): Dagster's public API
-  launches backfills only through the UI or GraphQL against a running webserver;
+* submitting an asset backfill from a plan to an instance without a webserver
+  (``launch_backfill``): Dagster's public API launches backfills only through the UI or
+  GraphQL against a running webserver (``lineage.deployment``, ``backfill --url``);
 * running a plan's runs in-process with a range run's tags (``execute_plan_in_process``,
   for ``make demo`` and the benchmarks);
 * running the backfill and run-queue daemons' iterations in-process
@@ -18,6 +19,7 @@ fails when one moves; nothing else in the project imports a private Dagster modu
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import dagster as dg
@@ -60,9 +62,16 @@ def check_target(record: dg.EventLogRecord) -> Any:
 
 
 def launch_backfill(
-    defs: dg.Definitions, instance: dg.DagsterInstance, plan: Plan, *, title: str
+    defs: dg.Definitions,
+    instance: dg.DagsterInstance,
+    plan: Plan,
+    *,
+    title: str,
+    also: Sequence[dg.AssetKey] = (),
 ) -> str:
-    """Submit the plan as a Dagster asset backfill (the daemon runs it; visible in the UI)."""
+    """Submit the plan as a Dagster asset backfill (the daemon runs it; visible in the UI),
+    with the unpartitioned assets ``also``, run once their parents in it are done. On a
+    deployment with a webserver, ``lineage.deployment`` does the same through GraphQL."""
     from dagster._core.definitions.assets.graph.asset_graph_subset import AssetGraphSubset
     from dagster._core.definitions.events import AssetKeyPartitionKey
     from dagster._core.execution.backfill import PartitionBackfill
@@ -70,6 +79,7 @@ def launch_backfill(
 
     graph = defs.resolve_asset_graph()
     asset_partitions = {AssetKeyPartitionKey(key, p) for key, parts in plan.steps for p in parts}
+    asset_partitions |= {AssetKeyPartitionKey(key, None) for key in also}
     subset = AssetGraphSubset.from_asset_partition_set(asset_partitions, graph)
     backfill_id = make_new_backfill_id()
     backfill = PartitionBackfill.from_asset_graph_subset(

@@ -1,0 +1,156 @@
+"""A Dagster deployment, through its public GraphQL API: launch an asset backfill of a
+plan and follow it until the deployment's daemon has run it.
+
+The webserver's ``/graphql`` endpoint is Dagster's public interface to a deployment (the
+UI uses it, and so does ``dagster-graphql``'s client, which has no backfill method): the
+``launchPartitionBackfill`` mutation with ``partitionsByAssets`` submits exactly the
+plan's partitions, which the daemon launches as runs through the deployment's run
+queue and launcher, and ``partitionBackfillOrError`` tells how it stands.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import dagster as dg
+
+from zipline_dagster.lineage.backfill import BackfillError, Plan, contiguous_runs
+
+LAUNCH = """
+mutation Launch($params: LaunchBackfillParams!) {
+  launchPartitionBackfill(backfillParams: $params) {
+    __typename
+    ... on LaunchBackfillSuccess { backfillId }
+    ... on Error { message }
+  }
+}
+"""
+
+STATUS = """
+query Backfill($id: String!) {
+  partitionBackfillOrError(backfillId: $id) {
+    __typename
+    ... on PartitionBackfill { status runs(limit: 1000) { status } }
+    ... on Error { message }
+  }
+}
+"""
+
+#: a backfill in one of these has ended
+ENDED = frozenset({"COMPLETED", "COMPLETED_SUCCESS", "COMPLETED_FAILED", "FAILED", "CANCELED"})
+
+
+class Deployment:
+    """The Dagster deployment whose webserver answers at ``url`` (``http://host:3000``).
+
+    Args:
+        url: the webserver's address, as a browser opens the UI.
+        timeout_s: longest wait for one answer.
+    """
+
+    def __init__(self, url: str, *, timeout_s: float = 30.0) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise BackfillError(
+                f"--url={url!r} is not a Dagster webserver address; expected http(s)://host:port"
+            )
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
+
+    def query(self, text: str, variables: dict[str, Any]) -> dict[str, Any]:
+        """The ``data`` of one GraphQL request.
+
+        Raises:
+            BackfillError: the webserver cannot be reached, or answered with errors.
+        """
+        import requests
+
+        try:
+            answer = requests.post(
+                f"{self.url}/graphql",
+                json={"query": text, "variables": variables},
+                timeout=self.timeout_s,
+            )
+            answer.raise_for_status()
+            body = answer.json()
+        except (requests.RequestException, ValueError) as exc:
+            raise BackfillError(
+                f"the Dagster webserver at {self.url} did not answer ({type(exc).__name__}: "
+                f"{exc}); is it running (`dagster-webserver`, `make dev`)?"
+            ) from exc
+        if body.get("errors"):
+            messages = "; ".join(str(e.get("message")) for e in body["errors"])
+            raise BackfillError(f"the Dagster webserver at {self.url} refused: {messages}")
+        return dict(body["data"])
+
+    def launch(self, plan: Plan, *, title: str, also: Sequence[dg.AssetKey] = ()) -> str:
+        """Submit the plan's partitions (and the unpartitioned assets ``also``, run once
+        their parents in the backfill are done) as one asset backfill; its id."""
+        selectors: list[dict[str, Any]] = [
+            {
+                "assetKey": {"path": key.path},
+                "partitions": {
+                    "ranges": [
+                        {"start": run[0], "end": run[-1]}
+                        for run in contiguous_runs([parts], len(parts))
+                    ]
+                },
+            }
+            for key, parts in plan.steps
+        ]
+        selectors += [{"assetKey": {"path": key.path}, "partitions": None} for key in also]
+        params = {
+            "partitionsByAssets": selectors,
+            "title": title,
+            "description": plan.describe(),
+            "tags": [{"key": "zipline/backfill", "value": title}],
+        }
+        found = self.query(LAUNCH, {"params": params})["launchPartitionBackfill"]
+        if found["__typename"] != "LaunchBackfillSuccess":
+            raise BackfillError(
+                f"the deployment at {self.url} refused the backfill ({found['__typename']}: "
+                f"{found.get('message', '')})"
+            )
+        return str(found["backfillId"])
+
+    def status(self, backfill_id: str) -> tuple[str, list[str]]:
+        """The backfill's status and its runs' statuses."""
+        found = self.query(STATUS, {"id": backfill_id})["partitionBackfillOrError"]
+        if found["__typename"] != "PartitionBackfill":
+            raise BackfillError(
+                f"backfill {backfill_id}: {found['__typename']}: {found.get('message', '')}"
+            )
+        return str(found["status"]), [str(r["status"]) for r in found["runs"] or []]
+
+    def wait(
+        self,
+        backfill_id: str,
+        *,
+        timeout_s: float = 3600,
+        poll_s: float = 2.0,
+        log: Callable[[str], None] = print,
+    ) -> str:
+        """Follow the backfill until it ends (its final status), logging each change.
+
+        Raises:
+            BackfillError: it has not ended after ``timeout_s`` (it keeps running).
+        """
+        deadline = time.monotonic() + timeout_s
+        last = ""
+        while True:
+            status, runs = self.status(backfill_id)
+            summary = f"{status}: {len(runs)} runs " + ", ".join(
+                f"{runs.count(s)} {s.lower()}" for s in sorted(set(runs))
+            )
+            if summary != last:
+                log(summary.rstrip())
+                last = summary
+            if status in ENDED:
+                return status
+            if time.monotonic() > deadline:
+                raise BackfillError(
+                    f"backfill {backfill_id} still running after {timeout_s:.0f}s; it goes on "
+                    f"in the deployment ({self.url}/runs/b/{backfill_id})"
+                )
+            time.sleep(poll_s)
