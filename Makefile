@@ -13,7 +13,8 @@ export UV_COMPILE_BYTECODE := 1
 export UV_PROJECT_ENVIRONMENT := $(VENV)
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: demo test lint fmt dev bench env ray-up ray-down clean system-deps test-system-deps
+.PHONY: demo test lint fmt dev bench env ray-up ray-down clean system-deps test-system-deps \
+	cluster-up cluster-down demo-cluster
 
 # System packages (scripts/system-deps installs the missing ones with apt-get): Java for
 # Spark; for the tests also Debian's chromium (the UI test) and npm (Azurite).
@@ -21,7 +22,7 @@ system-deps:
 	@scripts/system-deps java
 
 test-system-deps:
-	@scripts/system-deps java chromium npm
+	@scripts/system-deps java chromium npm postgres
 
 $(UV):
 	$(PYTHON) -m venv .tools
@@ -50,12 +51,24 @@ $(DAGSTER_HOME)/dagster.yaml:
 demo: system-deps $(SYNCED) $(DAGSTER_HOME)/dagster.yaml
 	$(VENV)/bin/python -c 'import sys; from zipline_dagster.defs.demo import main; sys.exit(main())'
 
+# The production topology on this machine (scripts/cluster.py): PostgreSQL, a Dagster
+# daemon and webserver, a Ray head and two workers, a Spark master and worker, an S3 server.
+cluster-up: $(SYNCED)
+	@scripts/system-deps java postgres
+	$(VENV)/bin/python scripts/cluster.py up
+
+cluster-down: $(SYNCED)
+	$(VENV)/bin/python scripts/cluster.py down
+
+demo-cluster: $(SYNCED)
+	$(VENV)/bin/python scripts/cluster.py demo
+
 test: test-system-deps $(SYNCED) $(AZURITE)
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 lint: $(SYNCED)
-	$(VENV)/bin/ruff check zipline_dagster tests trainers
-	$(VENV)/bin/ruff format --check zipline_dagster tests trainers
+	$(VENV)/bin/ruff check zipline_dagster tests trainers scripts
+	$(VENV)/bin/ruff format --check zipline_dagster tests trainers scripts
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 

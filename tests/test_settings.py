@@ -66,3 +66,26 @@ def test_only_settings_reads_the_environment() -> None:
                     if not (isinstance(arg, ast.Constant) and arg.value in ray_set):
                         readers.append(f"{rel}:{node.lineno}")
     assert readers == []
+
+
+def test_where_job_drivers_go_and_whether_jobs_install_requirements() -> None:
+    """A deployment keeps job drivers off the Ray head with a sliver of a worker-only
+    resource, and turns off the pip runtime env where the image holds the requirements;
+    a value that is not one is named with what is accepted."""
+    env = {
+        "ZIPLINE_RAY_ENTRYPOINT_RESOURCES": '{"zipline_worker": 0.001}',
+        "ZIPLINE_RAY_INSTALL_REQUIREMENTS": "false",
+    }
+    s = Settings.from_env(env)
+    assert s.ray_entrypoint_resources == {"zipline_worker": 0.001}
+    assert s.ray_install_requirements is False
+    assert Settings.from_env({}).ray_install_requirements is True
+    assert Settings.from_env({}).ray_entrypoint_resources is None
+    for bad in ('{"zipline_worker": 0}', '["worker"]', "worker=1", '{"w": true}'):
+        with pytest.raises(SettingsError, match="ZIPLINE_RAY_ENTRYPOINT_RESOURCES=.* is invalid"):
+            Settings.from_env({"ZIPLINE_RAY_ENTRYPOINT_RESOURCES": bad})
+    with pytest.raises(
+        SettingsError,
+        match="ZIPLINE_RAY_INSTALL_REQUIREMENTS='no' is invalid; accepted: true, false",
+    ):
+        Settings.from_env({"ZIPLINE_RAY_INSTALL_REQUIREMENTS": "no"})

@@ -414,13 +414,13 @@ def _backfill(args: argparse.Namespace) -> int:
     if plan.empty:
         print("backfill_id=none (every partition is fresh)")
         return 0
-    # a model's champion judges the new partitions once they are trained, in the backfill
-    champion = champion_asset_key(key.path[-1])
-    also = (
-        [champion]
-        if key == model_asset_key(key.path[-1]) and defs.resolve_asset_graph().has(champion)
-        else []
-    )
+    # the champion of each model the plan trains judges the new partitions, in the backfill
+    graph = defs.resolve_asset_graph()
+    also = [
+        champion_asset_key(k.path[-1])
+        for k, _ in plan.steps
+        if k == model_asset_key(k.path[-1]) and graph.has(champion_asset_key(k.path[-1]))
+    ]
     title = f"{key.to_user_string()} {args.start_ds}..{args.end_ds}"
     if deployment is not None:
         backfill_id = deployment.launch(plan, title=title, also=also)
@@ -442,7 +442,7 @@ def _backfill(args: argparse.Namespace) -> int:
         status = drive_backfill(instance, backfill_id, workspace_file=args.workspace, log=progress)
     print(f"status={status}")
     done = status in ("COMPLETED_SUCCESS", "COMPLETED")
-    if done and also:
+    for champion in also if done else []:
         print(champion_line(instance, champion))
     return 0 if done else 1
 

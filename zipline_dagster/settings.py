@@ -11,6 +11,8 @@ the library calls ``os.environ.get``. Trainers read only their flags.
 | launcher | ``ZIPLINE_LAUNCHER`` (``ray`` or ``local``) | ``ray`` |
 | Ray cluster (dashboard address) | ``RAY_ADDRESS`` | the embedded head |
 | Ray auth mode | ``RAY_AUTH_MODE`` | ``disabled`` for the embedded head |
+| Ray resources of every job's driver | ``ZIPLINE_RAY_ENTRYPOINT_RESOURCES`` (JSON object) | none |
+| install trainers' requirements in jobs | ``ZIPLINE_RAY_INSTALL_REQUIREMENTS`` (``true``/``false``) | ``true`` |
 | Spark master | ``SPARK_MASTER`` | ``local[*]`` |
 | S3 endpoint | ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` | AWS |
 | S3 region | ``AWS_REGION`` / ``AWS_DEFAULT_REGION`` | AWS default |
@@ -56,6 +58,8 @@ class Settings:
     launcher: str = "ray"
     ray_address: str | None = None
     ray_auth_mode: str | None = None
+    ray_entrypoint_resources: dict[str, float] | None = None
+    ray_install_requirements: bool = True
     spark_master: str | None = None
     s3_endpoint_url: str | None = None
     aws_region: str | None = None
@@ -79,6 +83,12 @@ class Settings:
             raise SettingsError(
                 f"ZIPLINE_LAUNCHER={launcher!r} is invalid; accepted: {', '.join(LAUNCHERS)}"
             )
+        resources = get("ZIPLINE_RAY_ENTRYPOINT_RESOURCES")
+        install = (get("ZIPLINE_RAY_INSTALL_REQUIREMENTS") or "true").lower()
+        if install not in ("true", "false"):
+            raise SettingsError(
+                f"ZIPLINE_RAY_INSTALL_REQUIREMENTS={install!r} is invalid; accepted: true, false"
+            )
         return cls(
             home=home,
             warehouse=warehouse,
@@ -86,6 +96,8 @@ class Settings:
             launcher=launcher,
             ray_address=get("RAY_ADDRESS"),
             ray_auth_mode=get("RAY_AUTH_MODE"),
+            ray_entrypoint_resources=_resources(resources) if resources else None,
+            ray_install_requirements=install == "true",
             spark_master=get("SPARK_MASTER"),
             s3_endpoint_url=get("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"),
             aws_region=get("AWS_REGION", "AWS_DEFAULT_REGION"),
@@ -101,6 +113,24 @@ class Settings:
             gcs_endpoint_url=self.gcs_endpoint_url,
             azure_connection_string=self.azure_connection_string,
         )
+
+
+def _resources(value: str) -> dict[str, float]:
+    import json
+
+    try:
+        parsed = json.loads(value)
+        if isinstance(parsed, dict) and all(
+            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+            for k, v in parsed.items()
+        ):
+            return {k: float(v) for k, v in parsed.items()}
+    except ValueError:
+        pass
+    raise SettingsError(
+        f"ZIPLINE_RAY_ENTRYPOINT_RESOURCES={value!r} is invalid; expected a JSON object of "
+        'resource names to amounts > 0, e.g. {"worker": 0.001}'
+    )
 
 
 def settings() -> Settings:

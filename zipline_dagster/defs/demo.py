@@ -34,15 +34,8 @@ def main() -> int:
         model_asset_key,
         table_asset_key,
     )
-    from zipline_dagster.rollout import champion as ch
-    from zipline_dagster.rollout import gates
     from zipline_dagster.rollout.assets import gate_judge
     from zipline_dagster.scoring.monitoring import monitoring_asset_key
-    from zipline_dagster.storage.artifacts import (
-        is_committed,
-    )
-    from zipline_dagster.storage.blobs import blob_store
-    from zipline_dagster.storage.paths import MANIFEST_NAME, join_uri, model_partition_uri
     from zipline_dagster.storage.tables import shift_day
     from zipline_dagster.training.archive import publish_trainer_archive
 
@@ -92,6 +85,30 @@ def main() -> int:
         execute_plan_in_process(defs, instance, step, log=log)
 
     print(f"[5/5] trained partitions ({time.monotonic() - t0:.0f}s):", flush=True)
+    if summarize(instance, parts, scored):
+        return 1
+    print(
+        "open the Dagster UI with `make dev` (http://127.0.0.1:3000); stop the embedded Ray head with `make ray-down`"
+    )
+    return 0
+
+
+def summarize(instance: object, parts: list[str], scored: list[str]) -> list[str]:
+    """Print each trained partition (its holdout AUC and checks), the champion and each
+    scored day's realized AUC; the partitions and days that are not finished."""
+
+    import dagster as dg
+
+    from zipline_dagster.defs.listing_ctr import listing_ctr_model as model
+    from zipline_dagster.defs.listing_ctr import listing_scores
+    from zipline_dagster.rollout import champion as ch
+    from zipline_dagster.rollout import gates
+    from zipline_dagster.scoring.monitoring import monitoring_asset_key
+    from zipline_dagster.storage.artifacts import is_committed
+    from zipline_dagster.storage.blobs import blob_store
+    from zipline_dagster.storage.paths import MANIFEST_NAME, join_uri, model_partition_uri
+
+    assert isinstance(instance, dg.DagsterInstance)
     unfinished = []
     for ds in parts:
         model_dir = model_partition_uri(model, ds)
@@ -138,11 +155,53 @@ def main() -> int:
         )
     if unfinished:
         print(f"error: {len(unfinished)} partitions have no finished model", file=sys.stderr)
-        return 1
-    print(
-        "open the Dagster UI with `make dev` (http://127.0.0.1:3000); stop the embedded Ray head with `make ray-down`"
+    return unfinished
+
+
+def cluster_main(web_url: str) -> int:
+    """``make demo-cluster``: the same demo against a deployment (``make cluster-up``),
+    through its own paths: the trainer archive published to its object store, then each
+    step submitted with ``zipline-dagster backfill --url`` to its webserver, which its
+    daemon runs (waited for, with progress) -- nothing is materialized here."""
+    import subprocess
+
+    import dagster as dg
+
+    from zipline_dagster.defs.listing_ctr import listing_ctr_model as model
+    from zipline_dagster.defs.listing_ctr import listing_scores
+    from zipline_dagster.scoring.monitoring import monitoring_asset_key
+    from zipline_dagster.storage.tables import shift_day
+    from zipline_dagster.training.archive import publish_trainer_archive
+
+    t0 = time.monotonic()
+    print(f"[1/3] trainer archive from {TRAINER}", flush=True)
+    published = publish_trainer_archive(
+        TRAINER, model_name=model.name, base=model.model_artifact_base_uri
     )
-    return 0
+    print(f"      version {published.version} at {published.uri}", flush=True)
+    cli = str(Path(sys.executable).parent / "zipline-dagster")
+    parts = [MODEL_START, MODEL_END]
+    scored = [shift_day(MODEL_START, 1), shift_day(MODEL_END, 1)]
+    # one backfill: the monitored days, their scores, the models that score them (day ds
+    # by ds-1) and everything upstream, then the champion of the trained partitions
+    target = monitoring_asset_key(listing_scores).to_user_string()
+    print(
+        f"[2/3] backfill of {target} {scored[0]}..{scored[1]} through {web_url}: upstream "
+        "first, the models, their champion, the scores and their monitoring",
+        flush=True,
+    )
+    done = subprocess.run(
+        [cli, "backfill", target, "--start-ds", scored[0], "--end-ds", scored[1], "--url",
+         web_url, "--wait"],
+    )  # fmt: skip
+    if done.returncode != 0:
+        print(f"error: the backfill of {target} did not succeed", file=sys.stderr)
+        return 1
+    from zipline_dagster.storage.tables import days_between
+
+    print(f"[3/3] trained partitions ({time.monotonic() - t0:.0f}s):", flush=True)
+    instance = dg.DagsterInstance.get()
+    return 1 if summarize(instance, days_between(*parts), days_between(*scored)) else 0
 
 
 def _latest_metadata(instance: object, key: object, ds: str) -> dict[str, object] | None:

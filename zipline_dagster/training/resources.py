@@ -86,9 +86,17 @@ class RayJobsResource(TrainingLauncher):
         "without an answer counts as the dashboard being unreachable (a hung dashboard "
         "cannot hold the step past unreachable_tolerance_s).",
     )
-    install_requirements: bool = Field(
-        default=True,
-        description="Install the trainer's install_requires into the job (Ray pip runtime env, cached per set).",
+    install_requirements: bool | None = Field(
+        default=None,
+        description="Install the trainer's install_requires into the job (Ray pip runtime env, "
+        "cached per set). Unset: ZIPLINE_RAY_INSTALL_REQUIREMENTS (true/false), else true; false "
+        "where the cluster's image already holds them.",
+    )
+    entrypoint_resources: dict[str, float] | None = Field(
+        default=None,
+        description='Custom Ray resources each job\'s driver asks for, e.g. {"worker": 0.001} '
+        "(a sliver of a resource only worker nodes have, to keep drivers off the head). Unset: "
+        "ZIPLINE_RAY_ENTRYPOINT_RESOURCES (JSON), else none.",
     )
     embedded_state_dir: str | None = Field(
         default=None, description="State folder of the embedded head (default $ZIPLINE_HOME/ray)."
@@ -127,6 +135,15 @@ class RayJobsResource(TrainingLauncher):
             poll_max_s=self.poll_max_s,
             unreachable_tolerance_s=self.unreachable_tolerance_s,
             request_timeout_s=self.request_timeout_s,
-            install_requirements=self.install_requirements,
+            install_requirements=(
+                self.install_requirements
+                if self.install_requirements is not None
+                else settings().ray_install_requirements
+            ),
+            entrypoint_resources=(
+                self.entrypoint_resources
+                if self.entrypoint_resources is not None
+                else settings().ray_entrypoint_resources
+            ),
             log=log,
         )

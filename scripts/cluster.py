@@ -1,0 +1,667 @@
+"""The production topology on this machine, on loopback: ``make cluster-up`` and
+``make cluster-down`` (``python scripts/cluster.py up | down | status | env | stop S |
+start S``).
+
+Each service is its own process (group), started here and recorded in
+``.zipline/cluster/state.json`` (``ZIPLINE_CLUSTER_DIR`` moves it) with its PID and
+start time, so that ``down`` stops exactly what ``up`` started and nothing else:
+
+* ``postgres``: Debian's PostgreSQL server (``scripts/system-deps postgres``), its own
+  data folder; the Dagster instance's run, event log and schedule storage
+  (``dagster-postgres``). Its password is generated into ``secrets/`` (mode 600) and
+  reaches Dagster through ``ZIPLINE_PG_PASSWORD``, never a file Dagster shows;
+* ``s3``: moto's S3 server, for trainer archives and model artifacts;
+* ``ray-head`` with no CPUs (it runs no training), ``ray-worker-1`` and ``ray-worker-2``
+  with one CPU and one ``zipline_worker`` resource each: job drivers ask for a sliver of
+  it (``ZIPLINE_RAY_ENTRYPOINT_RESOURCES``), so they land on the workers too;
+* ``spark-master`` (``spark://127.0.0.1:7077``) and ``spark-worker``, from the pyspark
+  distribution's own launch classes;
+* ``dagster-daemon`` and ``dagster-webserver``, loading ``workspace.yaml``: runs go
+  through a ``QueuedRunCoordinator``, each in its own process, and model trainings share
+  the ``zipline_training`` concurrency pool (limit ``TRAINING_POOL_LIMIT``).
+
+The warehouse tables stay on ``file://`` (a disk the Spark workers share): this Spark has
+no ``s3a`` connector jars and no Maven repository is reachable to fetch them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+sys.path.insert(0, str(ROOT))
+
+from zipline_dagster.processes import ProcessIdentity, terminate  # noqa: E402
+
+TRAINING_POOL = "zipline_training"
+TRAINING_POOL_LIMIT = 2
+BUCKET = "zipline-cluster"
+PG_USER, PG_DB = "zipline", "dagster"
+#: start order; ``down`` stops in reverse
+SERVICES = (
+    "postgres",
+    "s3",
+    "ray-head",
+    "ray-worker-1",
+    "ray-worker-2",
+    "spark-master",
+    "spark-worker",
+    "dagster-daemon",
+    "dagster-webserver",
+)
+
+
+class ClusterError(RuntimeError):
+    """The topology cannot start, or is in a state this command refuses to act on."""
+
+
+def cluster_dir() -> Path:
+    return Path(os.environ.get("ZIPLINE_CLUSTER_DIR") or ROOT / ".zipline" / "cluster")
+
+
+def free_port(preferred: int | None = None) -> int:
+    for port in ([preferred] if preferred else []) + [0]:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return int(s.getsockname()[1])
+    raise ClusterError("no free port on 127.0.0.1")
+
+
+class Cluster:
+    """The state file and the services it records."""
+
+    def __init__(self, folder: Path | None = None) -> None:
+        self.dir = (folder or cluster_dir()).resolve()
+        self.state_file = self.dir / "state.json"
+        self.state: dict[str, Any] = self._read()
+
+    # -- state ----------------------------------------------------------------------
+    def _read(self) -> dict[str, Any]:
+        try:
+            return dict(json.loads(self.state_file.read_text()))
+        except (FileNotFoundError, ValueError):
+            return {"services": {}, "ports": {}}
+
+    def _save(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.state, indent=2))
+        os.replace(tmp, self.state_file)
+
+    def identity(self, name: str) -> ProcessIdentity | None:
+        rec = self.state["services"].get(name)
+        return ProcessIdentity(int(rec["pid"]), str(rec["start"])) if rec else None
+
+    def running(self) -> list[str]:
+        return [n for n in SERVICES if (i := self.identity(n)) is not None and i.alive()]
+
+    @property
+    def ports(self) -> dict[str, int]:
+        return self.state["ports"]  # type: ignore[no-any-return]
+
+    def password(self) -> str:
+        return (self.dir / "secrets" / "pg_password").read_text().strip()
+
+    # -- what the deployment sees ---------------------------------------------------
+    @property
+    def web_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports['webserver']}"
+
+    @property
+    def spark_master(self) -> str:
+        return f"spark://127.0.0.1:{self.ports['spark']}"
+
+    @property
+    def dsn(self) -> str:
+        """The Postgres DSN, without its password."""
+        return f"postgresql://{PG_USER}@127.0.0.1:{self.ports['postgres']}/{PG_DB}"
+
+    def env(self, *, secret: bool = True) -> dict[str, str]:
+        """The environment of every process of the deployment (and of a client of it).
+        ``secret``: with the Postgres password (never printed)."""
+        env = {
+            "DAGSTER_HOME": str(self.dir / "dagster_home"),
+            "ZIPLINE_HOME": str(self.dir / "zipline"),
+            "ZIPLINE_WAREHOUSE": (self.dir / "zipline" / "warehouse").as_uri(),
+            "ZIPLINE_ARTIFACT_BASE": f"s3://{BUCKET}/artifacts",
+            "RAY_ADDRESS": f"http://127.0.0.1:{self.ports['ray_dashboard']}",
+            "RAY_AUTH_MODE": "disabled",
+            "ZIPLINE_RAY_ENTRYPOINT_RESOURCES": json.dumps({"zipline_worker": 0.001}),
+            # The nodes share this machine's disk, so Ray's session folder: a pip runtime
+            # env built there by two nodes at once collides, and this environment already
+            # holds the trainer's requirements (as a cluster's image would).
+            "ZIPLINE_RAY_INSTALL_REQUIREMENTS": "false",
+            "SPARK_MASTER": self.spark_master,
+            # each application (one per Dagster run) takes one core of the worker, so two
+            # runs' Spark jobs go on at once instead of queueing for all of them
+            "SPARK_CONF_DIR": str(self.dir / "spark-conf"),
+            "SPARK_LOCAL_IP": "127.0.0.1",
+            "PYSPARK_PYTHON": str(BIN / "python"),
+            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{self.ports['s3']}",
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",  # moto's; a real deployment's role
+            "AWS_REGION": "us-east-1",
+            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        }
+        if secret:
+            env["ZIPLINE_PG_PASSWORD"] = self.password()
+        return env
+
+    # -- processes --------------------------------------------------------------------
+    def _spawn(self, name: str, argv: list[str], *, env: dict[str, str] | None = None) -> None:
+        logs = self.dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        with open(logs / f"{name}.log", "ab") as log:
+            proc = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **(env or {})},
+                cwd=ROOT,
+                start_new_session=True,
+            )
+        identity = ProcessIdentity.of(proc.pid)
+        self.state["services"][name] = {**identity.as_dict(), "argv": argv[:3]}
+        self._save()
+        _register(proc.pid, name)
+
+    def stop(self, name: str) -> bool:
+        identity = self.identity(name)
+        stopped = identity is not None and terminate(identity, group=True, timeout=15)
+        self.state["services"].pop(name, None)
+        self._save()
+        if identity is not None:
+            _unregister(identity.pid)
+        return stopped
+
+    def kill(self, name: str) -> None:
+        """``kill -9`` of the service's process group (a fault, for the tests)."""
+        import signal
+
+        identity = self.identity(name)
+        if identity is None or not identity.alive():
+            raise ClusterError(f"{name} is not running")
+        os.killpg(identity.pid, signal.SIGKILL)
+
+    def _wait(self, name: str, ready: Any, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            identity = self.identity(name)
+            if identity is None or not identity.alive():
+                raise ClusterError(f"{name} exited while starting; {self._tail(name)}")
+            try:
+                if ready():
+                    return
+            except Exception:
+                pass
+            time.sleep(0.5)
+        raise ClusterError(f"{name} did not become ready in {timeout:.0f}s; {self._tail(name)}")
+
+    def _tail(self, name: str) -> str:
+        path = self.dir / "logs" / f"{name}.log"
+        try:
+            text = path.read_text(errors="replace")[-2000:]
+        except FileNotFoundError:
+            text = ""
+        return f"its log {path} ends:\n{text}"
+
+    # -- the services -------------------------------------------------------------------
+    def start(self, name: str) -> None:
+        getattr(self, "_start_" + name.replace("-", "_").rstrip("12").rstrip("_"))(name)
+
+    def _start_postgres(self, name: str) -> None:
+        bins = sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres"))
+        if not bins:
+            raise ClusterError(
+                "no PostgreSQL server: run scripts/system-deps postgres (Debian's postgresql)"
+            )
+        pg = bins[-1].parent
+        data = self.dir / "postgres" / "data"
+        as_user = _as_postgres_user()
+        secret_dir = self.dir / "secrets"
+        if not (data / "PG_VERSION").exists():
+            secret_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            password = secrets.token_urlsafe(18)
+            (secret_dir / "pg_password").write_text(password)
+            os.chmod(secret_dir / "pg_password", 0o600)
+            data.mkdir(parents=True, exist_ok=True)
+            pwfile = self.dir / "postgres" / "initdb.pw"
+            pwfile.write_text(password)
+            _chown_postgres(self.dir / "postgres")
+            try:
+                subprocess.run(
+                    [*as_user, str(pg / "initdb"), "-D", str(data), "-U", PG_USER,
+                     "--auth=scram-sha-256", f"--pwfile={pwfile}", "-E", "UTF8"],
+                    check=True, capture_output=True, text=True,
+                )  # fmt: skip
+            except subprocess.CalledProcessError as exc:
+                raise ClusterError(f"initdb failed: {exc.stderr[-1500:]}") from exc
+            finally:
+                pwfile.unlink(missing_ok=True)
+        port = self.ports.setdefault("postgres", free_port())
+        sockets = self.dir / "postgres" / "run"
+        sockets.mkdir(exist_ok=True)
+        _chown_postgres(sockets)
+        self._spawn(
+            name,
+            [*as_user, str(pg / "postgres"), "-D", str(data), "-p", str(port),
+             "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={sockets}"],
+        )  # fmt: skip
+        env = {"PGPASSWORD": self.password()}
+
+        def ready() -> bool:
+            return (
+                subprocess.run(
+                    [str(pg / "psql"), "-h", "127.0.0.1", "-p", str(port), "-U", PG_USER,
+                     "-d", "postgres", "-tAc", f"SELECT 1 FROM pg_database WHERE datname='{PG_DB}'"],
+                    env={**os.environ, **env}, capture_output=True, text=True, timeout=10,
+                ).returncode == 0
+            )  # fmt: skip
+
+        self._wait(name, ready)
+        exists = subprocess.run(
+            [str(pg / "psql"), "-h", "127.0.0.1", "-p", str(port), "-U", PG_USER, "-d",
+             "postgres", "-tAc", f"SELECT 1 FROM pg_database WHERE datname='{PG_DB}'"],
+            env={**os.environ, **env}, capture_output=True, text=True, timeout=10,
+        ).stdout.strip()  # fmt: skip
+        if exists != "1":
+            subprocess.run(
+                [str(pg / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", PG_USER, PG_DB],
+                env={**os.environ, **env}, check=True, capture_output=True, timeout=30,
+            )  # fmt: skip
+
+    def _start_s3(self, name: str) -> None:
+        port = self.ports.setdefault("s3", free_port())
+        data = self.dir / "s3"
+        data.mkdir(parents=True, exist_ok=True)
+        self._spawn(
+            name,
+            [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+            # moto keeps its buckets in memory; a restart starts empty (so does ``up``)
+        )
+
+        def ready() -> bool:
+            import boto3
+
+            s3 = boto3.client(
+                "s3",
+                endpoint_url=f"http://127.0.0.1:{port}",
+                aws_access_key_id="testing",
+                aws_secret_access_key="testing",
+                region_name="us-east-1",
+            )
+            s3.create_bucket(Bucket=BUCKET)
+            return True
+
+        self._wait(name, ready)
+
+    def _ray_env(self) -> dict[str, str]:
+        from zipline_dagster.training.launchers.ray_head import EMBEDDED_HEAD_ENV
+
+        env = {**EMBEDDED_HEAD_ENV, **self.env(secret=False), "RAY_USAGE_STATS_ENABLED": "0"}
+        env.pop("RAY_ADDRESS")
+        return env
+
+    def _start_ray_head(self, name: str) -> None:
+        ports = self.ports
+        ports.setdefault("ray_gcs", free_port())
+        ports.setdefault("ray_dashboard", free_port())
+        self._spawn(
+            name,
+            [str(BIN / "ray"), "start", "--head", "--block", "--num-cpus=0",
+             "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1",
+             f"--port={ports['ray_gcs']}", f"--dashboard-port={ports['ray_dashboard']}",
+             f"--ray-client-server-port={free_port()}",
+             f"--dashboard-agent-listen-port={free_port()}",
+             f"--temp-dir={self.ray_temp}", "--disable-usage-stats"],
+            env=self._ray_env(),
+        )  # fmt: skip
+        url = f"http://127.0.0.1:{ports['ray_dashboard']}/api/version"
+        self._wait(name, lambda: urllib.request.urlopen(url, timeout=2).status == 200)
+
+    @property
+    def ray_temp(self) -> Path:
+        """Ray's session root (socket paths must stay short)."""
+        import hashlib
+        import tempfile
+
+        digest = hashlib.sha256(str(self.dir).encode()).hexdigest()[:10]
+        return Path(tempfile.gettempdir()) / f"zd-cluster-{digest}"
+
+    def _start_ray_worker(self, name: str) -> None:
+        self._spawn(
+            name,
+            [str(BIN / "ray"), "start", "--block", f"--address=127.0.0.1:{self.ports['ray_gcs']}",
+             "--node-ip-address=127.0.0.1", "--num-cpus=1",
+             '--resources={"zipline_worker": 1}',
+             f"--dashboard-agent-listen-port={free_port()}", "--disable-usage-stats"],
+            env=self._ray_env(),
+        )  # fmt: skip
+        want = 1 + sum(1 for n in self.running() if n.startswith("ray-worker"))
+        self._wait(name, lambda: len(self.ray_nodes()) >= want)
+
+    def ray_nodes(self) -> list[dict[str, Any]]:
+        """The alive Ray nodes (the dashboard's node summary)."""
+        url = f"http://127.0.0.1:{self.ports['ray_dashboard']}/nodes?view=summary"
+        with urllib.request.urlopen(url, timeout=5) as r:
+            summary = json.load(r)["data"]["summary"]
+        return [n for n in summary if n.get("raylet", {}).get("state") == "ALIVE"]
+
+    def _spark_class(self, name: str, main: str, *args: str) -> None:
+        import pyspark
+
+        home = Path(pyspark.__file__).parent
+        env = {
+            "SPARK_HOME": str(home),
+            "SPARK_LOCAL_IP": "127.0.0.1",
+            "SPARK_LOG_DIR": str(self.dir / "logs"),
+            "PYSPARK_PYTHON": str(BIN / "python"),
+        }
+        self._spawn(name, [str(home / "bin" / "spark-class"), main, *args], env=env)
+
+    def _spark_conf(self) -> None:
+        conf = self.dir / "spark-conf"
+        conf.mkdir(parents=True, exist_ok=True)
+        (conf / "spark-defaults.conf").write_text(
+            "spark.cores.max 1\nspark.executor.cores 1\nspark.executor.memory 768m\n"
+        )
+
+    def _start_spark_master(self, name: str) -> None:
+        self._spark_conf()
+        port = self.ports.setdefault("spark", free_port(7077))
+        ui = self.ports.setdefault("spark_ui", free_port())
+        self._spark_class(
+            name, "org.apache.spark.deploy.master.Master",
+            "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(ui),
+        )  # fmt: skip
+        self._wait(name, lambda: _listening(port))
+
+    def _start_spark_worker(self, name: str) -> None:
+        ui = self.ports.setdefault("spark_worker_ui", free_port())
+        self._spark_class(
+            name, "org.apache.spark.deploy.worker.Worker", self.spark_master,
+            "--host", "127.0.0.1", "--cores", "2", "--memory", "2g", "--webui-port", str(ui),
+            "--work-dir", str(self.dir / "spark-work"),
+        )  # fmt: skip
+        url = f"http://127.0.0.1:{self.ports['spark_ui']}/json/"
+        self._wait(
+            name, lambda: json.load(urllib.request.urlopen(url, timeout=2))["aliveworkers"] >= 1
+        )
+
+    def _dagster_home(self) -> None:
+        home = self.dir / "dagster_home"
+        home.mkdir(parents=True, exist_ok=True)
+        (home / "dagster.yaml").write_text(
+            f"""telemetry:
+  enabled: false
+storage:
+  postgres:
+    postgres_db:
+      hostname: 127.0.0.1
+      port: {self.ports["postgres"]}
+      username: {PG_USER}
+      password:
+        env: ZIPLINE_PG_PASSWORD
+      db_name: {PG_DB}
+      # SQLAlchemy 2.1 defaults postgresql:// to psycopg 3; dagster-postgres ships psycopg2
+      scheme: postgresql+psycopg2
+run_coordinator:
+  module: dagster._core.run_coordinator
+  class: QueuedRunCoordinator
+concurrency:
+  runs:
+    max_concurrent_runs: 4
+  pools:
+    granularity: op
+"""
+        )
+
+    def _start_dagster_daemon(self, name: str) -> None:
+        self._dagster_home()
+        env = self.env()
+        pool = subprocess.run(
+            [str(BIN / "dagster"), "instance", "concurrency", "set", TRAINING_POOL,
+             str(TRAINING_POOL_LIMIT)],
+            env={**os.environ, **env}, cwd=ROOT, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        if pool.returncode != 0:
+            raise ClusterError(f"setting the pool limit failed: {pool.stderr[-2000:]}")
+        self._spawn(name, [str(BIN / "dagster-daemon"), "run", "-w", "workspace.yaml"], env=env)
+        self._wait(name, lambda: _daemon_heartbeating(env), timeout=180)
+
+    def _start_dagster_webserver(self, name: str) -> None:
+        port = self.ports.setdefault("webserver", free_port())
+        self._spawn(
+            name,
+            [str(BIN / "dagster-webserver"), "-w", "workspace.yaml", "-h", "127.0.0.1",
+             "-p", str(port)],
+            env=self.env(),
+        )  # fmt: skip
+        self._wait(
+            name,
+            lambda: urllib.request.urlopen(f"{self.web_url}/server_info", timeout=2).status == 200,
+            timeout=180,
+        )
+
+    # -- the whole --------------------------------------------------------------------
+    def up(self) -> None:
+        live = self.running()
+        if live:
+            raise ClusterError(
+                f"a cluster is already running from {self.dir} ({', '.join(live)}); "
+                "`make cluster-down` stops it first"
+            )
+        # a fresh deployment: moto keeps S3 in memory, so Postgres's records and the
+        # warehouse start empty with it
+        for folder in (
+            "postgres",
+            "zipline",
+            "dagster_home",
+            "secrets",
+            "logs",
+            "spark-work",
+            "spark-conf",
+        ):
+            shutil.rmtree(self.dir / folder, ignore_errors=True)
+        ports = {"spark": free_port(7077)}
+        for name in ("postgres", "s3", "ray_gcs", "ray_dashboard", "spark_ui", "webserver"):
+            ports[name] = free_port()
+        self.state = {"services": {}, "ports": ports}
+        self._save()
+        try:
+            for name in SERVICES:
+                t0 = time.monotonic()
+                self.start(name)
+                print(f"  {name} up ({time.monotonic() - t0:.1f}s)", flush=True)
+        except BaseException:
+            self.down()
+            raise
+
+    def down(self) -> list[str]:
+        stopped = []
+        for name in reversed(SERVICES):
+            if self.stop(name):
+                stopped.append(name)
+        for temp in (self.ray_temp, *self.ray_temp.parent.glob(f"{self.ray_temp.name}-*")):
+            shutil.rmtree(temp, ignore_errors=True)
+        return stopped
+
+    def placement(self) -> list[str]:
+        """Where the Ray jobs ran: each node's jobs (drivers) and tasks, by service name."""
+        from ray.job_submission import JobSubmissionClient
+        from ray.util.state import list_tasks
+
+        address = self.env(secret=False)["RAY_ADDRESS"]
+        names: dict[str, str] = {}
+        for node in self.ray_nodes():
+            raylet = node.get("raylet", {})
+            node_id = str(raylet.get("nodeId", ""))
+            names[node_id] = "head" if raylet.get("isHeadNode") else "worker"
+        workers = sorted(n for n, kind in names.items() if kind == "worker")
+        for i, node_id in enumerate(workers, 1):
+            names[node_id] = f"ray-worker-{i}"
+
+        def where(node_id: str | None) -> str:
+            name = names.get(str(node_id), "a node no longer alive")
+            return f"{name} ({str(node_id)[:8]})"
+
+        jobs = [j for j in JobSubmissionClient(address).list_jobs() if j.submission_id]
+        drivers: dict[str, int] = {}
+        for job in jobs:
+            drivers[where(job.driver_node_id)] = drivers.get(where(job.driver_node_id), 0) + 1
+        tasks: dict[str, int] = {}
+        for task in list_tasks(address=address, limit=10_000, raise_on_missing_output=False):
+            if task.type == "NORMAL_TASK":
+                tasks[where(task.node_id)] = tasks.get(where(task.node_id), 0) + 1
+        head = next((f"head ({n[:8]})" for n, kind in names.items() if kind == "head"), "head")
+        return [
+            f"Ray: {len(jobs)} jobs; drivers on "
+            + ", ".join(f"{k}: {v}" for k, v in sorted(drivers.items())),
+            "Ray: partition tasks on "
+            + (", ".join(f"{k}: {v}" for k, v in sorted(tasks.items())) or "none"),
+            f"Ray: the {head} has 0 CPUs and ran "
+            + str(drivers.get(head, 0) + tasks.get(head, 0))
+            + " drivers or tasks",
+            f"Spark master: {self.spark_master}",
+            f"Postgres (the Dagster instance): {self.dsn}",
+            f"Dagster UI: {self.web_url}",
+        ]
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _daemon_heartbeating(env: dict[str, str]) -> bool:
+    out = subprocess.run(
+        [str(BIN / "dagster-daemon"), "liveness-check"],
+        env={**os.environ, **env}, cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    return out.returncode == 0
+
+
+def _as_postgres_user() -> list[str]:
+    """PostgreSQL refuses to run as root: as root, its commands run as Debian's
+    ``postgres`` user (``setpriv`` execs them, so the recorded PID is the server's)."""
+    if os.geteuid() != 0:
+        return []
+    return ["setpriv", "--reuid=postgres", "--regid=postgres", "--init-groups", "--"]
+
+
+def _chown_postgres(path: Path) -> None:
+    if os.geteuid() == 0:
+        shutil.chown(path, "postgres", "postgres")
+        for p in path.rglob("*"):
+            shutil.chown(p, "postgres", "postgres")
+
+
+def _register(pid: int, what: str) -> None:
+    """Recorded for the test run's cleanup too, when tests started it."""
+    folder = os.environ.get("ZD_TEST_PROCESSES")
+    if folder:
+        record = {**ProcessIdentity.of(pid).as_dict(), "group": True, "what": f"cluster {what}"}
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        (Path(folder) / f"{pid}.json").write_text(json.dumps(record))
+
+
+def _unregister(pid: int) -> None:
+    folder = os.environ.get("ZD_TEST_PROCESSES")
+    if folder:
+        (Path(folder) / f"{pid}.json").unlink(missing_ok=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="scripts/cluster.py", description=__doc__.split("\n")[0])
+    p.add_argument(
+        "command", choices=["up", "down", "status", "env", "demo", "stop", "start", "kill"]
+    )
+    p.add_argument("service", nargs="?", choices=SERVICES)
+    args = p.parse_args(argv)
+    cluster = Cluster()
+    try:
+        if args.command == "up":
+            t0 = time.monotonic()
+            print(f"starting the cluster in {cluster.dir}", flush=True)
+            cluster.up()
+            print(f"cluster up in {time.monotonic() - t0:.0f}s")
+            print(f"  Dagster UI     {cluster.web_url}")
+            print(f"  Postgres       {cluster.dsn}")
+            print(f"  Ray dashboard  {cluster.env(secret=False)['RAY_ADDRESS']}")
+            print(f"  Spark master   {cluster.spark_master}")
+            print(f"  S3             {cluster.env(secret=False)['AWS_ENDPOINT_URL']}")
+        elif args.command == "down":
+            stopped = cluster.down()
+            print(f"stopped: {', '.join(stopped) or 'nothing was running'}")
+        elif args.command == "status":
+            live = set(cluster.running())
+            for name in SERVICES:
+                print(f"{name:18} {'running' if name in live else 'stopped'}")
+            return 0 if live == set(SERVICES) else 1
+        elif args.command == "demo":
+            return demo(cluster)
+        elif args.command == "env":
+            for k, v in cluster.env(secret=False).items():
+                print(f"export {k}={shlex_quote(v)}")
+        elif args.service is None:
+            p.error(f"{args.command} needs a service: {', '.join(SERVICES)}")
+        elif args.command == "stop":
+            cluster.stop(args.service)
+        elif args.command == "kill":
+            cluster.kill(args.service)
+        else:
+            cluster.start(args.service)
+    except ClusterError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def demo(cluster: Cluster) -> int:
+    """``make demo-cluster``: the demo through the deployment (``defs.demo.cluster_main``),
+    then where each piece ran."""
+    missing = sorted(set(SERVICES) - set(cluster.running()))
+    if missing:
+        raise ClusterError(
+            f"the cluster in {cluster.dir} is not up ({', '.join(missing)} not running); "
+            "`make cluster-up` first"
+        )
+    t0 = time.monotonic()
+    code = subprocess.run(
+        [str(BIN / "python"), "-c",
+         "import sys; from zipline_dagster.defs.demo import cluster_main; "
+         f"sys.exit(cluster_main({cluster.web_url!r}))"],
+        env={**os.environ, **cluster.env()}, cwd=ROOT,
+    ).returncode  # fmt: skip
+    if code == 0:
+        print("      where it ran:")
+        for line in cluster.placement():
+            print(f"      {line}")
+    print(f"demo-cluster {'passed' if code == 0 else 'FAILED'} in {time.monotonic() - t0:.0f}s")
+    return code
+
+
+def shlex_quote(value: str) -> str:
+    import shlex
+
+    return shlex.quote(value)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
