@@ -88,6 +88,8 @@ def test_model_window_mapping_and_code_version() -> None:
     key = dg.AssetKey(["models", "listing_ctr_model"])
     node = graph.get(key)
     assert node.code_version == demo.LISTING_CTR_MODEL_VERSION
+    # trainings share one Dagster pool, which a deployment limits (make cluster-up: 2)
+    assert node.pools == {"zipline_training"}
     mapping = graph.get_partition_mapping(key, dg.AssetKey(["ctr", "training_v1"]))
     assert isinstance(mapping, dg.TimeWindowPartitionMapping)
     assert (mapping.start_offset, mapping.end_offset) == (-3, 0)

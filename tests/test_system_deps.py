@@ -63,4 +63,4 @@ def test_a_java_home_without_java_is_refused(tmp_path: Path) -> None:
 def test_an_unknown_need_is_refused() -> None:
     res = run("java", "rust")
     assert res.returncode == 2
-    assert "unknown need 'rust'; expected java, chromium or npm" in res.stderr
+    assert "unknown need 'rust'; expected java, chromium, npm or postgres" in res.stderr
