@@ -36,6 +36,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -223,7 +224,18 @@ class Cluster:
 
     # -- the services -------------------------------------------------------------------
     def start(self, name: str) -> None:
-        getattr(self, "_start_" + name.replace("-", "_").rstrip("12").rstrip("_"))(name)
+        starts = {
+            "postgres": self._start_postgres,
+            "s3": self._start_s3,
+            "ray-head": self._start_ray_head,
+            "ray-worker-1": self._start_ray_worker,
+            "ray-worker-2": self._start_ray_worker,
+            "spark-master": self._start_spark_master,
+            "spark-worker": self._start_spark_worker,
+            "dagster-daemon": self._start_dagster_daemon,
+            "dagster-webserver": self._start_dagster_webserver,
+        }
+        starts[name](name)
 
     def _start_postgres(self, name: str) -> None:
         bins = sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres"))
@@ -263,38 +275,26 @@ class Cluster:
             [*as_user, str(pg / "postgres"), "-D", str(data), "-p", str(port),
              "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={sockets}"],
         )  # fmt: skip
-        env = {"PGPASSWORD": self.password()}
+        env = {**os.environ, "PGPASSWORD": self.password()}
 
-        def ready() -> bool:
-            return (
-                subprocess.run(
-                    [str(pg / "psql"), "-h", "127.0.0.1", "-p", str(port), "-U", PG_USER,
-                     "-d", "postgres", "-tAc", f"SELECT 1 FROM pg_database WHERE datname='{PG_DB}'"],
-                    env={**os.environ, **env}, capture_output=True, text=True, timeout=10,
-                ).returncode == 0
+        def has_db() -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [str(pg / "psql"), "-h", "127.0.0.1", "-p", str(port), "-U", PG_USER, "-d",
+                 "postgres", "-tAc", f"SELECT 1 FROM pg_database WHERE datname='{PG_DB}'"],
+                env=env, capture_output=True, text=True, timeout=10,
             )  # fmt: skip
 
-        self._wait(name, ready)
-        exists = subprocess.run(
-            [str(pg / "psql"), "-h", "127.0.0.1", "-p", str(port), "-U", PG_USER, "-d",
-             "postgres", "-tAc", f"SELECT 1 FROM pg_database WHERE datname='{PG_DB}'"],
-            env={**os.environ, **env}, capture_output=True, text=True, timeout=10,
-        ).stdout.strip()  # fmt: skip
-        if exists != "1":
+        self._wait(name, lambda: has_db().returncode == 0)
+        if has_db().stdout.strip() != "1":
             subprocess.run(
                 [str(pg / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", PG_USER, PG_DB],
-                env={**os.environ, **env}, check=True, capture_output=True, timeout=30,
+                env=env, check=True, capture_output=True, timeout=30,
             )  # fmt: skip
 
     def _start_s3(self, name: str) -> None:
         port = self.ports.setdefault("s3", free_port())
-        data = self.dir / "s3"
-        data.mkdir(parents=True, exist_ok=True)
-        self._spawn(
-            name,
-            [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-            # moto keeps its buckets in memory; a restart starts empty (so does ``up``)
-        )
+        # moto keeps its buckets in memory: a restart starts empty (so does ``up``)
+        self._spawn(name, [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)])
 
         def ready() -> bool:
             import boto3
@@ -522,13 +522,12 @@ concurrency:
             return f"{name} ({str(node_id)[:8]})"
 
         jobs = [j for j in JobSubmissionClient(address).list_jobs() if j.submission_id]
-        drivers: dict[str, int] = {}
-        for job in jobs:
-            drivers[where(job.driver_node_id)] = drivers.get(where(job.driver_node_id), 0) + 1
-        tasks: dict[str, int] = {}
-        for task in list_tasks(address=address, limit=10_000, raise_on_missing_output=False):
-            if task.type == "NORMAL_TASK":
-                tasks[where(task.node_id)] = tasks.get(where(task.node_id), 0) + 1
+        drivers = Counter(where(job.driver_node_id) for job in jobs)
+        tasks = Counter(
+            where(task.node_id)
+            for task in list_tasks(address=address, limit=10_000, raise_on_missing_output=False)
+            if task.type == "NORMAL_TASK"
+        )
         head = next((f"head ({n[:8]})" for n, kind in names.items() if kind == "head"), "head")
         return [
             f"Ray: {len(jobs)} jobs; drivers on "

@@ -170,7 +170,7 @@ def cluster_main(web_url: str) -> int:
     from zipline_dagster.defs.listing_ctr import listing_ctr_model as model
     from zipline_dagster.defs.listing_ctr import listing_scores
     from zipline_dagster.scoring.monitoring import monitoring_asset_key
-    from zipline_dagster.storage.tables import shift_day
+    from zipline_dagster.storage.tables import days_between, shift_day
     from zipline_dagster.training.archive import publish_trainer_archive
 
     t0 = time.monotonic()
@@ -197,8 +197,6 @@ def cluster_main(web_url: str) -> int:
     if done.returncode != 0:
         print(f"error: the backfill of {target} did not succeed", file=sys.stderr)
         return 1
-    from zipline_dagster.storage.tables import days_between
-
     print(f"[3/3] trained partitions ({time.monotonic() - t0:.0f}s):", flush=True)
     instance = dg.DagsterInstance.get()
     return 1 if summarize(instance, days_between(*parts), days_between(*scored)) else 0

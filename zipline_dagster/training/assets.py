@@ -163,14 +163,14 @@ class TrainingWork:
             )
         except BlobStorageError as exc:
             raise failure(exc) from None
+        self.files = {day: len(files) for day, (files, _) in self.scan.items()}
 
     def prepare(self, ds: str) -> TrainingRequest:
         model = self.model
         try:
             request = build_training_request(model, ds, warehouse=self.warehouse.uri)
             store = self.warehouse.store(request.warehouse)
-            have = {day: len(files) for day, (files, _) in self.scan.items()}
-            counts = check_training_window(store, request, have=have)
+            counts = check_training_window(store, request, have=self.files)
         except (TrainingDataError, BlobStorageError) as exc:
             raise failure(exc) from None
         in_flight = {}
