@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import secrets
+import shlex
 import shutil
 import socket
 import subprocess
@@ -617,7 +618,7 @@ def main(argv: list[str] | None = None) -> int:
             return demo(cluster)
         elif args.command == "env":
             for k, v in cluster.env(secret=False).items():
-                print(f"export {k}={shlex_quote(v)}")
+                print(f"export {k}={shlex.quote(v)}")
         elif args.service is None:
             p.error(f"{args.command} needs a service: {', '.join(SERVICES)}")
         elif args.command == "stop":
@@ -654,12 +655,6 @@ def demo(cluster: Cluster) -> int:
             print(f"      {line}")
     print(f"demo-cluster {'passed' if code == 0 else 'FAILED'} in {time.monotonic() - t0:.0f}s")
     return code
-
-
-def shlex_quote(value: str) -> str:
-    import shlex
-
-    return shlex.quote(value)
 
 
 if __name__ == "__main__":
