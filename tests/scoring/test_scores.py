@@ -581,6 +581,8 @@ def test_scores_storage_holds_but_dagster_never_recorded_are_recorded_from_stora
     plan = plan_backfill(defs, ours, monitoring_asset_key(t), [D2])
     assert plan.steps == [(monitoring_asset_key(t), [D2])]
     md = latest_metadata(ours, scores_key, D2)
+    # the table is named, not parsed out of the folder: where the planner scans for it
+    assert md["table_uri"] == folder.rsplit("/ds=", 1)[0] == recorded["table_uri"].value
     assert md["write_id"] == held and md["zipline/recorded_from_storage"] == (
         f"storage holds write {held}, committed by run {again.run_id}, which ended without "
         f"recording it (Dagster had write {write} (run {scored.run_id})): recorded from storage"

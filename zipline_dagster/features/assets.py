@@ -27,9 +27,14 @@ from zipline_dagster.lineage.partitions import (
     record_range,
     table_asset_key,
 )
-from zipline_dagster.storage.paths import table_partition_uri
+from zipline_dagster.storage.paths import table_partition_uri, table_uri
 from zipline_dagster.storage.resources import WarehouseResource
-from zipline_dagster.storage.tables import WRITE_ID, new_write_id, one_listing_per_table
+from zipline_dagster.storage.tables import (
+    TABLE_URI,
+    WRITE_ID,
+    new_write_id,
+    one_listing_per_table,
+)
 
 # backfill_policy and allow_nonexistent_upstream_partitions are marked beta; we rely on
 # both deliberately and say so once here instead of at every load.
@@ -139,6 +144,7 @@ def build_producer_asset(
                 ),
                 "rows": dg.MetadataValue.int(rows),
                 WRITE_ID: dg.MetadataValue.text(write_id),
+                TABLE_URI: dg.MetadataValue.path(table_uri(warehouse.uri, producer.table)),
                 **ranged,
             }
             for ds, rows in counts.items()

@@ -24,7 +24,7 @@ from zipline_dagster.lineage.ledger import (
     State,
 )
 from zipline_dagster.storage.commits import Commit
-from zipline_dagster.storage.tables import WRITE_ID, committed_scan
+from zipline_dagster.storage.tables import TABLE_URI, WRITE_ID, committed_scan
 
 DATA_VERSION_TAG = "dagster/data_version"
 
@@ -73,7 +73,7 @@ class FreshnessResolver:
         self._ids: dict[dg.AssetKey, dict[str, int]] = {}
         self._versions: dict[dg.AssetKey, dict[str, str]] = {}
         self._artifacts: dict[dg.AssetKey, dict[str, str]] = {}
-        #: a table partition's recorded folder and write, and each table's writes on storage
+        #: a table partition's recorded folder and table, and each table's commits on storage
         self._writes: dict[dg.AssetKey, dict[str, tuple[str, str]]] = {}
         self._stored: dict[str, dict[str, tuple[list[str], Commit]]] = {}
         self._memo: dict[tuple[dg.AssetKey, str], str] = {}
@@ -143,9 +143,10 @@ class FreshnessResolver:
                         if uri is not None:
                             artifacts[mat.partition] = str(uri.value)
                         self.ledger.remember(key, mat.partition, r)  # read once, here
-                        path, write = mat.metadata.get("path"), mat.metadata.get(WRITE_ID)
-                        if path is not None and write is not None:
-                            writes[mat.partition] = (str(path.value), str(write.value))
+                        md = mat.metadata
+                        path, table = md.get("path"), md.get(TABLE_URI)
+                        if path is not None and table is not None and WRITE_ID in md:
+                            writes[mat.partition] = (str(path.value), str(table.value))
             self._versions[key] = versions
             self._artifacts[key] = artifacts
             self._writes[key] = writes
@@ -174,8 +175,7 @@ class FreshnessResolver:
             recorded = self._writes.get(key, {}).get(partition)
             if recorded is None:
                 return None
-            folder = recorded[0]
-            table = folder.rstrip("/").rsplit("/", 1)[0]  # the table: {root}/ds=YYYY-MM-DD
+            folder, table = recorded
             if table not in self._stored:
                 self._stored[table] = committed_scan(blob_store(table), table)
             held = self._stored[table].get(partition)

@@ -44,9 +44,11 @@ from zipline_dagster.storage.paths import (
     model_archive_uri,
     model_partition_uri,
     table_partition_uri,
+    table_uri,
 )
 from zipline_dagster.storage.resources import WarehouseResource
 from zipline_dagster.storage.tables import (
+    TABLE_URI,
     WRITE_ID,
     begin_partition,
     commit_partition,
@@ -365,6 +367,7 @@ def commit_day(
         "path": dg.MetadataValue.path(folder),
         "job_id": dg.MetadataValue.text(job_id),
         WRITE_ID: dg.MetadataValue.text(job_id),
+        TABLE_URI: dg.MetadataValue.path(table_uri(warehouse.uri, transforms.table)),
     }
     values = scores.to_numpy().astype("float64", copy=False)  # a null is NaN here
     values = values[~np.isnan(values)]

@@ -34,3 +34,5 @@ class Commit:
     at: float | None = None
     #: the code version that wrote it (a producer's declaration version, a trainer version)
     code_version: str | None = None
+    #: a table day's table (its root folder, ``TABLE_URI`` in the materialization)
+    table_uri: str | None = None

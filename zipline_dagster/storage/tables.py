@@ -121,10 +121,11 @@ def committed_scan(
                     run_id=_text(body.get("dagster_run_id")),
                     at=body.get("committed_at"),
                     code_version=_text(body.get("code_version")),
+                    table_uri=root,
                 )
                 out[ds] = ([join_uri(folder, n) for n in files], commit)
         else:  # written by another system, with no marker: no write named
-            out[ds] = (sorted(parquet[ds]), Commit(TABLE, ds, folder, None))
+            out[ds] = (sorted(parquet[ds]), Commit(TABLE, ds, folder, None, table_uri=root))
     return out
 
 
@@ -157,6 +158,9 @@ def existing_partitions(store: BlobStore, warehouse: str, table: str) -> dict[st
 #: The materialization metadata naming the write that committed a table partition (with
 #: ``path``, the partition's folder): what the planner compares with storage's marker.
 WRITE_ID = "write_id"
+#: The materialization metadata naming a table partition's table (its root folder): where
+#: the planner scans for the table's commits, so nothing parses it out of ``path``.
+TABLE_URI = "table_uri"
 
 
 def new_write_id() -> str:
