@@ -16,9 +16,11 @@ start time, so that ``down`` stops exactly what ``up`` started and nothing else:
   it (``ZIPLINE_RAY_ENTRYPOINT_RESOURCES``), so they land on the workers too;
 * ``spark-master`` (``spark://127.0.0.1:7077``) and ``spark-worker``, from the pyspark
   distribution's own launch classes;
-* ``dagster-daemon`` and ``dagster-webserver``, loading ``workspace.yaml``: runs go
-  through a ``QueuedRunCoordinator``, each in its own process, and model trainings share
-  the ``zipline_training`` concurrency pool (limit ``TRAINING_POOL_LIMIT``).
+* ``dagster-daemon`` and ``dagster-webserver``, loading ``workspace.yaml``
+  (``ZIPLINE_CLUSTER_WORKSPACE`` names another): runs go through a
+  ``QueuedRunCoordinator``, each in its own process, a failed run is retried once (run
+  retries, for a lost node or database), and model trainings share the
+  ``zipline_training`` concurrency pool (limit ``TRAINING_POOL_LIMIT``).
 
 The warehouse tables stay on ``file://`` (a disk the Spark workers share): this Spark has
 no ``s3a`` connector jars and no Maven repository is reachable to fetch them.
@@ -27,11 +29,13 @@ no ``s3a`` connector jars and no Maven repository is reachable to fetch them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import secrets
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -45,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 sys.path.insert(0, str(ROOT))
 
-from zipline_dagster.processes import ProcessIdentity, terminate  # noqa: E402
+from zipline_dagster.processes import ProcessIdentity, group_alive, terminate  # noqa: E402
 
 TRAINING_POOL = "zipline_training"
 TRAINING_POOL_LIMIT = 2
@@ -71,6 +75,11 @@ class ClusterError(RuntimeError):
 
 def cluster_dir() -> Path:
     return Path(os.environ.get("ZIPLINE_CLUSTER_DIR") or ROOT / ".zipline" / "cluster")
+
+
+def workspace() -> str:
+    """The workspace file the daemon and the webserver load."""
+    return os.environ.get("ZIPLINE_CLUSTER_WORKSPACE") or str(ROOT / "workspace.yaml")
 
 
 def free_port(preferred: int | None = None) -> int:
@@ -186,20 +195,30 @@ class Cluster:
     def stop(self, name: str) -> bool:
         identity = self.identity(name)
         stopped = identity is not None and terminate(identity, group=True, timeout=15)
+        if identity is not None and not stopped and group_alive(identity.pid):
+            # its leader was killed (``kill --process``); what it started is still going
+            # (a dead leader's group id is never reused while the group lives)
+            os.killpg(identity.pid, signal.SIGKILL)
+            stopped = True
         self.state["services"].pop(name, None)
         self._save()
         if identity is not None:
             _unregister(identity.pid)
         return stopped
 
-    def kill(self, name: str) -> None:
-        """``kill -9`` of the service's process group (a fault, for the tests)."""
-        import signal
-
+    def kill(self, name: str, *, group: bool = True) -> None:
+        """``kill -9`` of the service's process group, or of its process alone
+        (``group=False``: what it started goes on, as a deployment's runs outlive its
+        daemon); a fault, for the tests. ``start`` brings the service back."""
         identity = self.identity(name)
         if identity is None or not identity.alive():
             raise ClusterError(f"{name} is not running")
-        os.killpg(identity.pid, signal.SIGKILL)
+        (os.killpg if group else os.kill)(identity.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while identity.alive() and time.monotonic() < deadline:
+            with contextlib.suppress(ChildProcessError):  # reaped, when it is our child
+                os.waitpid(identity.pid, os.WNOHANG)
+            time.sleep(0.05)
 
     def _wait(self, name: str, ready: Any, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout
@@ -350,7 +369,7 @@ class Cluster:
             name,
             [str(BIN / "ray"), "start", "--block", f"--address=127.0.0.1:{self.ports['ray_gcs']}",
              "--node-ip-address=127.0.0.1", "--num-cpus=1",
-             '--resources={"zipline_worker": 1}',
+             '--resources={"zipline_worker": 1}', f"--labels=zipline-service={name}",
              f"--dashboard-agent-listen-port={free_port()}", "--disable-usage-stats"],
             env=self._ray_env(),
         )  # fmt: skip
@@ -363,6 +382,16 @@ class Cluster:
         with urllib.request.urlopen(url, timeout=5) as r:
             summary = json.load(r)["data"]["summary"]
         return [n for n in summary if n.get("raylet", {}).get("state") == "ALIVE"]
+
+    def worker_of(self, node_id: str) -> str:
+        """The service (``ray-worker-N``) whose node has this Ray node id."""
+        from ray.util.state import list_nodes
+
+        address = self.env(secret=False)["RAY_ADDRESS"]
+        for node in list_nodes(address=address, limit=100, raise_on_missing_output=False):
+            if node.node_id == node_id and node.labels.get("zipline-service"):
+                return str(node.labels["zipline-service"])
+        raise ClusterError(f"no worker service runs Ray node {node_id}")
 
     def _spark_class(self, name: str, main: str, *args: str) -> None:
         import pyspark
@@ -425,6 +454,14 @@ storage:
 run_coordinator:
   module: dagster._core.run_coordinator
   class: QueuedRunCoordinator
+# a run that fails (a lost Ray node, the database restarted under it) runs once more
+run_retries:
+  enabled: true
+  max_retries: 1
+# a run whose process died is marked failed (and so retried) instead of hanging
+run_monitoring:
+  enabled: true
+  poll_interval_seconds: 5
 concurrency:
   runs:
     max_concurrent_runs: 4
@@ -443,14 +480,14 @@ concurrency:
         )  # fmt: skip
         if pool.returncode != 0:
             raise ClusterError(f"setting the pool limit failed: {pool.stderr[-2000:]}")
-        self._spawn(name, [str(BIN / "dagster-daemon"), "run", "-w", "workspace.yaml"], env=env)
+        self._spawn(name, [str(BIN / "dagster-daemon"), "run", "-w", workspace()], env=env)
         self._wait(name, lambda: _daemon_heartbeating(env), timeout=180)
 
     def _start_dagster_webserver(self, name: str) -> None:
         port = self.ports.setdefault("webserver", free_port())
         self._spawn(
             name,
-            [str(BIN / "dagster-webserver"), "-w", "workspace.yaml", "-h", "127.0.0.1",
+            [str(BIN / "dagster-webserver"), "-w", workspace(), "-h", "127.0.0.1",
              "-p", str(port)],
             env=self.env(),
         )  # fmt: skip
@@ -593,6 +630,11 @@ def main(argv: list[str] | None = None) -> int:
         "command", choices=["up", "down", "status", "env", "demo", "stop", "start", "kill"]
     )
     p.add_argument("service", nargs="?", choices=SERVICES)
+    p.add_argument(
+        "--process",
+        action="store_true",
+        help="kill: the service's own process only, not what it started",
+    )
     args = p.parse_args(argv)
     cluster = Cluster()
     try:
@@ -624,7 +666,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "stop":
             cluster.stop(args.service)
         elif args.command == "kill":
-            cluster.kill(args.service)
+            cluster.kill(args.service, group=not args.process)
         else:
             cluster.start(args.service)
     except ClusterError as exc:

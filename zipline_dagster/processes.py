@@ -122,17 +122,18 @@ def terminate(identity: ProcessIdentity, *, group: bool, timeout: float = 8.0) -
     while time.monotonic() < deadline:
         with contextlib.suppress(ChildProcessError):
             os.waitpid(identity.pid, os.WNOHANG)
-        if not identity.alive() and not (group and _group_alive(identity.pid)):
+        if not identity.alive() and not (group and group_alive(identity.pid)):
             return True
         time.sleep(0.2)
-    if identity.alive() or (group and _group_alive(identity.pid)):
+    if identity.alive() or (group and group_alive(identity.pid)):
         send(signal.SIGKILL)
     with contextlib.suppress(ChildProcessError):
         os.waitpid(identity.pid, os.WNOHANG)
     return True
 
 
-def _group_alive(pgid: int) -> bool:
+def group_alive(pgid: int) -> bool:
+    """True while a process group with this id has a member."""
     try:
         os.killpg(pgid, 0)
     except (ProcessLookupError, PermissionError):

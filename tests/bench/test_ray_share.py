@@ -10,12 +10,13 @@ import time
 
 from tests.bench.ray_share import RayShare
 
-SPIN = "import time\nend = time.monotonic() + 3\nwhile time.monotonic() < end: pass"
-SLEEP = "import time; time.sleep(3)"
+SPIN = "import time\nend = time.monotonic() + 6\nwhile time.monotonic() < end: pass"
+SLEEP = "import time; time.sleep(6)"
 
 
 def tree(rest: str) -> subprocess.Popen[bytes]:
-    """A root process whose two children run for 3 s: one spinning, tagged as training
+    """A root process whose two children run for 6 s (a slow start under load still
+    leaves most of the sampled window): one spinning, tagged as training
     by its command line, and one running ``rest``."""
     root = (
         "import subprocess, sys\n"
@@ -26,7 +27,7 @@ def tree(rest: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-c", root])
 
 
-def sampled(rest: str, tag: str = "zz-training", seconds: float = 2.5) -> RayShare:
+def sampled(rest: str, tag: str = "zz-training", seconds: float = 5.0) -> RayShare:
     """The sampler of a ``tree(rest)`` run for ``seconds``, counting as training the
     processes whose command line holds ``tag``."""
     proc = tree(rest)
@@ -35,7 +36,7 @@ def sampled(rest: str, tag: str = "zz-training", seconds: float = 2.5) -> RaySha
         time.sleep(seconds)
         sampler.stop()
     finally:
-        proc.wait(timeout=30)  # its children end on their own after 3 s
+        proc.wait(timeout=30)  # its children end on their own after 6 s
     return sampler
 
 

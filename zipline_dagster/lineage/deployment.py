@@ -48,15 +48,18 @@ class Deployment:
     Args:
         url: the webserver's address, as a browser opens the UI.
         timeout_s: longest wait for one answer.
+        tolerance_s: how long ``wait`` goes on asking a webserver that does not answer
+            (restarted, or its database is).
     """
 
-    def __init__(self, url: str, *, timeout_s: float = 30.0) -> None:
+    def __init__(self, url: str, *, timeout_s: float = 30.0, tolerance_s: float = 120.0) -> None:
         if not url.startswith(("http://", "https://")):
             raise BackfillError(
                 f"--url={url!r} is not a Dagster webserver address; expected http(s)://host:port"
             )
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
+        self.tolerance_s = tolerance_s
 
     def query(self, text: str, variables: dict[str, Any]) -> dict[str, Any]:
         """The ``data`` of one GraphQL request.
@@ -134,12 +137,22 @@ class Deployment:
         """Follow the backfill until it ends (its final status), logging each change.
 
         Raises:
-            BackfillError: it has not ended after ``timeout_s`` (it keeps running).
+            BackfillError: it has not ended after ``timeout_s`` (it keeps running), or the
+                webserver has not answered for ``tolerance_s``.
         """
         deadline = time.monotonic() + timeout_s
-        last = ""
+        last, failing_since = "", None
         while True:
-            status, runs = self.status(backfill_id)
+            try:
+                status, runs = self.status(backfill_id)
+                failing_since = None
+            except BackfillError as exc:  # a restarted webserver or database: ask again
+                failing_since = failing_since or time.monotonic()
+                if time.monotonic() - failing_since > self.tolerance_s:
+                    raise
+                log(f"no answer ({exc}); asking again")
+                time.sleep(poll_s)
+                continue
             summary = f"{status}: {len(runs)} runs " + ", ".join(
                 f"{runs.count(s)} {s.lower()}" for s in sorted(set(runs))
             )
