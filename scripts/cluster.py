@@ -68,6 +68,15 @@ SERVICES = (
     "dagster-webserver",
 )
 
+#: ``down`` stops these together, wave after wave: Dagster (every other service's
+#: client), then the workers, then what they hang on
+STOP_WAVES = (
+    ("dagster-webserver", "dagster-daemon"),
+    ("spark-worker", "ray-worker-1", "ray-worker-2", "s3"),
+    ("spark-master", "ray-head", "postgres"),
+)
+assert sorted(n for wave in STOP_WAVES for n in wave) == sorted(SERVICES)
+
 
 class ClusterError(RuntimeError):
     """The topology cannot start, or is in a state this command refuses to act on."""
@@ -193,17 +202,23 @@ class Cluster:
         _register(proc.pid, name)
 
     def stop(self, name: str) -> bool:
+        stopped = self._terminate(name)
+        self.state["services"].pop(name, None)
+        self._save()
+        return stopped
+
+    def _terminate(self, name: str) -> bool:
+        """Stop the service's process group (the state file is left to the caller)."""
         identity = self.identity(name)
-        stopped = identity is not None and terminate(identity, group=True, timeout=15)
-        if identity is not None and not stopped and group_alive(identity.pid):
+        if identity is None:
+            return False
+        stopped = terminate(identity, group=True, timeout=15)
+        if not stopped and group_alive(identity.pid):
             # its leader was killed (``kill --process``); what it started is still going
             # (a dead leader's group id is never reused while the group lives)
             os.killpg(identity.pid, signal.SIGKILL)
             stopped = True
-        self.state["services"].pop(name, None)
-        self._save()
-        if identity is not None:
-            _unregister(identity.pid)
+        _unregister(identity.pid)
         return stopped
 
     def kill(self, name: str, *, group: bool = True) -> None:
@@ -532,10 +547,19 @@ concurrency:
             raise
 
     def down(self) -> list[str]:
+        """Stop every service: Dagster's first (the others' clients), then the workers,
+        then what they hang on; each wave at once."""
+        from concurrent.futures import ThreadPoolExecutor
+
         stopped = []
-        for name in reversed(SERVICES):
-            if self.stop(name):
-                stopped.append(name)
+        for wave in STOP_WAVES:
+            with ThreadPoolExecutor(len(wave)) as pool:
+                done = dict(zip(wave, pool.map(self._terminate, wave), strict=True))
+            for name in wave:  # the state file is written here, by one thread
+                self.state["services"].pop(name, None)
+                if done[name]:
+                    stopped.append(name)
+            self._save()
         for temp in (self.ray_temp, *self.ray_temp.parent.glob(f"{self.ray_temp.name}-*")):
             shutil.rmtree(temp, ignore_errors=True)
         return stopped

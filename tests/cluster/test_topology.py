@@ -8,33 +8,20 @@ Every fault ends the same way: the backfill completes, the planner finds every p
 fresh (what Dagster recorded and what storage holds agree), every model partition's
 manifest verifies, and no partition was ever trained by two Ray jobs at once.
 
-One cluster serves the module; its services are recorded for the test run's cleanup and
-stopped by ``Cluster.down`` (by PID, nothing else on the machine).
+One cluster serves the package (``tests/cluster/conftest.py``).
 """
 
 from __future__ import annotations
 
-import importlib
-import itertools
-import json
-import os
-import shutil
 import time
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import dagster as dg
 import pytest
 
-from tests.conftest import FIXTURE_TRAINERS, ROOT
-from tests.helpers import days_ending, write_table
+from tests.cluster.topology import Topology, max_overlap
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.cluster]
 
-#: half-second steps per training: long enough for a fault to land mid-training
-STEPS = 16
-MODEL_KEY = dg.AssetKey(["models", "topology_model"])
 #: each test trains its own days (the window is 4 days: the table covers them all)
 POOL_DAYS = ["2026-07-10", "2026-07-11", "2026-07-12"]
 DAEMON_DAYS = ["2026-07-13", "2026-07-14"]
@@ -42,142 +29,9 @@ POSTGRES_DAYS = ["2026-07-15"]
 WORKER_DAYS = ["2026-07-16", "2026-07-17"]
 
 
-class Topology:
-    """The running cluster, the deployment's client and the instance, for one module."""
-
-    def __init__(self, cluster: Any, base: str) -> None:
-        from zipline_dagster.lineage.deployment import Deployment
-
-        self.cluster, self.base = cluster, base
-        self.web = Deployment(cluster.web_url)
-        self.instance = dg.DagsterInstance.get()
-        self.defs = importlib.import_module("tests.cluster.topology_defs").defs
-
-    def backfill(self, days: list[str], title: str) -> str:
-        from zipline_dagster.lineage.backfill import plan_backfill
-
-        plan = plan_backfill(self.defs, self.instance, MODEL_KEY, days)
-        assert [(k, p) for k, p in plan.steps] == [(MODEL_KEY, days)], plan.describe()
-        return self.web.launch(plan, title=title)
-
-    def wait(self, backfill_id: str, timeout_s: float = 300) -> str:
-        return self.web.wait(backfill_id, timeout_s=timeout_s, poll_s=1.0, log=lambda _: None)
-
-    def runs(self, backfill_id: str) -> list[dg.DagsterRun]:
-        return list(
-            self.instance.get_runs(filters=dg.RunsFilter(tags={"dagster/backfill": backfill_id}))
-        )
-
-    def ray_jobs(self) -> list[Any]:
-        from ray.job_submission import JobSubmissionClient
-
-        address = self.cluster.env(secret=False)["RAY_ADDRESS"]
-        return [j for j in JobSubmissionClient(address).list_jobs() if j.submission_id]
-
-    def jobs_of(self, days: list[str]) -> list[Any]:
-        """The Ray jobs that trained any of ``days`` (a range job's label is ``a_b``)."""
-        out = []
-        for job in self.ray_jobs():
-            label = (job.metadata or {}).get("zipline.ds", "")
-            first, _, last = label.partition("_")
-            if any(first <= d <= (last or first) for d in days):
-                out.append(job)
-        return out
-
-    def wait_for_job(self, days: list[str], timeout_s: float = 180) -> Any:
-        """The first Ray job training one of ``days`` once it is running."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            running = [j for j in self.jobs_of(days) if str(j.status) == "RUNNING"]
-            if running:
-                return running[0]
-            time.sleep(0.5)
-        jobs = [(j.metadata or {}).get("zipline.ds") for j in self.ray_jobs()]
-        runs = [(r.run_id[:8], r.status.value) for r in self.instance.get_runs(limit=10)]
-        raise AssertionError(
-            f"no Ray job trained {days} within {timeout_s}s; Ray jobs: {jobs}; latest runs: {runs}"
-        )
-
-    def assert_agreed(self, days: list[str]) -> None:
-        """The planner finds every day fresh (Dagster's record and storage agree, through
-        the ledger), each partition's manifest verifies, and no day was trained by two
-        Ray jobs at once."""
-        from zipline_dagster.lineage.backfill import plan_backfill
-        from zipline_dagster.storage.artifacts import is_committed
-        from zipline_dagster.storage.blobs import blob_store
-
-        plan = plan_backfill(self.defs, self.instance, MODEL_KEY, days)
-        assert plan.empty, plan.describe()
-        model = importlib.import_module("tests.cluster.topology_defs").model
-        for ds in days:
-            from zipline_dagster.storage.paths import model_partition_uri
-
-            uri = model_partition_uri(model, ds)
-            assert is_committed(blob_store(uri), uri, checksums=True), uri
-            assert max_overlap(self.jobs_of([ds])) <= 1, f"{ds} trained twice at once"
-
-
-def max_overlap(jobs: list[Any]) -> int:
-    """The most Ray jobs going at one moment, from their start and end times."""
-    edges = sorted(
-        itertools.chain.from_iterable(
-            [(j.start_time, 1), ((j.end_time or time.time() * 1000), -1)] for j in jobs
-        ),
-        key=lambda e: (e[0], e[1]),  # an end before a start at the same instant
-    )
-    most = now = 0
-    for _, step in edges:
-        now += step
-        most = max(most, now)
-    return most
-
-
-@pytest.fixture(scope="module")
-def topology(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Topology]:
-    from scripts.cluster import Cluster
-    from zipline_dagster.training.archive import publish_trainer_archive
-
-    if not sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres")):
-        pytest.fail("no PostgreSQL server: `make test` installs it (scripts/system-deps)")
-    # under the project, not /tmp/pytest-of-*: Postgres runs as its own user and must
-    # reach its data folder
-    folder = ROOT / ".zipline" / f"test-cluster-{os.getpid()}"
-    base = (tmp_path_factory.mktemp("topology") / "artifacts").as_uri()
-    version = publish_trainer_archive(
-        FIXTURE_TRAINERS / "slow_trainer", model_name="topology_model", base=base
-    ).version
-    workspace = folder.parent / f"{folder.name}-workspace.yaml"
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    workspace.write_text(
-        "load_from:\n  - python_module:\n      module_name: tests.cluster.topology_defs\n"
-        f"      working_directory: {ROOT}\n"
-    )
-    saved = dict(os.environ)
-    os.environ.update(
-        {
-            "ZIPLINE_CLUSTER_DIR": str(folder),
-            "ZIPLINE_CLUSTER_WORKSPACE": str(workspace),
-            "ZIPLINE_TOPOLOGY": json.dumps({"version": version, "base": base, "steps": STEPS}),
-        }
-    )
-    cluster = Cluster(folder)
-    try:
-        cluster.up()
-        os.environ.update(cluster.env())  # this process is a client of the deployment
-        warehouse = cluster.env()["ZIPLINE_WAREHOUSE"]
-        write_table(warehouse, "ctr.training_v1", days_ending(WORKER_DAYS[-1], 12), rows=50)
-        yield Topology(cluster, base)
-    finally:
-        cluster.down()
-        os.environ.clear()
-        os.environ.update(saved)
-        shutil.rmtree(folder, ignore_errors=True)
-        workspace.unlink(missing_ok=True)
-
-
 def test_trainings_share_the_pool_and_never_exceed_its_limit(topology: Topology) -> None:
-    """Three backfills of one model partition each, at once: their runs start together,
-    but no more than the pool's limit (2) of Ray training jobs are ever going at once."""
+    """Three backfills of one model partition each, at once: their runs compete, but no
+    more than the pool's limit (2) of Ray training jobs are ever going at once."""
     from scripts.cluster import TRAINING_POOL_LIMIT
 
     ids = [topology.backfill([ds], f"pool {ds}") for ds in POOL_DAYS]
@@ -240,5 +94,6 @@ def test_a_killed_ray_worker_node_is_survived_by_a_retry(topology: Topology) -> 
         assert model_runs, "the failed run was not retried"
         topology.assert_agreed(WORKER_DAYS)
     finally:
+        print(topology.timeline(backfill, WORKER_DAYS))
         topology.cluster.stop(victim)
         topology.cluster.start(victim)

@@ -18,10 +18,9 @@ import pytest
 
 from tests.cleanup import register, unregister
 from tests.conftest import BIN, ROOT, free_port, wait_http
+from tests.ui.browser import SCREENSHOTS, browser_page, require_chromium, skip_prompt
 
 pytestmark = [pytest.mark.ui, pytest.mark.ray, pytest.mark.spark]
-CHROMIUM = "/usr/bin/chromium"
-SCREENSHOTS = ROOT / "test-artifacts" / "ui"
 DS = "2026-07-11"
 
 PREPARE = """
@@ -44,11 +43,7 @@ def dagster_dev(
     ray_head: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, Any]]:
     """`dagster dev` with the demo code location; its upstream tables already built."""
-    if not os.path.exists(CHROMIUM):
-        pytest.fail(
-            f"{CHROMIUM} is missing: install Debian's chromium (`make test` does, with "
-            "scripts/system-deps)"
-        )
+    require_chromium()
     tmp = tmp_path_factory.mktemp("ui")
     home = tmp / "dagster_home"
     home.mkdir()
@@ -97,98 +92,77 @@ def dagster_dev(
 
 
 def test_launch_partition_from_ui_and_see_metadata(dagster_dev: dict[str, Any]) -> None:
-    from playwright.sync_api import sync_playwright
-
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     asset_url = f"{dagster_dev['url']}/assets/models/listing_ctr_model"
-    with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=CHROMIUM,
-            args=[
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-            ],
-        )
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(asset_url)
-            materialize = page.get_by_role("button", name="Materialize…")
-            materialize.wait_for(timeout=60_000)
+    with browser_page() as page:
+        page.goto(asset_url)
+        materialize = page.get_by_role("button", name="Materialize…")
+        materialize.wait_for(timeout=60_000)
+        skip_prompt(page)
+        materialize.click()
+        page.get_by_text("Show all partitions").click()
+        partitions = page.locator("[role=dialog] input").first
+        partitions.fill(DS)
+        partitions.press("Enter")
+        page.get_by_role("button", name="Launch 1 run").click()
+
+        deadline = time.monotonic() + 300
+        while not page.get_by_text("holdout/auc").count():
+            assert time.monotonic() < deadline, "the launched run did not materialize the model"
             page.wait_for_timeout(2000)
-            if page.get_by_role("button", name="Skip").count():  # the first-visit community prompt
-                page.get_by_role("button", name="Skip").click()
-            materialize.click()
-            page.get_by_text("Show all partitions").click()
-            partitions = page.locator("[role=dialog] input").first
-            partitions.fill(DS)
-            partitions.press("Enter")
-            page.get_by_role("button", name="Launch 1 run").click()
+            page.goto(asset_url)
+            page.wait_for_timeout(1500)
+        page.screenshot(path=str(SCREENSHOTS / "model_metadata.png"), full_page=True)
 
-            deadline = time.monotonic() + 300
-            while not page.get_by_text("holdout/auc").count():
-                assert time.monotonic() < deadline, "the launched run did not materialize the model"
-                page.wait_for_timeout(2000)
-                page.goto(asset_url)
-                page.wait_for_timeout(1500)
-            page.screenshot(path=str(SCREENSHOTS / "model_metadata.png"), full_page=True)
+        body = page.locator("body").inner_text()
+        assert DS in body  # the latest materialization is the launched partition
+        artifact = f"{dagster_dev['warehouse']}/models/listing_ctr_model/"
+        assert artifact in body
+        auc_row = page.locator("tr", has_text="holdout/auc").first.inner_text()
+        auc = float(auc_row.split()[-1])
+        assert 0.6 < auc < 1.0
 
-            body = page.locator("body").inner_text()
-            assert DS in body  # the latest materialization is the launched partition
-            artifact = f"{dagster_dev['warehouse']}/models/listing_ctr_model/"
-            assert artifact in body
-            auc_row = page.locator("tr", has_text="holdout/auc").first.inner_text()
-            auc = float(auc_row.split()[-1])
-            assert 0.6 < auc < 1.0
+        page.get_by_placeholder("Filter metadata keys").fill("pr_curve")
+        page.get_by_text("[Show Markdown]").click()
+        image = page.locator("img[src^='data:image/png']")
+        image.wait_for(timeout=10_000)
+        assert image.evaluate("img => img.naturalWidth") > 100  # a real picture decoded
+        page.screenshot(path=str(SCREENSHOTS / "model_pr_curve.png"))
 
-            page.get_by_placeholder("Filter metadata keys").fill("pr_curve")
-            page.get_by_text("[Show Markdown]").click()
-            image = page.locator("img[src^='data:image/png']")
-            image.wait_for(timeout=10_000)
-            assert image.evaluate("img => img.naturalWidth") > 100  # a real picture decoded
-            page.screenshot(path=str(SCREENSHOTS / "model_pr_curve.png"))
+        # The run ran the partition's blocking checks; the Checks tab shows each one
+        # with the numbers that decided it.
+        page.goto(f"{asset_url}?view=checks")
+        page.get_by_text("rollout_thresholds").first.wait_for(timeout=60_000)
+        body = page.locator("body").inner_text()
+        for check in (
+            "rollout_thresholds",
+            "no_regression_vs_champion",
+            "report_complete",
+            "manifest_verifies",
+        ):
+            assert check in body
+        page.get_by_text("rollout_thresholds").first.click()
+        verdict = f"holdout_auc={auc:.4f} (holdout_auc >= 0.65)"
+        page.get_by_text(verdict).first.wait_for(timeout=30_000)
+        page.screenshot(path=str(SCREENSHOTS / "model_checks.png"), full_page=True)
+        body = page.locator("body").inner_text()
+        assert "This is a blocking asset check" in body and "Passed" in body
+        assert DS in body
 
-            # The run ran the partition's blocking checks; the Checks tab shows each one
-            # with the numbers that decided it.
-            page.goto(f"{asset_url}?view=checks")
-            page.get_by_text("rollout_thresholds").first.wait_for(timeout=60_000)
-            body = page.locator("body").inner_text()
-            for check in (
-                "rollout_thresholds",
-                "no_regression_vs_champion",
-                "report_complete",
-                "manifest_verifies",
-            ):
-                assert check in body
-            page.get_by_text("rollout_thresholds").first.click()
-            verdict = f"holdout_auc={auc:.4f} (holdout_auc >= 0.65)"
-            page.get_by_text(verdict).first.wait_for(timeout=30_000)
-            page.screenshot(path=str(SCREENSHOTS / "model_checks.png"), full_page=True)
-            body = page.locator("body").inner_text()
-            assert "This is a blocking asset check" in body and "Passed" in body
-            assert DS in body
-
-            # The champion asset, materialized from the UI, moves to that partition.
-            champion_url = f"{dagster_dev['url']}/assets/champions/listing_ctr_model"
+        # The champion asset, materialized from the UI, moves to that partition.
+        champion_url = f"{dagster_dev['url']}/assets/champions/listing_ctr_model"
+        page.goto(champion_url)
+        launch = page.get_by_role("button", name="Materialize").first
+        launch.wait_for(timeout=60_000)
+        launch.click()
+        deadline = time.monotonic() + 180
+        while not page.get_by_text("newest partition passing every gate").count():
+            assert time.monotonic() < deadline, "the champion asset did not materialize"
+            page.wait_for_timeout(1500)
             page.goto(champion_url)
-            launch = page.get_by_role("button", name="Materialize").first
-            launch.wait_for(timeout=60_000)
-            launch.click()
-            deadline = time.monotonic() + 180
-            while not page.get_by_text("newest partition passing every gate").count():
-                assert time.monotonic() < deadline, "the champion asset did not materialize"
-                page.wait_for_timeout(1500)
-                page.goto(champion_url)
-                page.wait_for_timeout(1000)
-            page.screenshot(path=str(SCREENSHOTS / "champion.png"), full_page=True)
-            ds_row = page.locator("tr", has_text="artifact_uri").first.inner_text()
-            assert "/models/listing_ctr_model/" in ds_row and ds_row.rstrip().endswith(DS)
-        finally:
-            browser.close()
+            page.wait_for_timeout(1000)
+        page.screenshot(path=str(SCREENSHOTS / "champion.png"), full_page=True)
+        ds_row = page.locator("tr", has_text="artifact_uri").first.inner_text()
+        assert "/models/listing_ctr_model/" in ds_row and ds_row.rstrip().endswith(DS)
 
 
 def test_a_backfill_launched_and_followed_through_the_webserver(

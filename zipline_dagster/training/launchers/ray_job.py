@@ -57,6 +57,8 @@ _MAX_ATTEMPT_PROBE = 1000
 TIGHT_POLL_S = 5.0
 #: longest wait for the dashboard's answer to one request (Ray's client sets none)
 REQUEST_TIMEOUT_S = 30.0
+#: how long the log of a job that did not succeed is tried (its node may be gone)
+FAILED_LOGS_S = 5.0
 
 
 class RayJobError(TrainingJobError):
@@ -589,13 +591,7 @@ class RayJobRunner:
         finally:
             watcher.stop()
         # Once the driver's last line arrived the stream holds the whole log.
-        full = (
-            None
-            if follower.ended.is_set()
-            else self._call(
-                f"read the logs of job {sid}", lambda: self.client().get_job_logs(sid), job=sid
-            )
-        )
+        full = None if follower.ended.is_set() else self._final_logs(sid, status)
         logs = follower.finish(full)
         outcome = JobOutcome(
             job_id=sid,
@@ -628,6 +624,30 @@ class RayJobRunner:
                 logs=logs,
             )
         return outcome
+
+    def _final_logs(self, sid: str, status: str) -> str | None:
+        """An ended job's whole log. A job that failed may have lost its driver's node,
+        where the log lives: its log is read for a few seconds at most, then what the
+        stream delivered stands (None), so a lost node fails the step at once instead of
+        after the dashboard's tolerance."""
+
+        def read() -> Any:
+            return self.client().get_job_logs(sid)
+
+        if status == "SUCCEEDED":  # its result lines are in the log: worth the wait
+            return str(self._call(f"read the logs of job {sid}", read, job=sid))
+        deadline = time.monotonic() + FAILED_LOGS_S
+        while True:
+            try:
+                return str(read())
+            except Exception as exc:
+                if not is_transient(exc) or time.monotonic() > deadline:
+                    self.log.warning(
+                        f"the logs of Ray job {sid} ({status}) cannot be read "
+                        f"({type(exc).__name__}: {_short(exc)}); what was streamed stands"
+                    )
+                    return None
+                time.sleep(1.0)
 
     def run(
         self,

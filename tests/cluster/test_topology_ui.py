@@ -1,0 +1,78 @@
+"""The Dagster UI served by the topology's own webserver (issue 39), in a real browser:
+a user selects 3 model partitions and launches them as a backfill, the deployment's daemon
+runs it, the UI shows the partitions materialized with their blocking checks passed, and
+the champion, materialized from the UI, moves to the newest of them."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import dagster as dg
+import pytest
+
+from tests.cluster.topology import MODEL_KEY, Topology
+from tests.ui.browser import SCREENSHOTS, browser_page, skip_prompt
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.cluster, pytest.mark.ui]
+
+UI_DAYS = ["2026-07-18", "2026-07-19", "2026-07-20"]
+
+
+def test_a_backfill_of_three_partitions_launched_from_the_ui(topology: Topology) -> None:
+    before = {b.backfill_id for b in topology.instance.get_backfills()}
+    asset_url = f"{topology.cluster.web_url}/assets/{MODEL_KEY.to_user_string()}"
+    with browser_page() as page:
+        page.goto(asset_url)
+        materialize = page.get_by_role("button", name="Materialize…")
+        materialize.wait_for(timeout=60_000)
+        skip_prompt(page)
+        materialize.click()
+        page.get_by_text("Show all partitions").click()
+        partitions = page.locator("[role=dialog] input").first
+        partitions.fill(f"[{UI_DAYS[0]}...{UI_DAYS[-1]}]")
+        partitions.press("Enter")
+        page.get_by_role("button", name=re.compile(r"^Launch (backfill|3 runs)")).click()
+
+        # the daemon runs the backfill the UI submitted
+        deadline = time.monotonic() + 300
+        while not (
+            new := [b for b in topology.instance.get_backfills() if b.backfill_id not in before]
+        ):
+            assert time.monotonic() < deadline, "the UI launched no backfill"
+            time.sleep(1)
+        (backfill,) = new
+        assert topology.wait(backfill.backfill_id) == "COMPLETED_SUCCESS"
+        done = topology.instance.get_materialized_partitions(MODEL_KEY)
+        assert set(UI_DAYS) <= done
+        topology.assert_agreed(UI_DAYS)
+
+        # the UI shows the backfill complete, and the newest partition's checks passed
+        page.goto(f"{topology.cluster.web_url}/runs/b/{backfill.backfill_id}")
+        page.get_by_text("Completed", exact=False).first.wait_for(timeout=60_000)
+        page.screenshot(path=str(SCREENSHOTS / "topology_backfill.png"), full_page=True)
+        page.goto(f"{asset_url}?view=checks")
+        page.get_by_text("report_complete").first.wait_for(timeout=60_000)
+        body = page.locator("body").inner_text()
+        assert "manifest_verifies" in body and "Passed" in body
+        page.screenshot(path=str(SCREENSHOTS / "topology_checks.png"), full_page=True)
+
+        # the champion, materialized from the UI, moves to the newest passing partition
+        champion_url = f"{topology.cluster.web_url}/assets/champions/topology_model"
+        page.goto(champion_url)
+        launch = page.get_by_role("button", name="Materialize").first
+        launch.wait_for(timeout=60_000)
+        launch.click()
+        deadline = time.monotonic() + 180
+        while not page.get_by_text("newest partition passing every gate").count():
+            assert time.monotonic() < deadline, "the champion asset did not materialize"
+            page.wait_for_timeout(1500)
+            page.goto(champion_url)
+            page.wait_for_timeout(1000)
+        page.screenshot(path=str(SCREENSHOTS / "topology_champion.png"), full_page=True)
+        row = page.locator("tr", has_text="artifact_uri").first.inner_text()
+        assert "/models/topology_model/" in row and row.rstrip().endswith(UI_DAYS[-1])
+    champion = topology.instance.get_latest_materialization_event(
+        dg.AssetKey(["champions", "topology_model"])
+    )
+    assert champion is not None
