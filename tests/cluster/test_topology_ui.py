@@ -12,7 +12,7 @@ import dagster as dg
 import pytest
 
 from tests.cluster.topology import MODEL_KEY, Topology
-from tests.ui.browser import SCREENSHOTS, browser_page, skip_prompt
+from tests.ui.browser import SCREENSHOTS, browser_page, materialize_champion, skip_prompt
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.cluster, pytest.mark.ui]
 
@@ -58,19 +58,9 @@ def test_a_backfill_of_three_partitions_launched_from_the_ui(topology: Topology)
         page.screenshot(path=str(SCREENSHOTS / "topology_checks.png"), full_page=True)
 
         # the champion, materialized from the UI, moves to the newest passing partition
-        champion_url = f"{topology.cluster.web_url}/assets/champions/topology_model"
-        page.goto(champion_url)
-        launch = page.get_by_role("button", name="Materialize").first
-        launch.wait_for(timeout=60_000)
-        launch.click()
-        deadline = time.monotonic() + 180
-        while not page.get_by_text("newest partition passing every gate").count():
-            assert time.monotonic() < deadline, "the champion asset did not materialize"
-            page.wait_for_timeout(1500)
-            page.goto(champion_url)
-            page.wait_for_timeout(1000)
-        page.screenshot(path=str(SCREENSHOTS / "topology_champion.png"), full_page=True)
-        row = page.locator("tr", has_text="artifact_uri").first.inner_text()
+        row = materialize_champion(
+            page, topology.cluster.web_url, "topology_model", "topology_champion.png"
+        )
         assert "/models/topology_model/" in row and row.rstrip().endswith(UI_DAYS[-1])
     champion = topology.instance.get_latest_materialization_event(
         dg.AssetKey(["champions", "topology_model"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -55,3 +56,21 @@ def skip_prompt(page: Any) -> None:
     page.wait_for_timeout(2000)
     if page.get_by_role("button", name="Skip").count():
         page.get_by_role("button", name="Skip").click()
+
+
+def materialize_champion(page: Any, web_url: str, model: str, screenshot: str) -> str:
+    """Materialize ``model``'s champion from its asset page and wait until the page shows
+    it moved (to the newest partition passing every gate); its ``artifact_uri`` row."""
+    url = f"{web_url}/assets/champions/{model}"
+    page.goto(url)
+    launch = page.get_by_role("button", name="Materialize").first
+    launch.wait_for(timeout=60_000)
+    launch.click()
+    deadline = time.monotonic() + 180
+    while not page.get_by_text("newest partition passing every gate").count():
+        assert time.monotonic() < deadline, "the champion asset did not materialize"
+        page.wait_for_timeout(1500)
+        page.goto(url)
+        page.wait_for_timeout(1000)
+    page.screenshot(path=str(SCREENSHOTS / screenshot), full_page=True)
+    return str(page.locator("tr", has_text="artifact_uri").first.inner_text())

@@ -18,7 +18,13 @@ import pytest
 
 from tests.cleanup import register, unregister
 from tests.conftest import BIN, ROOT, free_port, wait_http
-from tests.ui.browser import SCREENSHOTS, browser_page, require_chromium, skip_prompt
+from tests.ui.browser import (
+    SCREENSHOTS,
+    browser_page,
+    materialize_champion,
+    require_chromium,
+    skip_prompt,
+)
 
 pytestmark = [pytest.mark.ui, pytest.mark.ray, pytest.mark.spark]
 DS = "2026-07-11"
@@ -149,19 +155,7 @@ def test_launch_partition_from_ui_and_see_metadata(dagster_dev: dict[str, Any]) 
         assert DS in body
 
         # The champion asset, materialized from the UI, moves to that partition.
-        champion_url = f"{dagster_dev['url']}/assets/champions/listing_ctr_model"
-        page.goto(champion_url)
-        launch = page.get_by_role("button", name="Materialize").first
-        launch.wait_for(timeout=60_000)
-        launch.click()
-        deadline = time.monotonic() + 180
-        while not page.get_by_text("newest partition passing every gate").count():
-            assert time.monotonic() < deadline, "the champion asset did not materialize"
-            page.wait_for_timeout(1500)
-            page.goto(champion_url)
-            page.wait_for_timeout(1000)
-        page.screenshot(path=str(SCREENSHOTS / "champion.png"), full_page=True)
-        ds_row = page.locator("tr", has_text="artifact_uri").first.inner_text()
+        ds_row = materialize_champion(page, dagster_dev["url"], "listing_ctr_model", "champion.png")
         assert "/models/listing_ctr_model/" in ds_row and ds_row.rstrip().endswith(DS)
 
 
