@@ -16,6 +16,7 @@ import pytest
 from tests.cluster.topology import LAST_DAY, STEPS, Topology
 from tests.conftest import FIXTURE_TRAINERS, ROOT
 from tests.helpers import days_ending, write_table
+from tests.training.test_assets import TABLE
 
 
 @pytest.fixture(scope="package")
@@ -51,8 +52,8 @@ def topology(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Topology]:
         cluster.up()
         os.environ.update(cluster.env())  # this process is a client of the deployment
         warehouse = cluster.env()["ZIPLINE_WAREHOUSE"]
-        write_table(warehouse, "ctr.training_v1", days_ending(LAST_DAY, 16), rows=50)
-        yield Topology(cluster, base)
+        write_table(warehouse, TABLE, days_ending(LAST_DAY, 16), rows=50)
+        yield Topology(cluster)
     finally:
         cluster.down()
         os.environ.clear()

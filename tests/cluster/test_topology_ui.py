@@ -12,7 +12,7 @@ import dagster as dg
 import pytest
 
 from tests.cluster.topology import MODEL_KEY, Topology
-from tests.ui.browser import SCREENSHOTS, browser_page, materialize_champion, skip_prompt
+from tests.ui.browser import SCREENSHOTS, browser_page, launch_partitions, materialize_champion
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.cluster, pytest.mark.ui]
 
@@ -23,16 +23,12 @@ def test_a_backfill_of_three_partitions_launched_from_the_ui(topology: Topology)
     before = {b.backfill_id for b in topology.instance.get_backfills()}
     asset_url = f"{topology.cluster.web_url}/assets/{MODEL_KEY.to_user_string()}"
     with browser_page() as page:
-        page.goto(asset_url)
-        materialize = page.get_by_role("button", name="Materialize…")
-        materialize.wait_for(timeout=60_000)
-        skip_prompt(page)
-        materialize.click()
-        page.get_by_text("Show all partitions").click()
-        partitions = page.locator("[role=dialog] input").first
-        partitions.fill(f"[{UI_DAYS[0]}...{UI_DAYS[-1]}]")
-        partitions.press("Enter")
-        page.get_by_role("button", name=re.compile(r"^Launch (backfill|3 runs)")).click()
+        launch_partitions(
+            page,
+            asset_url,
+            f"[{UI_DAYS[0]}...{UI_DAYS[-1]}]",
+            re.compile(r"^Launch (backfill|3 runs)"),
+        )
 
         # the daemon runs the backfill the UI submitted
         deadline = time.monotonic() + 300

@@ -20,13 +20,15 @@ LAST_DAY = "2026-07-20"
 class Topology:
     """The running cluster, the deployment's client and the instance, for the tests of one package."""
 
-    def __init__(self, cluster: Any, base: str) -> None:
+    def __init__(self, cluster: Any) -> None:
         from zipline_dagster.lineage.deployment import Deployment
 
-        self.cluster, self.base = cluster, base
+        self.cluster = cluster
         self.web = Deployment(cluster.web_url)
         self.instance = dg.DagsterInstance.get()
-        self.defs = importlib.import_module("tests.cluster.topology_defs").defs
+        # the deployment's code location, loaded here too (its environment is set)
+        location = importlib.import_module("tests.cluster.topology_defs")
+        self.defs, self.model = location.defs, location.model
 
     def backfill(self, days: list[str], title: str) -> str:
         from zipline_dagster.lineage.backfill import plan_backfill
@@ -103,14 +105,12 @@ class Topology:
         from zipline_dagster.lineage.backfill import plan_backfill
         from zipline_dagster.storage.artifacts import is_committed
         from zipline_dagster.storage.blobs import blob_store
+        from zipline_dagster.storage.paths import model_partition_uri
 
         plan = plan_backfill(self.defs, self.instance, MODEL_KEY, days)
         assert plan.empty, plan.describe()
-        model = importlib.import_module("tests.cluster.topology_defs").model
         for ds in days:
-            from zipline_dagster.storage.paths import model_partition_uri
-
-            uri = model_partition_uri(model, ds)
+            uri = model_partition_uri(self.model, ds)
             assert is_committed(blob_store(uri), uri, checksums=True), uri
             assert max_overlap(self.jobs_of([ds])) <= 1, f"{ds} trained twice at once"
 

@@ -10,11 +10,10 @@ from __future__ import annotations
 import json
 import os
 
-from tests.training.test_assets import make_model
+from tests.training.test_assets import TABLE, make_model
 from zipline_dagster.definitions import ExternalTable, build_definitions
 from zipline_dagster.defs.resources import resources
 
-TABLE = "ctr.training_v1"
 MODEL = "topology_model"
 
 _conf = json.loads(os.environ["ZIPLINE_TOPOLOGY"])

@@ -58,6 +58,32 @@ def skip_prompt(page: Any) -> None:
         page.get_by_role("button", name="Skip").click()
 
 
+def launch_partitions(page: Any, asset_url: str, selection: str, button: Any) -> None:
+    """On the asset's page: Materialize…, the partitions ``selection`` typed in (``DS``
+    or ``[A...B]``), launched with ``button`` (its name, or a pattern)."""
+    page.goto(asset_url)
+    materialize = page.get_by_role("button", name="Materialize…")
+    materialize.wait_for(timeout=60_000)
+    skip_prompt(page)
+    materialize.click()
+    page.get_by_text("Show all partitions").click()
+    partitions = page.locator("[role=dialog] input").first
+    partitions.fill(selection)
+    partitions.press("Enter")
+    page.get_by_role("button", name=button).click()
+
+
+def reload_until(page: Any, url: str, text: str, *, timeout_s: float, what: str) -> None:
+    """Reload ``url`` until the page shows ``text``; fails naming ``what`` after
+    ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not page.get_by_text(text).count():
+        assert time.monotonic() < deadline, what
+        page.wait_for_timeout(1500)
+        page.goto(url)
+        page.wait_for_timeout(1000)
+
+
 def materialize_champion(page: Any, web_url: str, model: str, screenshot: str) -> str:
     """Materialize ``model``'s champion from its asset page and wait until the page shows
     it moved (to the newest partition passing every gate); its ``artifact_uri`` row."""
@@ -66,11 +92,12 @@ def materialize_champion(page: Any, web_url: str, model: str, screenshot: str) -
     launch = page.get_by_role("button", name="Materialize").first
     launch.wait_for(timeout=60_000)
     launch.click()
-    deadline = time.monotonic() + 180
-    while not page.get_by_text("newest partition passing every gate").count():
-        assert time.monotonic() < deadline, "the champion asset did not materialize"
-        page.wait_for_timeout(1500)
-        page.goto(url)
-        page.wait_for_timeout(1000)
+    reload_until(
+        page,
+        url,
+        "newest partition passing every gate",
+        timeout_s=180,
+        what="the champion asset did not materialize",
+    )
     page.screenshot(path=str(SCREENSHOTS / screenshot), full_page=True)
     return str(page.locator("tr", has_text="artifact_uri").first.inner_text())

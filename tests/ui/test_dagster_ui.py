@@ -10,7 +10,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,9 +20,10 @@ from tests.conftest import BIN, ROOT, free_port, wait_http
 from tests.ui.browser import (
     SCREENSHOTS,
     browser_page,
+    launch_partitions,
     materialize_champion,
+    reload_until,
     require_chromium,
-    skip_prompt,
 )
 
 pytestmark = [pytest.mark.ui, pytest.mark.ray, pytest.mark.spark]
@@ -100,23 +100,14 @@ def dagster_dev(
 def test_launch_partition_from_ui_and_see_metadata(dagster_dev: dict[str, Any]) -> None:
     asset_url = f"{dagster_dev['url']}/assets/models/listing_ctr_model"
     with browser_page() as page:
-        page.goto(asset_url)
-        materialize = page.get_by_role("button", name="Materialize…")
-        materialize.wait_for(timeout=60_000)
-        skip_prompt(page)
-        materialize.click()
-        page.get_by_text("Show all partitions").click()
-        partitions = page.locator("[role=dialog] input").first
-        partitions.fill(DS)
-        partitions.press("Enter")
-        page.get_by_role("button", name="Launch 1 run").click()
-
-        deadline = time.monotonic() + 300
-        while not page.get_by_text("holdout/auc").count():
-            assert time.monotonic() < deadline, "the launched run did not materialize the model"
-            page.wait_for_timeout(2000)
-            page.goto(asset_url)
-            page.wait_for_timeout(1500)
+        launch_partitions(page, asset_url, DS, "Launch 1 run")
+        reload_until(
+            page,
+            asset_url,
+            "holdout/auc",
+            timeout_s=300,
+            what="the launched run did not materialize the model",
+        )
         page.screenshot(path=str(SCREENSHOTS / "model_metadata.png"), full_page=True)
 
         body = page.locator("body").inner_text()

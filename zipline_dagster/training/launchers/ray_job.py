@@ -339,8 +339,17 @@ class RayJobRunner:
                 ) from exc
         return self._client
 
-    def _call(self, what: str, fn: Callable[[], Any], *, job: str | None = None) -> Any:
-        """``fn()``, retrying transient dashboard errors with backoff up to the tolerance."""
+    def _call(
+        self,
+        what: str,
+        fn: Callable[[], Any],
+        *,
+        job: str | None = None,
+        tolerance_s: float | None = None,
+    ) -> Any:
+        """``fn()``, retrying transient dashboard errors with backoff up to the tolerance
+        (``tolerance_s``, default ``unreachable_tolerance_s``)."""
+        tolerance = self.unreachable_tolerance_s if tolerance_s is None else tolerance_s
         delay = 0.5
         while True:
             try:
@@ -352,10 +361,10 @@ class RayJobRunner:
                 if self._lost_since is None:
                     self._lost_since = now
                 lost = now - self._lost_since
-                if lost > self.unreachable_tolerance_s:
+                if lost > tolerance:
                     raise RayDashboardLostError(
                         f"lost contact with the Ray dashboard at {self.address} for {lost:.0f}s "
-                        f"(tolerance {self.unreachable_tolerance_s:.0f}s) while trying to {what} "
+                        f"(tolerance {tolerance:.0f}s) while trying to {what} "
                         f"({type(exc).__name__}: {_short(exc)}). "
                         + (
                             f"Ray job {job} was not stopped and may still be running on the "
@@ -370,8 +379,7 @@ class RayJobRunner:
                     self.log.warning(
                         f"Ray dashboard at {self.address} unreachable for {lost:.0f}s while trying "
                         f"to {what} ({type(exc).__name__}: {_short(exc)}); retrying for up to "
-                        f"{self.unreachable_tolerance_s:.0f}s"
-                        + (f", job {job} keeps running" if job else "")
+                        f"{tolerance:.0f}s" + (f", job {job} keeps running" if job else "")
                     )
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
@@ -627,27 +635,24 @@ class RayJobRunner:
 
     def _final_logs(self, sid: str, status: str) -> str | None:
         """An ended job's whole log. A job that failed may have lost its driver's node,
-        where the log lives: its log is read for a few seconds at most, then what the
+        where the log lives: its log is tried for ``FAILED_LOGS_S`` at most, then what the
         stream delivered stands (None), so a lost node fails the step at once instead of
         after the dashboard's tolerance."""
+        what = f"read the logs of job {sid}"
 
-        def read() -> Any:
-            return self.client().get_job_logs(sid)
+        def read() -> str:
+            return str(self.client().get_job_logs(sid))
 
         if status == "SUCCEEDED":  # its result lines are in the log: worth the wait
-            return str(self._call(f"read the logs of job {sid}", read, job=sid))
-        deadline = time.monotonic() + FAILED_LOGS_S
-        while True:
-            try:
-                return str(read())
-            except Exception as exc:
-                if not is_transient(exc) or time.monotonic() > deadline:
-                    self.log.warning(
-                        f"the logs of Ray job {sid} ({status}) cannot be read "
-                        f"({type(exc).__name__}: {_short(exc)}); what was streamed stands"
-                    )
-                    return None
-                time.sleep(1.0)
+            return str(self._call(what, read, job=sid))
+        try:
+            return str(self._call(what, read, job=sid, tolerance_s=FAILED_LOGS_S))
+        except Exception as exc:
+            self.log.warning(
+                f"the logs of Ray job {sid} ({status}) cannot be read "
+                f"({type(exc).__name__}: {_short(exc)}); what was streamed stands"
+            )
+            return None
 
     def run(
         self,
