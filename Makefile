@@ -14,7 +14,7 @@ export UV_PROJECT_ENVIRONMENT := $(VENV)
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
 .PHONY: demo test lint fmt dev bench env ray-up ray-down clean system-deps test-system-deps \
-	cluster-up cluster-down demo-cluster
+	cluster-up cluster-down demo-cluster demo-mlflow mlflow-down
 
 # System packages (scripts/system-deps installs the missing ones with apt-get): Java for
 # Spark; for the tests also Debian's chromium (the UI test) and npm (Azurite).
@@ -40,6 +40,14 @@ $(AZURITE): tests/services/package.json tests/services/package-lock.json
 	cd .tools/node && npm ci --no-audit --no-fund --loglevel=error
 	@touch $@
 
+# The MLflow tracking server (tests, `make demo-mlflow`) in its own locked environment:
+# its mlflow pins pyarrow<26, which the platform's environment (pyarrow 26) cannot hold.
+MLFLOW_SERVER := .tools/mlflow/bin/mlflow
+$(MLFLOW_SERVER): tests/services/mlflow/pyproject.toml tests/services/mlflow/uv.lock | $(UV)
+	UV_PROJECT_ENVIRONMENT=$(CURDIR)/.tools/mlflow $(UV) sync --frozen --quiet \
+		--project tests/services/mlflow --python $(PYTHON)
+	@touch $@
+
 env: $(SYNCED)
 
 $(DAGSTER_HOME)/dagster.yaml:
@@ -50,6 +58,17 @@ $(DAGSTER_HOME)/dagster.yaml:
 # module of it first, so runpy would run the demo module a second time, with a warning
 demo: system-deps $(SYNCED) $(DAGSTER_HOME)/dagster.yaml
 	$(VENV)/bin/python -c 'import sys; from zipline_dagster.defs.demo import main; sys.exit(main())'
+
+# The demo with MLflow on: a local tracking server (left running, `make mlflow-down` stops
+# it), every model partition an MLflow run, the champion the registry's @champion alias.
+demo-mlflow: system-deps $(SYNCED) $(MLFLOW_SERVER) $(DAGSTER_HOME)/dagster.yaml
+	$(VENV)/bin/python scripts/mlflow_server.py up
+	MLFLOW_TRACKING_URI=$$($(VENV)/bin/python scripts/mlflow_server.py url) \
+		ZIPLINE_MLFLOW_COPY_ARTIFACTS=$${ZIPLINE_MLFLOW_COPY_ARTIFACTS:-true} \
+		$(VENV)/bin/python -c 'import sys; from zipline_dagster.defs.demo import main; sys.exit(main())'
+
+mlflow-down: $(SYNCED)
+	$(VENV)/bin/python scripts/mlflow_server.py down
 
 # The production topology on this machine (scripts/cluster.py): PostgreSQL, a Dagster
 # daemon and webserver, a Ray head and two workers, a Spark master and worker, an S3 server.
@@ -63,7 +82,7 @@ cluster-down: $(SYNCED)
 demo-cluster: $(SYNCED)
 	$(VENV)/bin/python scripts/cluster.py demo
 
-test: test-system-deps $(SYNCED) $(AZURITE)
+test: test-system-deps $(SYNCED) $(AZURITE) $(MLFLOW_SERVER)
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 lint: $(SYNCED)

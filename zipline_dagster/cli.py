@@ -277,10 +277,17 @@ def _print_pointer(pointer: dict[str, object]) -> None:
 
 
 def _moved(
-    args: argparse.Namespace, model: object, pointer: dict[str, object], left: list[str]
+    args: argparse.Namespace,
+    model: object,
+    store: object,
+    pointer: dict[str, object],
+    left: list[str],
 ) -> int:
-    """Say where the champion moved (and any lock left behind), print the pointer."""
+    """Say where the champion moved (and any lock left behind), move MLflow's alias
+    after it when MLflow is configured, print the pointer."""
+    from zipline_dagster.rollout.assets import sync_mlflow
     from zipline_dagster.rollout.champion import lock_left_behind
+    from zipline_dagster.tracking import MlflowResource
 
     print(
         f"{args.model} champion -> {pointer['version']}/{pointer['ds']} ({pointer['why']})",
@@ -288,6 +295,16 @@ def _moved(
     )
     if left:
         print(f"warning: {lock_left_behind(model, left)}", file=sys.stderr)  # type: ignore[arg-type]
+    tracker = MlflowResource.from_settings().tracker(
+        lambda text: print(f"warning: {text}", file=sys.stderr)
+    )
+    if tracker is not None:
+        synced = sync_mlflow(tracker, model, store, pointer, moved=True)  # type: ignore[arg-type]
+        if synced is not None and synced.url:
+            print(
+                f"MLflow: {args.model}@champion -> version {synced.version} ({synced.url})",
+                file=sys.stderr,
+            )
     _print_pointer(pointer)
     return 0
 
@@ -322,8 +339,9 @@ def _promote(args: argparse.Namespace) -> int:
 
     model = find_model(args.module or project_code_location(), args.model)
     left: list[str] = []
+    store = _champion_store(model)
     pointer = promote(
-        _champion_store(model),  # type: ignore[arg-type]
+        store,  # type: ignore[arg-type]
         model,  # type: ignore[arg-type]
         args.ds,
         version=args.version,
@@ -331,7 +349,7 @@ def _promote(args: argparse.Namespace) -> int:
         left=left,
         in_flight=_ledger_check(model),  # type: ignore[arg-type]
     )
-    return _moved(args, model, pointer, left)
+    return _moved(args, model, store, pointer, left)
 
 
 def _rollback(args: argparse.Namespace) -> int:
@@ -339,8 +357,9 @@ def _rollback(args: argparse.Namespace) -> int:
 
     model = find_model(args.module or project_code_location(), args.model)
     left: list[str] = []
-    pointer = rollback(_champion_store(model), model, left=left)  # type: ignore[arg-type]
-    return _moved(args, model, pointer, left)
+    store = _champion_store(model)
+    pointer = rollback(store, model, left=left)  # type: ignore[arg-type]
+    return _moved(args, model, store, pointer, left)
 
 
 def project_code_location(start: Path | None = None) -> str:

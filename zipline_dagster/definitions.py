@@ -39,6 +39,7 @@ from zipline_dagster.storage.blobs import BlobStore
 from zipline_dagster.storage.paths import model_archive_uri, table_uri
 from zipline_dagster.storage.resources import WarehouseResource
 from zipline_dagster.storage.tables import committed_partitions
+from zipline_dagster.tracking import MlflowResource
 from zipline_dagster.training.assets import build_model_asset, trainable_partitions
 from zipline_dagster.training.pins import find_drift
 from zipline_dagster.training.resources import TrainingLauncher
@@ -289,7 +290,8 @@ def build_definitions(
             if automation
             else []
         ),
-        resources=dict(resources or {}),
+        # MLflow is off unless configured (MLFLOW_TRACKING_URI, or a resource given here)
+        resources={"mlflow": MlflowResource.from_settings(), **(resources or {})},
         # One process per run: Spark starts once per run and steps share it.
         executor=dg.in_process_executor,
     )

@@ -18,6 +18,10 @@ the library calls ``os.environ.get``. Trainers read only their flags.
 | S3 region | ``AWS_REGION`` / ``AWS_DEFAULT_REGION`` | AWS default |
 | GCS endpoint (an emulator) | ``STORAGE_EMULATOR_HOST`` | Google Cloud Storage |
 | Azure storage (account + key, or an emulator) | ``AZURE_STORAGE_CONNECTION_STRING`` | the account in the ``abfss://`` URI, Azure's default credential |
+| MLflow tracking server (on when set) | ``MLFLOW_TRACKING_URI`` | none: MLflow off |
+| MLflow experiment of a model (``{model}``: its name) | ``ZIPLINE_MLFLOW_EXPERIMENT`` | ``{model}`` |
+| copy model files into MLflow runs | ``ZIPLINE_MLFLOW_COPY_ARTIFACTS`` (``true``/``false``) | ``false`` (a reference) |
+| the Dagster UI's URL (links back from MLflow) | ``ZIPLINE_DAGSTER_URL`` | none |
 
 Credentials are never settings: the AWS, Google and Azure SDKs and Ray read them from the
 environment of the process (or the cluster) that needs them. The Azure connection string
@@ -65,6 +69,10 @@ class Settings:
     aws_region: str | None = None
     gcs_endpoint_url: str | None = None
     azure_connection_string: str | None = field(default=None, repr=False)
+    mlflow_tracking_uri: str | None = None
+    mlflow_experiment: str = "{model}"
+    mlflow_copy_artifacts: bool = False
+    dagster_url: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -84,11 +92,17 @@ class Settings:
                 f"ZIPLINE_LAUNCHER={launcher!r} is invalid; accepted: {', '.join(LAUNCHERS)}"
             )
         resources = get("ZIPLINE_RAY_ENTRYPOINT_RESOURCES")
-        install = (get("ZIPLINE_RAY_INSTALL_REQUIREMENTS") or "true").lower()
-        if install not in ("true", "false"):
+        install = _flag(
+            get("ZIPLINE_RAY_INSTALL_REQUIREMENTS"), "ZIPLINE_RAY_INSTALL_REQUIREMENTS", True
+        )
+        experiment = get("ZIPLINE_MLFLOW_EXPERIMENT") or "{model}"
+        try:
+            experiment.format(model="m")
+        except (KeyError, IndexError, ValueError):
             raise SettingsError(
-                f"ZIPLINE_RAY_INSTALL_REQUIREMENTS={install!r} is invalid; accepted: true, false"
-            )
+                f"ZIPLINE_MLFLOW_EXPERIMENT={experiment!r} is invalid; expected a name, "
+                "in which {model} stands for the model's name, e.g. /Shared/{model}"
+            ) from None
         return cls(
             home=home,
             warehouse=warehouse,
@@ -97,12 +111,18 @@ class Settings:
             ray_address=get("RAY_ADDRESS"),
             ray_auth_mode=get("RAY_AUTH_MODE"),
             ray_entrypoint_resources=_resources(resources) if resources else None,
-            ray_install_requirements=install == "true",
+            ray_install_requirements=install,
             spark_master=get("SPARK_MASTER"),
             s3_endpoint_url=get("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"),
             aws_region=get("AWS_REGION", "AWS_DEFAULT_REGION"),
             gcs_endpoint_url=get("STORAGE_EMULATOR_HOST"),
             azure_connection_string=get("AZURE_STORAGE_CONNECTION_STRING"),
+            mlflow_tracking_uri=get("MLFLOW_TRACKING_URI"),
+            mlflow_experiment=experiment,
+            mlflow_copy_artifacts=_flag(
+                get("ZIPLINE_MLFLOW_COPY_ARTIFACTS"), "ZIPLINE_MLFLOW_COPY_ARTIFACTS", False
+            ),
+            dagster_url=get("ZIPLINE_DAGSTER_URL"),
         )
 
     @property
@@ -113,6 +133,14 @@ class Settings:
             gcs_endpoint_url=self.gcs_endpoint_url,
             azure_connection_string=self.azure_connection_string,
         )
+
+
+def _flag(value: str | None, name: str, default: bool) -> bool:
+    if value is None:
+        return default
+    if value.lower() not in ("true", "false"):
+        raise SettingsError(f"{name}={value!r} is invalid; accepted: true, false")
+    return value.lower() == "true"
 
 
 def _resources(value: str) -> dict[str, float]:

@@ -24,6 +24,7 @@ from zipline_dagster import EventSource, InferenceSpec, Model, ResourceConfig, T
 from zipline_dagster.storage.blobs import blob_store
 from zipline_dagster.storage.paths import MANIFEST_NAME
 from zipline_dagster.storage.resources import WarehouseResource
+from zipline_dagster.tracking import MlflowResource
 from zipline_dagster.training.archive import publish_trainer_archive
 from zipline_dagster.training.assets import build_model_asset
 from zipline_dagster.training.channel import attempt_flags
@@ -84,6 +85,7 @@ def resources(
     )
     return {
         "launcher": launcher,
+        "mlflow": MlflowResource(),  # off
         "warehouse": WarehouseResource(
             uri=warehouse,
             s3=s3,

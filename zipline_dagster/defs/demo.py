@@ -37,6 +37,7 @@ def main() -> int:
     from zipline_dagster.rollout.assets import gate_judge
     from zipline_dagster.scoring.monitoring import monitoring_asset_key
     from zipline_dagster.storage.tables import shift_day
+    from zipline_dagster.tracking import MlflowResource
     from zipline_dagster.training.archive import publish_trainer_archive
 
     t0 = time.monotonic()
@@ -87,6 +88,10 @@ def main() -> int:
     print(f"[5/5] trained partitions ({time.monotonic() - t0:.0f}s):", flush=True)
     if summarize(instance, parts, scored):
         return 1
+    tracker = MlflowResource.from_settings().tracker(lambda m: print(f"warning: {m}"))
+    if tracker is not None:  # `make demo-mlflow`
+        for line in tracker.summary(model.name) or []:
+            print(f"      MLflow: {line}")
     print(
         "open the Dagster UI with `make dev` (http://127.0.0.1:3000); stop the embedded Ray head with `make ray-down`"
     )

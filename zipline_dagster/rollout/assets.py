@@ -13,6 +13,7 @@
 
 import warnings
 from collections.abc import Callable, Collection, Iterator
+from dataclasses import replace
 from typing import Any
 
 import dagster as dg
@@ -27,10 +28,17 @@ from zipline_dagster.lineage.partitions import (
 )
 from zipline_dagster.rollout import champion as ch
 from zipline_dagster.rollout import gates as g
-from zipline_dagster.storage.artifacts import model_commit
-from zipline_dagster.storage.blobs import blob_store
-from zipline_dagster.storage.paths import model_partition_uri
+from zipline_dagster.storage.artifacts import manifest_attempt, model_commit
+from zipline_dagster.storage.blobs import BlobStore, blob_store
+from zipline_dagster.storage.paths import model_dir_uri, model_partition_uri
 from zipline_dagster.storage.resources import WarehouseResource
+from zipline_dagster.tracking import (
+    MlflowResource,
+    Partition,
+    Synced,
+    Tracker,
+    partition_from_storage,
+)
 
 # Partitioned asset checks are marked preview in Dagster 1.13; per-partition gates are
 # what we need, so we rely on them deliberately and say so once here.
@@ -174,14 +182,23 @@ def build_model_checks(
         "comparison with its champion (a warning).",
     )
     def _gates(
-        context: dg.AssetCheckExecutionContext, warehouse: WarehouseResource
+        context: dg.AssetCheckExecutionContext,
+        warehouse: WarehouseResource,
+        mlflow: MlflowResource,
     ) -> Iterator[dg.AssetCheckResult]:
         selected = [c.name for c in context.selected_asset_check_keys if c.name in g.CHECKS]
         store = warehouse.store(model.model_artifact_base_uri)
         champion = ch.read_champion(store, model) if g.NO_REGRESSION in selected else None
+        tracker = mlflow.tracker(context.log.warning)
 
         def judge(ds: str) -> list[tuple[str, dg.AssetCheckResult]]:
-            return gate_results(model, store, ds, champion, selected)
+            results = gate_results(model, store, ds, champion, selected)
+            if tracker is not None:  # the verdict as the MLflow run's tags
+                p = mlflow_partition(store, model, model.version, ds)
+                gates = {n: (r.passed, r.description or "") for n, r in results if n in g.GATES}
+                if p is not None:
+                    tracker.log(replace(p, gates=gates))
+            return results
 
         yield from judge_partitions(context, key, judge, blocking=g.GATES, what=model.name)
 
@@ -231,6 +248,52 @@ def why_in_flight(
     return diff.describe() if diff.state is State.IN_FLIGHT else None
 
 
+def mlflow_partition(
+    store: BlobStore, model: Model, version: str, ds: str, *, judged: bool = False
+) -> Partition | None:
+    """Partition ``version``/``ds`` of ``model`` as committed on storage, for MLflow
+    (``judged``: with its gates' verdict); None when it holds no finished model."""
+    p = partition_from_storage(
+        store,
+        model=model.name,
+        asset_key=model_asset_key(model.name).to_user_string(),
+        model_dir=model_dir_uri(model.model_artifact_base_uri, model.name, version, ds),
+        ds=ds,
+    )
+    if p is None or not judged:
+        return p
+    results = g.evaluate(model, store, ds, version=version)
+    return replace(p, gates={n: (r.passed, r.summary) for n, r in results.items()})
+
+
+def sync_mlflow(
+    tracker: Tracker, model: Model, store: BlobStore, pointer: dict[str, Any] | None, *, moved: bool
+) -> Synced | None:
+    """MLflow caught up with storage: a run for every trained partition of the model's
+    version that has none (trained while MLflow was down), judged by its gates; the
+    alias ``champion`` on the version of ``pointer``'s partition (``moved``: the pointer
+    moved just now, so an alias elsewhere is behind, not moved by hand)."""
+    trained = {
+        ds: attempt
+        for ds in ch.trained_partitions(store, model)
+        if (attempt := manifest_attempt(store, model_partition_uri(model, ds))) is not None
+    }
+    champion = None
+    if pointer is not None:
+        champion = mlflow_partition(
+            store, model, str(pointer["version"]), str(pointer["ds"]), judged=True
+        )
+        if champion is not None and pointer.get("attempt") not in (None, champion.attempt):
+            champion = None  # trained again since it was judged: nothing to register
+    return tracker.sync(
+        model.name,
+        trained,
+        lambda ds: mlflow_partition(store, model, model.version, ds, judged=True),
+        champion,
+        moved=moved,
+    )
+
+
 def build_champion_asset(
     model: Model, *, automation_condition: dg.AutomationCondition | None = None
 ) -> dg.AssetsDefinition:
@@ -248,7 +311,7 @@ def build_champion_asset(
         metadata={"zipline/champion_uri": ch.champion_uri(model)},
     )
     def _champion(
-        context: dg.AssetExecutionContext, warehouse: WarehouseResource
+        context: dg.AssetExecutionContext, warehouse: WarehouseResource, mlflow: MlflowResource
     ) -> dg.MaterializeResult:
         store = warehouse.store(model.model_artifact_base_uri)
         ledger = Ledger(context.instance, judge=gate_judge(model))
@@ -290,6 +353,21 @@ def build_champion_asset(
                 f"{model.name} {ds} not promoted: "
                 + "; ".join(f"{r.gate}: {r.summary}" for r in failed)
             )
+        tracker = mlflow.tracker(context.log.warning)
+        registered = (
+            sync_mlflow(tracker, model, store, p, moved=decision.moved)
+            if tracker is not None
+            else None
+        )
+        if registered is not None and registered.url is not None:
+            md["mlflow_model_version"] = dg.MetadataValue.url(registered.url)
+            if registered.logged:
+                context.log.info(
+                    f"MLflow: logged {', '.join(registered.logged)}, trained while it was "
+                    "not reachable"
+                )
+            if registered.put_back:
+                context.log.warning(registered.put_back)
         if decision.left_behind:  # the pointer is written: recorded as it is on storage
             md["left_behind"] = dg.MetadataValue.json(decision.left_behind)
             context.log.warning(ch.lock_left_behind(model, decision.left_behind))

@@ -31,6 +31,7 @@ from zipline_dagster.storage.artifacts import (
     named_attempt,
     promotion_lock,
     read_json_object,
+    report_metrics,
 )
 from zipline_dagster.storage.blobs import BlobNotFoundError, BlobStore
 from zipline_dagster.storage.paths import MANIFEST_NAME, join_uri, model_dir_uri, model_root_uri
@@ -154,7 +155,7 @@ def _pointer(
     report: dict[str, Any] | None = None,
     attempt: str | None = None,
 ) -> dict[str, Any]:
-    metrics = {k: v for k, v in g.report_metrics(report or {}).items() if v is not None}
+    metrics = {k: v for k, v in report_metrics(report or {}).items() if v is not None}
     return {
         "model": model.name,
         "version": version,

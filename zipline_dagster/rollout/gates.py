@@ -22,6 +22,7 @@ from zipline_dagster.declarations.model import Model
 from zipline_dagster.storage.artifacts import (
     REPORT_NAME,
     is_committed,
+    report_metrics,
 )
 from zipline_dagster.storage.blobs import BlobNotFoundError, BlobStore
 from zipline_dagster.storage.paths import MANIFEST_NAME, join_uri, model_dir_uri
@@ -56,19 +57,6 @@ class GateResult:
     #: One line naming the numbers that decided it.
     summary: str
     values: dict[str, Any] = field(default_factory=dict)
-
-
-def report_metrics(report: dict[str, Any]) -> dict[str, float | None]:
-    """``{split}_{key}`` -> value for every metric the report holds, and each split's
-    ``rows`` (None where the report has no number for it)."""
-    out: dict[str, float | None] = {}
-    for split in SPLITS:
-        part = report.get(split) or {}
-        for key, raw in [*(part.get("metrics") or {}).items(), ("rows", part.get("rows"))]:
-            ok = isinstance(raw, (int, float)) and not isinstance(raw, bool)
-            if ok or key != "rows" or "rows" in part:
-                out[f"{split}_{key}"] = float(raw) if ok else None
-    return out
 
 
 def _why_missing(report: dict[str, Any], name: str, values: dict[str, float | None]) -> str:

@@ -26,6 +26,7 @@ from zipline_dagster.lineage.partitions import (
 from zipline_dagster.rollout import gates as g
 from zipline_dagster.rollout.assets import judge_partitions
 from zipline_dagster.scoring.assets import scoring_partitions
+from zipline_dagster.storage.artifacts import report_metrics
 from zipline_dagster.storage.blobs import BlobStore
 from zipline_dagster.storage.paths import model_dir_uri, table_uri
 from zipline_dagster.storage.resources import WarehouseResource
@@ -208,7 +209,7 @@ def monitor_day(
             warehouse.store(model.model_artifact_base_uri),
             model_dir_uri(model.model_artifact_base_uri, model.name, version, model_ds),
         )
-        holdout = g.report_metrics(report or {}).get("holdout_auc")
+        holdout = report_metrics(report or {}).get("holdout_auc")
         if holdout is not None:
             md["training/holdout_auc"] = dg.MetadataValue.float(holdout)
     return md

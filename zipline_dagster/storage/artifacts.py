@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from zipline_dagster.declarations.deployment import SPLITS
 from zipline_dagster.processes import holder_gone, lock_owner
 from zipline_dagster.storage.blobs import BlobStorageError, BlobStore
 from zipline_dagster.storage.commits import MODEL, Commit
@@ -242,6 +243,19 @@ def read_report(store: BlobStore, model_dir: str) -> dict[str, Any]:
     if not isinstance(report, dict):
         raise ArtifactError(f"{uri} holds {type(report).__name__}, expected a JSON object")
     return report
+
+
+def report_metrics(report: dict[str, Any]) -> dict[str, float | None]:
+    """``{split}_{key}`` -> value for every metric the report holds, and each split's
+    ``rows`` (None where the report has no number for it)."""
+    out: dict[str, float | None] = {}
+    for split in SPLITS:
+        part = report.get(split) or {}
+        for key, raw in [*(part.get("metrics") or {}).items(), ("rows", part.get("rows"))]:
+            ok = isinstance(raw, (int, float)) and not isinstance(raw, bool)
+            if ok or key != "rows" or "rows" in part:
+                out[f"{split}_{key}"] = float(raw) if ok else None
+    return out
 
 
 def committed_manifest(

@@ -24,6 +24,8 @@ from zipline_dagster.storage.blobs import BlobNotFoundError, BlobStorageError
 from zipline_dagster.storage.paths import join_uri, model_root_uri, table_uri
 from zipline_dagster.storage.resources import WarehouseResource
 from zipline_dagster.storage.tables import committed_scan
+from zipline_dagster.tracking import MlflowResource, Partition, Tracker
+from zipline_dagster.tracking import metadata as mlflow_metadata
 from zipline_dagster.training.metadata import report_metadata
 from zipline_dagster.training.pins import Drift, drift_of
 from zipline_dagster.training.ranges import Ran, run_days
@@ -120,12 +122,17 @@ def build_model_asset(
         pool=TRAINING_POOL,
     )
     def _model_asset(
-        context: dg.AssetExecutionContext, launcher: TrainingLauncher, warehouse: WarehouseResource
+        context: dg.AssetExecutionContext,
+        launcher: TrainingLauncher,
+        warehouse: WarehouseResource,
+        mlflow: MlflowResource,
     ) -> dg.MaterializeResult:
         drifted = drift_of(model, trainers)  # the source as it is now, not at load
         if drifted is not None:
             raise dg.Failure(f"refusing to train {model.name}: {drifted.describe()}")
-        work = TrainingWork(context, model, warehouse, upstream)
+        work = TrainingWork(
+            context, model, warehouse, upstream, mlflow.tracker(context.log.warning)
+        )
         return run_days(context, work, list(context.partition_keys), launcher, warehouse)
 
     return _model_asset
@@ -145,6 +152,7 @@ class TrainingWork:
         model: Model,
         warehouse: WarehouseResource,
         upstream: dg.AssetKey,
+        tracker: Tracker | None = None,
     ) -> None:
         self.context, self.model, self.warehouse, self.upstream = (
             context,
@@ -152,6 +160,7 @@ class TrainingWork:
             warehouse,
             upstream,
         )
+        self.tracker = tracker
         self.name = model.name
         # on Ray a range trains in one job, one task each, unless the model has its own
         # Ray Train workers
@@ -199,14 +208,18 @@ class TrainingWork:
         pass
 
     def finish(self, request: TrainingRequest, ran: Ran) -> dict[str, Any]:
-        return finish_partition(self.context, request, ran)
+        return finish_partition(self.context, request, ran, self.tracker)
 
 
 def finish_partition(
-    context: dg.AssetExecutionContext, request: TrainingRequest, ran: Ran
+    context: dg.AssetExecutionContext,
+    request: TrainingRequest,
+    ran: Ran,
+    tracker: Tracker | None = None,
 ) -> dict[str, Any]:
     """Promote the attempt ``ran`` wrote into ``{version}/{ds}/`` (the earlier finished
-    model is superseded only now, the manifest written last); the partition's metadata.
+    model is superseded only now, the manifest written last); the partition's metadata,
+    with a link to its MLflow run when ``tracker`` logged it.
 
     Raises:
         dg.Failure: the attempt's artifacts do not satisfy the contract (named).
@@ -227,6 +240,8 @@ def finish_partition(
                 "launcher": ran.launcher,
                 "archive_uri": request.archive_uri,
                 "dagster_run_id": context.run.run_id,
+                # what MLflow logs as params, also for a partition logged from storage
+                "flags": list(request.flags),
             },
         )
         report = promotion.report or read_report(artifacts, request.canonical_dir)
@@ -267,4 +282,18 @@ def finish_partition(
         metadata["ray_dashboard"] = dg.MetadataValue.url(ran.url)
     if promotion.superseded:
         metadata["superseded_artifacts"] = promotion.superseded
+    if tracker is not None:
+        partition = Partition(
+            model=model.name,
+            asset_key=context.asset_key.to_user_string(),
+            ds=ds,
+            version=model.version,
+            attempt=str(promotion.manifest.get("attempt") or ran.job_id),
+            artifact_uri=request.canonical_dir,
+            report=report,
+            dagster_run_id=context.run.run_id,
+            flags=request.flags,
+            files=[f["path"] for f in promotion.manifest["files"]],
+        )
+        metadata.update(mlflow_metadata(tracker.log(partition)))
     return metadata

@@ -1,0 +1,526 @@
+"""The MLflow hand-off (optional, off unless a tracking URI is configured).
+
+Every model partition attempt becomes one MLflow run, in the experiment named after its
+model: tags (asset key, partition, trainer version, attempt id, Dagster run id and a link
+to it), the trainer's flags as params, the report's train and holdout metrics, the report
+as an artifact and the model's files as a reference to their versioned URI (copied only
+when ``copy_artifacts`` is set). A partition the champion points at becomes a version of
+the registered model named after the model, and the alias ``champion`` follows our
+pointer, which stays the truth: an alias moved by hand is put back, with a warning.
+
+A partition and its attempt id identify a run (a range trains its days in one attempt):
+an attempt already logged is never logged again (a retried step, a re-executed run, two
+processes at once: the earliest run of an attempt stays, a later duplicate is deleted). MLflow never fails or slows training beyond
+``timeout_s`` a call: a tracking server that does not answer in time or errs is warned
+about, skipped for the rest of the step, and what it missed is logged on the champion's
+next evaluation (``Tracker.sync``), from storage.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import dagster as dg
+from pydantic import Field
+
+from zipline_dagster.settings import settings
+from zipline_dagster.storage.artifacts import (
+    named_attempt,
+    read_json_object,
+    read_report,
+    report_metrics,
+)
+from zipline_dagster.storage.blobs import BlobNotFoundError, BlobStore
+from zipline_dagster.storage.paths import MANIFEST_NAME, join_uri
+
+#: The training attempt (job) an MLflow run is of.
+ATTEMPT_TAG = "zipline.attempt"
+#: ``{ds}/{attempt}``: a run's (and a model version's) identity, set on a run once it is
+#: complete (finished, everything logged).
+IDENTITY_TAG = "zipline.partition_attempt"
+#: The identity a run is being logged for, until it is complete: a run left with only
+#: this one (a process killed mid-way, a request whose answer was lost) is never taken
+#: for the attempt's, and is deleted once the attempt has a complete run.
+PENDING_TAG = "zipline.logging"
+CHAMPION_ALIAS = "champion"
+#: Object stores a model version's source may name directly; a local (file://) source
+#: is refused by MLflow's server, so such a version's source is the run's ``model/``.
+_REMOTE = ("s3", "gs", "gcs", "abfss", "abfs", "wasbs", "hdfs", "dbfs")
+_MAX_PARAM = 6000
+_MAX_TAG = 5000
+
+T = TypeVar("T")
+
+
+class MlflowResource(dg.ConfigurableResource):
+    """Where model partitions are logged in MLflow; off while ``tracking_uri`` is unset.
+
+    Credentials are MLflow's own environment variables (``MLFLOW_TRACKING_TOKEN``,
+    ``MLFLOW_TRACKING_USERNAME`` / ``_PASSWORD``), never fields.
+    """
+
+    tracking_uri: str | None = Field(
+        default=None,
+        description="MLflow tracking server, e.g. http://mlflow:5000 (also the registry). "
+        "Unset: MLflow is off.",
+    )
+    experiment: str = Field(
+        default="{model}", description="The experiment of a model's runs; {model} is its name."
+    )
+    timeout_s: float = Field(
+        default=5.0,
+        description="The longest a step waits on one MLflow call; past it (or on an error) "
+        "the step warns, skips MLflow and the champion's next evaluation logs what it missed.",
+    )
+    copy_artifacts: bool = Field(
+        default=False,
+        description="Copy a partition's model files into its MLflow run (default: a "
+        "reference to their versioned URI).",
+    )
+    dagster_url: str | None = Field(
+        default=None, description="The Dagster UI's URL, for the link from a run back to it."
+    )
+
+    @classmethod
+    def from_settings(cls) -> MlflowResource:
+        env = settings()
+        return cls(
+            tracking_uri=env.mlflow_tracking_uri,
+            experiment=env.mlflow_experiment,
+            copy_artifacts=env.mlflow_copy_artifacts,
+            dagster_url=env.dagster_url,
+        )
+
+    def tracker(self, warn: Callable[[str], None]) -> Tracker | None:
+        """A tracker for one step (None when MLflow is off); ``warn`` gets what it skipped."""
+        return Tracker(self, warn) if self.tracking_uri else None
+
+
+@dataclass(frozen=True)
+class Partition:
+    """One model partition attempt, as MLflow gets it."""
+
+    model: str
+    asset_key: str
+    ds: str
+    version: str
+    attempt: str
+    artifact_uri: str
+    report: Mapping[str, Any]
+    dagster_run_id: str | None = None
+    flags: Sequence[str] = ()
+    files: Sequence[str] = ()
+    #: gate name -> (passed, summary); None: not judged yet
+    gates: Mapping[str, tuple[bool, str]] | None = None
+
+    @property
+    def key(self) -> str:
+        """Its identity in MLflow (``IDENTITY_TAG``)."""
+        return f"{self.ds}/{self.attempt}"
+
+
+@dataclass(frozen=True)
+class Logged:
+    run_id: str
+    url: str
+
+
+@dataclass(frozen=True)
+class Synced:
+    """What a sync did: the partitions it logged (missed earlier), and the model version
+    the alias ``champion`` is on (None: no champion)."""
+
+    logged: list[str]
+    version: str | None = None
+    url: str | None = None
+    #: the warning when the alias had been elsewhere (moved by hand, or behind)
+    put_back: str | None = None
+
+
+def partition_from_storage(
+    store: BlobStore, *, model: str, asset_key: str, model_dir: str, ds: str
+) -> Partition | None:
+    """The committed attempt of the partition at ``model_dir`` (None: no manifest)."""
+    manifest = read_json_object(store, join_uri(model_dir, MANIFEST_NAME))
+    attempt = named_attempt(manifest)
+    if manifest is None or attempt is None:
+        return None
+    try:
+        report = read_report(store, model_dir)
+    except BlobNotFoundError:
+        report = {}
+    return Partition(
+        model=model,
+        asset_key=asset_key,
+        ds=ds,
+        version=str(manifest.get("version") or ""),
+        attempt=attempt,
+        artifact_uri=model_dir,
+        report=report,
+        dagster_run_id=manifest.get("dagster_run_id"),
+        flags=tuple(manifest.get("flags") or ()),
+        files=tuple(str(f["path"]) for f in manifest.get("files") or ()),
+    )
+
+
+def flag_params(flags: Iterable[str]) -> dict[str, str]:
+    """``--name=value`` flags as params (a bare ``--name`` is ``true``)."""
+    out = {}
+    for flag in flags:
+        name, eq, value = flag.lstrip("-").partition("=")
+        out[name] = (value if eq else "true")[:_MAX_PARAM]
+    return out
+
+
+def _shown(uri: str) -> str:
+    """``uri`` without any user or password in it."""
+    parts = urllib.parse.urlsplit(uri)
+    if parts.username is None and parts.password is None:
+        return uri
+    host = parts.hostname or ""
+    netloc = host + (f":{parts.port}" if parts.port else "")
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+class Tracker:
+    """MLflow for one step: each call bounded by ``timeout_s``; after one that failed,
+    the rest of the step skips MLflow (said once)."""
+
+    def __init__(self, conf: MlflowResource, warn: Callable[[str], None]) -> None:
+        assert conf.tracking_uri
+        self.conf, self.warn = conf, warn
+        self.uri = conf.tracking_uri
+        self.down: str | None = None
+        self._client: Any = None
+        #: when the MLflow call under way began (``_Watched``); None: none is
+        self._calling: float | None = None
+        self._experiments: dict[str, str] = {}
+
+    # -- bounded calls ------------------------------------------------------------------
+
+    def _bounded(self, what: str, fn: Callable[[], T]) -> T | None:
+        """``fn()`` in a daemon thread, watched: None (warned) when one of its MLflow calls
+        has not answered in ``timeout_s``, or it raised, or MLflow failed earlier in this
+        step."""
+        if self.down is not None:
+            return None
+        self.client()  # importing mlflow (2 s) is not the server's wait
+        box: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                box["value"] = fn()
+            except BaseException as exc:  # reported below, never raised into the step
+                box["error"] = exc
+
+        thread = threading.Thread(target=run, name=f"mlflow: {what}", daemon=True)
+        thread.start()
+        while thread.is_alive():
+            thread.join(0.05)
+            started = self._calling
+            if started is not None and time.monotonic() - started > self.conf.timeout_s:
+                break
+        if thread.is_alive():
+            self.down = f"no answer within {self.conf.timeout_s:g}s"
+        elif "error" in box:
+            exc = box["error"]
+            self.down = (
+                f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+            )
+        else:
+            return box.get("value")
+        self.warn(
+            f"MLflow at {_shown(self.uri)} skipped ({what}): {self.down}. Nothing else "
+            "waits on it in this step; the champion's next evaluation logs what it missed"
+        )
+        return None
+
+    def client(self) -> Any:
+        if self._client is None:
+            # one try per request, which ends soon after the watch gave up on it: MLflow's
+            # defaults retry 7 times over minutes (set unless the deployment set its own)
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(int(self.conf.timeout_s) + 5))
+            from mlflow.tracking import MlflowClient
+
+            self._client = _Watched(
+                MlflowClient(tracking_uri=self.uri, registry_uri=self.uri), self
+            )
+        return self._client
+
+    # -- runs -----------------------------------------------------------------------------
+
+    def log(self, p: Partition) -> Logged | None:
+        """The MLflow run of ``p``'s attempt, logged now unless it already was (gates,
+        when given, set as tags either way); None when MLflow was skipped."""
+        return self._bounded(f"log {p.model} {p.ds}", lambda: self._log(p))
+
+    def experiment_id(self, model: str) -> str:
+        from mlflow.exceptions import MlflowException
+
+        name = self.conf.experiment.format(model=model)
+        if name not in self._experiments:
+            client = self.client()
+            found = client.get_experiment_by_name(name)
+            if found is None:
+                try:
+                    exp_id = client.create_experiment(name, tags={"zipline.model": model})
+                except MlflowException:  # created by another process meanwhile
+                    exp_id = client.get_experiment_by_name(name).experiment_id
+            else:
+                exp_id = found.experiment_id
+            self._experiments[name] = exp_id
+        return self._experiments[name]
+
+    def runs(self, model: str, key: str | None = None) -> list[Any]:
+        """The complete runs of ``model`` (of one partition attempt), earliest first."""
+        where = f"attributes.status = 'FINISHED' and tags.`{IDENTITY_TAG}` " + (
+            f"= '{key}'" if key is not None else "!= ''"
+        )
+        found = self.client().search_runs(
+            [self.experiment_id(model)],
+            filter_string=where,
+            max_results=50000 if key is None else 100,
+            order_by=["attributes.start_time ASC"],
+        )
+        return sorted(found, key=lambda r: (r.info.start_time, r.info.run_id))
+
+    def _delete_incomplete(self, model: str, logged: set[str | None]) -> None:
+        """Delete the runs left incomplete for an attempt that has a complete run."""
+        client = self.client()
+        for run in client.search_runs(
+            [self.experiment_id(model)],
+            filter_string=f"tags.`{PENDING_TAG}` != ''",
+            max_results=50000,
+        ):
+            complete = run.info.status == "FINISHED" and IDENTITY_TAG in run.data.tags
+            if not complete and run.data.tags.get(PENDING_TAG) in logged:
+                client.delete_run(run.info.run_id)
+
+    def run_url(self, model: str, run_id: str) -> str:
+        return f"{_shown(self.uri).rstrip('/')}/#/experiments/{self.experiment_id(model)}/runs/{run_id}"
+
+    def _log(self, p: Partition) -> Logged:
+        from mlflow.entities import Metric, Param, RunTag
+
+        client = self.client()
+        existing = self.runs(p.model, p.key)
+        if existing:
+            run_id = existing[0].info.run_id
+        else:
+            tags = {
+                ATTEMPT_TAG: p.attempt,
+                PENDING_TAG: p.key,
+                "zipline.asset_key": p.asset_key,
+                "zipline.partition": p.ds,
+                "zipline.version": p.version,
+                "zipline.artifact_uri": p.artifact_uri,
+                "zipline.dagster_run_id": p.dagster_run_id or "none",
+                "mlflow.note.content": (
+                    f"Dagster asset {p.asset_key} partition {p.ds}, attempt {p.attempt}"
+                ),
+            }
+            if p.dagster_run_id and self.conf.dagster_url:
+                tags["zipline.dagster_run_url"] = (
+                    f"{self.conf.dagster_url.rstrip('/')}/runs/{p.dagster_run_id}"
+                )
+            run = client.create_run(
+                self.experiment_id(p.model), run_name=f"{p.model} {p.ds}", tags=tags
+            )
+            run_id = run.info.run_id
+            client.log_batch(
+                run_id,
+                metrics=[
+                    Metric(k, v, 0, 0)
+                    for k, v in report_metrics(dict(p.report)).items()
+                    if v is not None
+                ],
+                params=[Param(k, v) for k, v in flag_params(p.flags).items()],
+                tags=[RunTag("zipline.files", str(len(p.files)))],
+            )
+            client.log_dict(run_id, dict(p.report), "report/metrics.json")
+            self._log_model(client, run_id, p)
+            client.set_terminated(run_id, "FINISHED")
+            client.set_tag(run_id, IDENTITY_TAG, p.key)  # complete
+            # two processes logging one attempt at once: the earliest run stays
+            runs = self.runs(p.model, p.key)
+            keep = runs[0].info.run_id if runs else run_id
+            if keep != run_id:
+                client.delete_run(run_id)
+                run_id = keep
+        if p.gates is not None:
+            self._tag_gates(client, run_id, p.gates)
+        return Logged(run_id, self.run_url(p.model, run_id))
+
+    def _log_model(self, client: Any, run_id: str, p: Partition) -> None:
+        reference = {"artifact_uri": p.artifact_uri, "files": list(p.files)}
+        client.log_dict(run_id, reference, "model/zipline_reference.json")
+        if not self.conf.copy_artifacts:
+            return
+        from zipline_dagster.storage.blobs import blob_store
+
+        store = blob_store(p.artifact_uri)
+        with tempfile.TemporaryDirectory(prefix="zipline-mlflow-") as tmp:
+            for rel in p.files:
+                dest = Path(tmp, rel)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                dest.write_bytes(store.read_bytes(join_uri(p.artifact_uri, rel)))
+            client.log_artifacts(run_id, tmp, "model")
+
+    @staticmethod
+    def _tag_gates(client: Any, run_id: str, gates: Mapping[str, tuple[bool, str]]) -> None:
+        from mlflow.entities import RunTag
+
+        failed = sorted(n for n, (ok, _) in gates.items() if not ok)
+        tags = [RunTag("zipline.gates", "failed: " + ", ".join(failed) if failed else "passed")]
+        tags += [
+            RunTag(f"zipline.gate.{n}", ("passed: " if ok else "failed: ") + why[:_MAX_TAG])
+            for n, (ok, why) in sorted(gates.items())
+        ]
+        client.log_batch(run_id, tags=tags)
+
+    # -- the registry ------------------------------------------------------------------------
+
+    def sync(
+        self,
+        model: str,
+        trained: Mapping[str, str],
+        load: Callable[[str], Partition | None],
+        champion: Partition | None,
+        *,
+        moved: bool,
+    ) -> Synced | None:
+        """Log each trained partition (``trained``: day -> its committed attempt) whose
+        attempt has no run yet, as ``load`` gives it, then put the alias ``champion`` on
+        the model version of ``champion``'s attempt (registered now if it has none).
+        ``moved``: our pointer moved in this step, so an alias elsewhere is just behind;
+        otherwise it was moved in MLflow, and is put back with a warning. None when MLflow
+        was skipped."""
+
+        def sync() -> Synced:
+            logged = {r.data.tags.get(IDENTITY_TAG) for r in self.runs(model)}
+            self._delete_incomplete(model, logged)
+            caught_up = []
+            for ds, attempt in sorted(trained.items()):
+                if f"{ds}/{attempt}" not in logged and (p := load(ds)) is not None:
+                    self._log(p)
+                    caught_up.append(ds)
+            if champion is None:
+                return Synced(caught_up)
+            return self._alias(model, champion, self._log(champion), moved, caught_up)
+
+        return self._bounded(f"sync {model}", sync)
+
+    def summary(self, model: str) -> list[str] | None:
+        """What MLflow holds of ``model``: its runs (partitions), its registered model and
+        the version the alias ``champion`` is on; None when MLflow was skipped."""
+
+        def read() -> list[str]:
+            from mlflow.exceptions import MlflowException
+
+            runs = self.runs(model)
+            days = sorted({r.data.tags.get("zipline.partition", "?") for r in runs})
+            base = _shown(self.uri).rstrip("/")
+            lines = [
+                f"{len(runs)} runs in experiment {self.conf.experiment.format(model=model)!r} "
+                f"(partitions {', '.join(days) or 'none'}): "
+                f"{base}/#/experiments/{self.experiment_id(model)}"
+            ]
+            try:
+                v = self.client().get_model_version_by_alias(model, CHAMPION_ALIAS)
+            except MlflowException:
+                return [*lines, f"registered model {model}: no @{CHAMPION_ALIAS} alias"]
+            return [
+                *lines,
+                f"models:/{model}@{CHAMPION_ALIAS} = version {v.version} (partition "
+                f"{v.tags.get('zipline.partition', '?')}): {base}/#/models/{model}",
+            ]
+
+        return self._bounded(f"read {model}", read)
+
+    def _alias(
+        self, name: str, p: Partition, run: Logged, moved: bool, caught_up: list[str]
+    ) -> Synced:
+        from mlflow.exceptions import MlflowException
+
+        client = self.client()
+        try:
+            client.create_registered_model(name, tags={"zipline.model": name})
+        except MlflowException as exc:
+            if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+        versions = client.search_model_versions(f"name = '{name}'")
+        mine = [v for v in versions if v.tags.get(IDENTITY_TAG) == p.key]
+        if mine:
+            version = min(mine, key=lambda v: int(v.version))
+        else:
+            remote = urllib.parse.urlsplit(p.artifact_uri).scheme in _REMOTE
+            source = (
+                p.artifact_uri
+                if remote and not self.conf.copy_artifacts
+                else f"runs:/{run.run_id}/model"
+            )
+            version = client.create_model_version(
+                name,
+                source,
+                run_id=run.run_id,
+                tags={
+                    ATTEMPT_TAG: p.attempt,
+                    IDENTITY_TAG: p.key,
+                    "zipline.partition": p.ds,
+                    "zipline.version": p.version,
+                    "zipline.artifact_uri": p.artifact_uri,
+                },
+                description=f"{name} partition {p.ds} (trainer version {p.version})",
+                await_creation_for=0,
+            )
+        try:
+            current = client.get_model_version_by_alias(name, CHAMPION_ALIAS)
+        except MlflowException:
+            current = None
+        put_back = None
+        if current is None or current.version != version.version:
+            client.set_registered_model_alias(name, CHAMPION_ALIAS, version.version)
+            if current is not None and not moved:
+                put_back = (
+                    f"MLflow's alias {name}@{CHAMPION_ALIAS} was on version {current.version} "
+                    f"(partition {current.tags.get('zipline.partition', '?')}), not on the "
+                    f"champion {p.version}/{p.ds}: put back on version {version.version}"
+                )
+        url = f"{_shown(self.uri).rstrip('/')}/#/models/{name}/versions/{version.version}"
+        return Synced(caught_up, str(version.version), url, put_back)
+
+
+class _Watched:
+    """An MlflowClient whose calls tell the tracker when each began and ended, so that
+    the wait is bounded per call, not per whole operation (a sync makes many)."""
+
+    def __init__(self, client: Any, tracker: Tracker) -> None:
+        self._client, self._tracker = client, tracker
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._client, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self._tracker._calling = time.monotonic()
+            try:
+                return attr(*args, **kwargs)
+            finally:
+                self._tracker._calling = None
+
+        return call
+
+
+def metadata(logged: Logged | None) -> dict[str, Any]:
+    """A materialization's link to its MLflow run (nothing when MLflow was skipped)."""
+    return {} if logged is None else {"mlflow_run": dg.MetadataValue.url(logged.url)}
