@@ -89,3 +89,34 @@ def test_where_job_drivers_go_and_whether_jobs_install_requirements() -> None:
         match="ZIPLINE_RAY_INSTALL_REQUIREMENTS='no' is invalid; accepted: true, false",
     ):
         Settings.from_env({"ZIPLINE_RAY_INSTALL_REQUIREMENTS": "no"})
+
+
+def test_mlflow_is_off_unless_a_tracking_uri_is_set() -> None:
+    """MLflow is on only with a tracking URI; its experiment name must hold ``{model}``
+    as a placeholder (or none), and the copy switch is true or false."""
+    from zipline_dagster.tracking import MlflowResource
+
+    off = Settings.from_env({})
+    assert off.mlflow_tracking_uri is None and off.mlflow_experiment == "{model}"
+    assert MlflowResource().tracker(print) is None
+    on = Settings.from_env(
+        {
+            "MLFLOW_TRACKING_URI": "http://mlflow:5000",
+            "ZIPLINE_MLFLOW_EXPERIMENT": "/Shared/{model}",
+            "ZIPLINE_MLFLOW_COPY_ARTIFACTS": "true",
+            "ZIPLINE_DAGSTER_URL": "http://dagster:3000",
+        }
+    )
+    assert (on.mlflow_tracking_uri, on.mlflow_experiment) == (
+        "http://mlflow:5000",
+        "/Shared/{model}",
+    )
+    assert on.mlflow_copy_artifacts is True and on.dagster_url == "http://dagster:3000"
+    with pytest.raises(
+        SettingsError, match=r"ZIPLINE_MLFLOW_EXPERIMENT='/Shared/\{name\}' is invalid; .*\{model\}"
+    ):
+        Settings.from_env({"ZIPLINE_MLFLOW_EXPERIMENT": "/Shared/{name}"})
+    with pytest.raises(
+        SettingsError, match="ZIPLINE_MLFLOW_COPY_ARTIFACTS='yes' is invalid; accepted: true, false"
+    ):
+        Settings.from_env({"ZIPLINE_MLFLOW_COPY_ARTIFACTS": "yes"})

@@ -19,6 +19,7 @@ next evaluation (``Tracker.sync``), from storage.
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 import threading
 import time
@@ -180,6 +181,10 @@ def flag_params(flags: Iterable[str]) -> dict[str, str]:
     return out
 
 
+#: a URI's ``user:password@``, wherever an error message quotes it
+_USERINFO = re.compile(r"//[^/\s@]+@")
+
+
 def _shown(uri: str) -> str:
     """``uri`` without any user or password in it."""
     parts = urllib.parse.urlsplit(uri)
@@ -232,9 +237,8 @@ class Tracker:
             self.down = f"no answer within {self.conf.timeout_s:g}s"
         elif "error" in box:
             exc = box["error"]
-            self.down = (
-                f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
-            )
+            text = str(exc).splitlines()[0][:300] if str(exc) else ""
+            self.down = f"{type(exc).__name__}: {_USERINFO.sub('//', text)}"
         else:
             return box.get("value")
         self.warn(
@@ -248,6 +252,8 @@ class Tracker:
             # one try per request, which ends soon after the watch gave up on it: MLflow's
             # defaults retry 7 times over minutes (set unless the deployment set its own)
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+            # a run's link is in Dagster's metadata, not printed to the step's stdout
+            os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(int(self.conf.timeout_s) + 5))
             from mlflow.tracking import MlflowClient
 

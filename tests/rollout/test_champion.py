@@ -34,6 +34,7 @@ from zipline_dagster.rollout.assets import (
     model_asset_key,
 )
 from zipline_dagster.storage.blobs import blob_store
+from zipline_dagster.tracking import MlflowResource
 from zipline_dagster.training.archive import publish_trainer_archive
 from zipline_dagster.training.assets import build_model_asset, trainable_partitions
 
@@ -341,7 +342,9 @@ def test_a_champion_lock_that_cannot_be_deleted_leaves_the_move_standing(
         instance = dg.DagsterInstance.ephemeral()
         warehouse = WarehouseResource(uri=base, s3=S3Resource(endpoint_url=proxy.url))
         result = dg.materialize(
-            [build_champion_asset(model)], resources={"warehouse": warehouse}, instance=instance
+            [build_champion_asset(model)],
+            resources={"warehouse": warehouse, "mlflow": MlflowResource()},
+            instance=instance,
         )
         assert result.success and proxy.denied >= 1
         (event,) = result.get_asset_materialization_events()

@@ -33,7 +33,7 @@ from zipline_dagster.rollout.assets import build_champion_asset, build_model_che
 from zipline_dagster.storage.artifacts import manifest_attempt, read_report, report_metrics
 from zipline_dagster.storage.blobs import blob_store
 from zipline_dagster.storage.paths import model_partition_uri
-from zipline_dagster.tracking import MlflowResource
+from zipline_dagster.tracking import MlflowResource, Partition
 from zipline_dagster.training.archive import publish_trainer_archive
 from zipline_dagster.training.assets import build_model_asset
 
@@ -256,3 +256,23 @@ def test_a_tracking_server_that_fails_never_fails_training_and_what_it_missed_is
             assert (got / entry["path"]).exists(), entry["path"]
     finally:
         proxy.close()
+
+
+def test_credentials_in_a_tracking_uri_never_show(file_base: str) -> None:
+    """A tracking URI holding a user and password (MLflow's own variables are the place
+    for them): unreachable, the step's warning names the server without them."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    warned: list[str] = []
+    uri = f"http://alice:s3cret-pw@127.0.0.1:{port}"
+    tracker = MlflowResource(tracking_uri=uri, timeout_s=2).tracker(warned.append)
+    assert tracker is not None
+    logged = tracker.log(
+        Partition("m", "models/m", DS1, "v", "a1", f"{file_base}/models/m/v/{DS1}", {})
+    )
+    assert logged is None and len(warned) == 1
+    assert f"MLflow at http://127.0.0.1:{port} skipped" in warned[0]
+    assert "s3cret-pw" not in warned[0] and "alice" not in warned[0]
