@@ -65,6 +65,7 @@ demo-mlflow: system-deps $(SYNCED) $(MLFLOW_SERVER) $(DAGSTER_HOME)/dagster.yaml
 	$(VENV)/bin/python scripts/mlflow_server.py up
 	MLFLOW_TRACKING_URI=$$($(VENV)/bin/python scripts/mlflow_server.py url) \
 		ZIPLINE_MLFLOW_COPY_ARTIFACTS=$${ZIPLINE_MLFLOW_COPY_ARTIFACTS:-true} \
+		ZIPLINE_DAGSTER_URL=$${ZIPLINE_DAGSTER_URL:-http://127.0.0.1:3000} \
 		$(VENV)/bin/python -c 'import sys; from zipline_dagster.defs.demo import main; sys.exit(main())'
 
 mlflow-down: $(SYNCED)

@@ -81,6 +81,11 @@ class MlflowResource(dg.ConfigurableResource):
         description="The longest a step waits on one MLflow call; past it (or on an error) "
         "the step warns, skips MLflow and the champion's next evaluation logs what it missed.",
     )
+    step_budget_s: float = Field(
+        default=30.0,
+        description="The most a step waits on MLflow in all (a range logs a run a day); "
+        "past it the step skips MLflow, and the champion's next evaluation logs the rest.",
+    )
     copy_artifacts: bool = Field(
         default=False,
         description="Copy a partition's model files into its MLflow run (default: a "
@@ -205,6 +210,8 @@ class Tracker:
         self.uri = conf.tracking_uri
         self.down: str | None = None
         self._client: Any = None
+        #: seconds this step has waited on MLflow
+        self.spent = 0.0
         #: when the MLflow call under way began (``_Watched``); None: none is
         self._calling: float | None = None
         self._experiments: dict[str, str] = {}
@@ -213,8 +220,8 @@ class Tracker:
 
     def _bounded(self, what: str, fn: Callable[[], T]) -> T | None:
         """``fn()`` in a daemon thread, watched: None (warned) when one of its MLflow calls
-        has not answered in ``timeout_s``, or it raised, or MLflow failed earlier in this
-        step."""
+        has not answered in ``timeout_s``, or MLflow has taken ``step_budget_s`` of this
+        step in all, or it raised, or MLflow failed earlier in this step."""
         if self.down is not None:
             return None
         self.client()  # importing mlflow (2 s) is not the server's wait
@@ -227,20 +234,24 @@ class Tracker:
                 box["error"] = exc
 
         thread = threading.Thread(target=run, name=f"mlflow: {what}", daemon=True)
+        began = time.monotonic()
         thread.start()
         while thread.is_alive():
             thread.join(0.05)
-            started = self._calling
-            if started is not None and time.monotonic() - started > self.conf.timeout_s:
+            started, now = self._calling, time.monotonic()
+            if started is not None and now - started > self.conf.timeout_s:
+                self.down = f"no answer within {self.conf.timeout_s:g}s"
+            elif self.spent + now - began > self.conf.step_budget_s:
+                self.down = f"it has taken {self.conf.step_budget_s:g}s of this step"
+            if self.down is not None:
                 break
-        if thread.is_alive():
-            self.down = f"no answer within {self.conf.timeout_s:g}s"
-        elif "error" in box:
+        self.spent += time.monotonic() - began
+        if self.down is None:
+            if "error" not in box:
+                return box.get("value")
             exc = box["error"]
             text = str(exc).splitlines()[0][:300] if str(exc) else ""
             self.down = f"{type(exc).__name__}: {_USERINFO.sub('//', text)}"
-        else:
-            return box.get("value")
         self.warn(
             f"MLflow at {_shown(self.uri)} skipped ({what}): {self.down}. Nothing else "
             "waits on it in this step; the champion's next evaluation logs what it missed"

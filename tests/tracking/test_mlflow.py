@@ -276,3 +276,29 @@ def test_credentials_in_a_tracking_uri_never_show(file_base: str) -> None:
     assert logged is None and len(warned) == 1
     assert f"MLflow at http://127.0.0.1:{port} skipped" in warned[0]
     assert "s3cret-pw" not in warned[0] and "alice" not in warned[0]
+
+
+def test_a_slow_tracking_server_costs_a_step_at_most_its_budget(
+    mlflow_server: Any, file_base: str
+) -> None:
+    """Every MLflow call answers, slowly (each request held 0.4 s by the proxy): the step
+    stops waiting once MLflow has taken its budget, says so once, and skips MLflow for the
+    rest of the step (the champion's next evaluation logs what it missed)."""
+    proxy = TcpProxy("127.0.0.1", mlflow_server.port, latency=0.4)
+    warned: list[str] = []
+    try:
+        conf = MlflowResource(tracking_uri=proxy.url, timeout_s=5, step_budget_s=1)
+        tracker = conf.tracker(warned.append)
+        assert tracker is not None
+        days = (DS1, DS2)
+        for ds in days:
+            p = Partition("slow_model", "models/slow_model", ds, "v", "a1", f"{file_base}/{ds}", {})
+            assert tracker.log(p) is None
+        assert warned == [
+            f"MLflow at {proxy.url} skipped (log slow_model {DS1}): it has taken 1s of this "
+            "step. Nothing else waits on it in this step; the champion's next evaluation logs "
+            "what it missed"
+        ]
+        assert tracker.spent < 1 + 0.5  # the budget, and one watch interval's slack
+    finally:
+        proxy.close()
