@@ -85,8 +85,30 @@ def test_old_partition_change_retrains_old_models_too() -> None:
     result = dg.evaluate_automation_conditions(
         defs=defs, instance=instance, evaluation_time=NOW, cursor=c
     )
-    # windows ending 07-09..07-12 contain 07-09; 07-09 and 07-10 have all inputs too
-    assert requested(result, MODEL) == {"2026-07-09", "2026-07-10", "2026-07-11", "2026-07-12"}
+    # windows ending 07-09..07-12 contain 07-09: the trained ones (07-11, 07-12) are
+    # retrained; 07-09 and 07-10 were never trained, and filling old gaps is a backfill's
+    assert requested(result, MODEL) == {"2026-07-11", "2026-07-12"}
+
+
+def test_a_new_days_inputs_train_the_new_partition_but_old_days_fill_no_gaps() -> None:
+    """A new day's training table arrives: the model's latest partition, never trained,
+    is requested. Old upstream days written by a backfill (listing views a week back, for
+    the features' windows) request nothing downstream that the backfill did not ask for."""
+    instance = seeded_instance()
+    defs = demo_defs()
+    later = NOW + dt.timedelta(days=1)  # latest daily partition: 2026-07-15
+    c = dg.evaluate_automation_conditions(defs=defs, instance=instance, evaluation_time=later)
+    materialize_report(instance, TRAINING, ["2026-07-15"])
+    result = dg.evaluate_automation_conditions(
+        defs=defs, instance=instance, evaluation_time=later, cursor=c.cursor
+    )
+    assert requested(result, MODEL) == {"2026-07-15"}
+    views = dg.AssetKey(["ctr", "listing_views"])
+    materialize_report(instance, views, days_between("2026-06-24", "2026-06-30"))
+    old = dg.evaluate_automation_conditions(
+        defs=defs, instance=instance, evaluation_time=later, cursor=result.cursor
+    )
+    assert old.total_requested == 0
 
 
 def test_version_change_requests_the_latest_partition() -> None:

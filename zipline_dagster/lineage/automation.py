@@ -7,13 +7,18 @@ def retrain_condition() -> dg.AutomationCondition:
     """Request a partition again when its inputs change or its code version does.
 
     * any partition of its window was (re-)materialized, e.g. a feature fix: exactly the
-      partitions whose window contains it are requested, old ones included (``eager()``
-      would only look at the latest partition);
+      materialized partitions whose window contains it are requested, old ones included
+      (``eager()`` would only look at the latest partition), and the latest partition,
+      materialized or not (a new day's data arrived);
     * the code version changed (a new trainer version): the latest partition is retrained.
-    Never while one of its inputs is missing or still being computed.
+    Never while one of its inputs is missing or still being computed. An older partition
+    never materialized is not automation's to fill: a backfill plans it, upstream first
+    (``zipline-dagster backfill``), and the old upstream days that backfill writes request
+    nothing of what it did not ask for.
     """
     upstream_changed = (
         dg.AutomationCondition.any_deps_updated()
+        & (~dg.AutomationCondition.missing() | dg.AutomationCondition.in_latest_time_window())
         & ~dg.AutomationCondition.any_deps_missing()
         & ~dg.AutomationCondition.any_deps_in_progress()
     ).with_label("an input partition was updated")
