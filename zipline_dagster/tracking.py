@@ -192,12 +192,7 @@ _USERINFO = re.compile(r"//[^/\s@]+@")
 
 def _shown(uri: str) -> str:
     """``uri`` without any user or password in it."""
-    parts = urllib.parse.urlsplit(uri)
-    if parts.username is None and parts.password is None:
-        return uri
-    host = parts.hostname or ""
-    netloc = host + (f":{parts.port}" if parts.port else "")
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+    return _USERINFO.sub("//", uri)
 
 
 class Tracker:
