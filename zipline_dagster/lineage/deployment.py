@@ -32,7 +32,19 @@ STATUS = """
 query Backfill($id: String!) {
   partitionBackfillOrError(backfillId: $id) {
     __typename
-    ... on PartitionBackfill { status runs(limit: 1000) { status } }
+    ... on PartitionBackfill {
+      status
+      runs(limit: 1000) { status }
+      assetBackfillData {
+        assetBackfillStatuses {
+          ... on AssetPartitionsStatusCounts {
+            numPartitionsTargeted numPartitionsInProgress numPartitionsMaterialized
+            numPartitionsFailed
+          }
+          ... on UnpartitionedAssetStatus { inProgress materialized failed }
+        }
+      }
+    }
     ... on Error { message }
   }
 }
@@ -118,13 +130,28 @@ class Deployment:
         return str(found["backfillId"])
 
     def status(self, backfill_id: str) -> tuple[str, list[str]]:
-        """The backfill's status and its runs' statuses."""
+        """The backfill's status and its runs' statuses. A backfill whose every targeted
+        partition has been requested and whose runs have all succeeded is
+        ``COMPLETED_SUCCESS`` already: the daemon marks it so only at its next pass (every
+        30 s), and records a run's partitions in the counts only then too; a run's
+        partitions are counted as requested only once the run exists."""
         found = self.query(STATUS, {"id": backfill_id})["partitionBackfillOrError"]
         if found["__typename"] != "PartitionBackfill":
             raise BackfillError(
                 f"backfill {backfill_id}: {found['__typename']}: {found.get('message', '')}"
             )
-        return str(found["status"]), [str(r["status"]) for r in found["runs"] or []]
+        runs = [str(r["status"]) for r in found["runs"] or []]
+        assets = (found.get("assetBackfillData") or {}).get("assetBackfillStatuses") or []
+        requested = all(
+            a.get("inProgress") or a.get("materialized")
+            if "numPartitionsTargeted" not in a
+            else a["numPartitionsFailed"] == 0
+            and a["numPartitionsInProgress"] + a["numPartitionsMaterialized"]
+            == a["numPartitionsTargeted"]
+            for a in assets
+        )
+        done = bool(assets and runs) and requested and set(runs) == {"SUCCESS"}
+        return ("COMPLETED_SUCCESS" if done else str(found["status"])), runs
 
     def wait(
         self,
