@@ -159,3 +159,19 @@ def test_the_champion_follows_every_model_materialization_whatever_ran_it() -> N
     materialize_report(instance, MODEL, ["2026-07-12"], demo.LISTING_CTR_MODEL_VERSION)
     (again,) = requests()
     assert again.run_key == f"listing_ctr_model-{newest(MODEL)}" != first.run_key
+
+
+def test_a_partition_updated_after_its_input_in_the_same_tick_is_not_requested() -> None:
+    """An input and the partitions reading it updated between two ticks, the partitions
+    last (one run computed both, as a scores day and its monitoring): nothing to redo."""
+    instance = seeded_instance()
+    defs = demo_defs()
+    first = dg.evaluate_automation_conditions(defs=defs, instance=instance, evaluation_time=NOW)
+    materialize_report(instance, TRAINING, ["2026-07-12"])
+    materialize_report(
+        instance, MODEL, ["2026-07-12", "2026-07-13", "2026-07-14"], demo.LISTING_CTR_MODEL_VERSION
+    )
+    result = dg.evaluate_automation_conditions(
+        defs=defs, instance=instance, evaluation_time=NOW, cursor=first.cursor
+    )
+    assert requested(result, MODEL) == set()

@@ -17,7 +17,10 @@ def retrain_condition() -> dg.AutomationCondition:
     nothing of what it did not ask for.
     """
     upstream_changed = (
-        dg.AutomationCondition.any_deps_updated()
+        # since the partition was last requested or updated: an input and the partition
+        # updated in one run (scores, then their monitoring) request nothing; an input
+        # updated while another was in progress requests the partition once none is
+        dg.AutomationCondition.any_deps_updated().since_last_handled()
         & (~dg.AutomationCondition.missing() | dg.AutomationCondition.in_latest_time_window())
         & ~dg.AutomationCondition.any_deps_missing()
         & ~dg.AutomationCondition.any_deps_in_progress()
