@@ -51,6 +51,8 @@ IDENTITY_TAG = "zipline.partition_attempt"
 #: this one (a process killed mid-way, a request whose answer was lost) is never taken
 #: for the attempt's, and is deleted once the attempt has a complete run.
 PENDING_TAG = "zipline.logging"
+#: The verdict of a run's gates: ``passed``, or ``failed: `` and the gates that failed.
+GATES_TAG = "zipline.gates"
 CHAMPION_ALIAS = "champion"
 #: Object stores a model version's source may name directly; a local (file://) source
 #: is refused by MLflow's server, so such a version's source is the run's ``model/``.
@@ -144,6 +146,7 @@ class Synced:
     """What a sync did: the partitions it logged (missed earlier), and the model version
     the alias ``champion`` is on (None: no champion)."""
 
+    #: the days logged or judged now (missed earlier)
     logged: list[str]
     version: str | None = None
     url: str | None = None
@@ -392,7 +395,7 @@ class Tracker:
         from mlflow.entities import RunTag
 
         failed = sorted(n for n, (ok, _) in gates.items() if not ok)
-        tags = [RunTag("zipline.gates", "failed: " + ", ".join(failed) if failed else "passed")]
+        tags = [RunTag(GATES_TAG, "failed: " + ", ".join(failed) if failed else "passed")]
         tags += [
             RunTag(f"zipline.gate.{n}", ("passed: " if ok else "failed: ") + why[:_MAX_TAG])
             for n, (ok, why) in sorted(gates.items())
@@ -418,11 +421,15 @@ class Tracker:
         was skipped."""
 
         def sync() -> Synced:
-            logged = {r.data.tags.get(IDENTITY_TAG) for r in self.runs(model)}
+            runs = self.runs(model)
+            logged = {r.data.tags.get(IDENTITY_TAG) for r in runs}
+            # a run whose gates step never tagged it (failed, or MLflow down by then)
+            unjudged = {r.data.tags.get(IDENTITY_TAG) for r in runs if GATES_TAG not in r.data.tags}
             self._delete_incomplete(model, logged)
             caught_up = []
             for ds, attempt in sorted(trained.items()):
-                if f"{ds}/{attempt}" not in logged and (p := load(ds)) is not None:
+                key = f"{ds}/{attempt}"
+                if (key not in logged or key in unjudged) and (p := load(ds)) is not None:
                     self._log(p)
                     caught_up.append(ds)
             if champion is None:

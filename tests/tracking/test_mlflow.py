@@ -145,6 +145,14 @@ def test_every_partition_is_one_run_and_the_champion_the_registrys_alias(
     # evaluating again logs nothing new
     advance(model, res, instance)
     assert sorted(runs_by_day(client, model)) == [DS1, DS2, DS3]
+    # a run its gates step never tagged (it failed, or MLflow was down by then) is judged
+    # by the next evaluation
+    client.delete_tag(runs[DS2].info.run_id, "zipline.gates")
+    advance(model, res, instance)
+    assert client.get_run(runs[DS2].info.run_id).data.tags["zipline.gates"] == (
+        "failed: rollout_thresholds"
+    )
+    assert sorted(runs_by_day(client, model)) == [DS1, DS2, DS3]
 
     # promote and rollback move the alias with our pointer
     module = tmp_path / "mlflow_defs.py"
@@ -239,9 +247,9 @@ def test_a_tracking_server_that_fails_never_fails_training_and_what_it_missed_is
                 k: v for k, v in report_metrics(report).items() if v is not None
             }
         info = [e.user_message for e in instance.all_logs(again.run_id)]
-        assert any(f"MLflow: logged {DS1}, {DS2}, trained while" in m for m in info), [
-            m for m in info if "MLflow" in m
-        ]
+        assert any(
+            f"MLflow: logged {DS1}, {DS2} from storage, with their gates" in m for m in info
+        ), [m for m in info if "MLflow" in m]
         on = client.get_model_version_by_alias(model.name, "champion")
         assert on.tags["zipline.partition"] == DS2
 

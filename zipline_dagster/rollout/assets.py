@@ -363,8 +363,8 @@ def build_champion_asset(
             md["mlflow_model_version"] = dg.MetadataValue.url(registered.url)
             if registered.logged:
                 context.log.info(
-                    f"MLflow: logged {', '.join(registered.logged)}, trained while it was "
-                    "not reachable"
+                    f"MLflow: logged {', '.join(registered.logged)} from storage, with their "
+                    "gates (missed while it was not reachable)"
                 )
             if registered.put_back:
                 context.log.warning(registered.put_back)
