@@ -39,7 +39,7 @@ from zipline_dagster.storage.artifacts import (
     read_report,
     report_metrics,
 )
-from zipline_dagster.storage.blobs import BlobNotFoundError, BlobStore
+from zipline_dagster.storage.blobs import BlobNotFoundError, BlobStore, blob_store
 from zipline_dagster.storage.paths import MANIFEST_NAME, join_uri
 
 #: The training attempt (job) an MLflow run is of.
@@ -380,8 +380,6 @@ class Tracker:
         client.log_dict(run_id, reference, "model/zipline_reference.json")
         if not self.conf.copy_artifacts:
             return
-        from zipline_dagster.storage.blobs import blob_store
-
         store = blob_store(p.artifact_uri)
         with tempfile.TemporaryDirectory(prefix="zipline-mlflow-") as tmp:
             for rel in p.files:

@@ -359,9 +359,10 @@ def build_champion_asset(
             if tracker is not None
             else None
         )
-        if registered is not None and registered.url is not None:
-            md["mlflow_model_version"] = dg.MetadataValue.url(registered.url)
-            if registered.logged:
+        if registered is not None:
+            if registered.url is not None:
+                md["mlflow_model_version"] = dg.MetadataValue.url(registered.url)
+            if registered.logged:  # with or without a champion
                 context.log.info(
                     f"MLflow: logged {', '.join(registered.logged)} from storage, with their "
                     "gates (missed while it was not reachable)"

@@ -17,6 +17,7 @@ from zipline_dagster.lineage.partitions import (
 )
 from zipline_dagster.storage.artifacts import (
     ArtifactError,
+    named_attempt,
     promote_attempt,
     read_report,
 )
@@ -288,7 +289,7 @@ def finish_partition(
             asset_key=context.asset_key.to_user_string(),
             ds=ds,
             version=model.version,
-            attempt=str(promotion.manifest.get("attempt") or ran.job_id),
+            attempt=named_attempt(promotion.manifest) or ran.job_id,
             artifact_uri=request.canonical_dir,
             report=report,
             dagster_run_id=context.run.run_id,
