@@ -170,9 +170,5 @@ def zipline_home() -> Path:
     return settings().home
 
 
-def warehouse_uri() -> str:
-    return settings().warehouse
-
-
 def artifact_base_uri() -> str:
     return settings().artifact_base

@@ -308,9 +308,16 @@ class Tracker:
         )
         return sorted(found, key=lambda r: (r.info.start_time, r.info.run_id))
 
-    def _delete_incomplete(self, model: str, logged: set[str | None]) -> None:
-        """Delete the runs left incomplete for an attempt that has a complete run."""
+    def _delete_incomplete(self, model: str, runs: list[Any]) -> None:
+        """Delete the runs left incomplete for an attempt that has a complete run, and any
+        complete run of an attempt after its earliest (``runs``: the complete ones)."""
         client = self.client()
+        logged: set[str | None] = set()
+        for run in runs:  # earliest first
+            key = run.data.tags.get(IDENTITY_TAG)
+            if key in logged:
+                client.delete_run(run.info.run_id)
+            logged.add(key)
         for run in client.search_runs(
             [self.experiment_id(model)],
             filter_string=f"tags.`{PENDING_TAG}` != ''",
@@ -423,7 +430,7 @@ class Tracker:
             logged = {r.data.tags.get(IDENTITY_TAG) for r in runs}
             # a run whose gates step never tagged it (failed, or MLflow down by then)
             unjudged = {r.data.tags.get(IDENTITY_TAG) for r in runs if GATES_TAG not in r.data.tags}
-            self._delete_incomplete(model, logged)
+            self._delete_incomplete(model, runs)
             caught_up = []
             for ds, attempt in sorted(trained.items()):
                 key = f"{ds}/{attempt}"
@@ -529,6 +536,10 @@ class _Watched:
             return attr
 
         def call(*args: Any, **kwargs: Any) -> Any:
+            if self._tracker.down is not None:
+                # the step gave up on this thread's work: it makes no further call (a
+                # held request answered later must not go on to complete a run)
+                raise RuntimeError(f"MLflow skipped in this step: {self._tracker.down}")
             self._tracker._calling = time.monotonic()
             try:
                 return attr(*args, **kwargs)

@@ -35,8 +35,6 @@ DATE_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
 #: Flags the platform always sets from the partition being trained; never user-set.
 RESERVED_JOB_CONFIG_KEYS = frozenset({"input-table", "start-ds", "end-ds"})
-#: Flags the platform derives but a user may override through ``job_configs``.
-DERIVED_JOB_CONFIG_KEYS = frozenset({"model-dir", "warehouse", "columns"})
 
 SUPPORTED_URI_SCHEMES = ("file", "s3", "gs", "abfss")
 
@@ -124,7 +122,6 @@ class EventSource:
     Args:
         table: ``namespace.name``, exactly as the asset producing it emits it.
         query: the columns read and the first day (``Query``).
-        external: True only for a table no asset of the definitions produces.
 
     Example:
         ``EventSource(table="ctr.training_v1", query=Query(selects=selects("label")))``
@@ -132,9 +129,6 @@ class EventSource:
 
     table: str
     query: Query = field(default_factory=Query)
-    #: Set True only for a table no asset in these definitions produces; its
-    #: partitions are then observed in the warehouse, never assumed fresh.
-    external: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.table, str) or not TABLE_RE.match(self.table):

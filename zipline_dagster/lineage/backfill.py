@@ -289,12 +289,7 @@ def plan_backfill(
     missing or stale partition they need. The ledger's rule applies to each partition
     read (``ledger``: with the models' judge, so that one recorded from storage has its
     checks evaluated)."""
-    graph = defs.resolve_asset_graph()
-    if not graph.has(target) or not graph.get(target).is_materializable:
-        known = sorted(k.to_user_string() for k in graph.materializable_asset_keys)
-        raise BackfillError(
-            f"no asset {target.to_user_string()!r} in the code location; known: {', '.join(known)}"
-        )
+    graph = _checked_graph(defs, target)
     resolver = FreshnessResolver(instance, graph, ledger=ledger)
     plan = Plan()
     needed: dict[dg.AssetKey, set[str]] = {}
