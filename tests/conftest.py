@@ -23,6 +23,19 @@ TRAINERS = ROOT / "trainers"
 BIN = Path(sys.executable).parent
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`make test` runs two pytest-xdist workers (``--dist loadgroup``): a module's tests
+    stay on one worker, so its module fixtures start once; the cluster package is one
+    group (one topology on fixed ports)."""
+    tests = Path(__file__).resolve().parent
+    for item in items:
+        rel = item.path.relative_to(tests)
+        item.add_marker(
+            pytest.mark.xdist_group("cluster" if rel.parts[0] == "cluster" else str(rel))
+        )
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -1,6 +1,8 @@
-"""The fan-out bench's sampler of Ray's own CPU (part of `make test`, not a benchmark):
-real processes under a root process, one spinning as "training", another either
-sleeping or spinning, and the share of the rest measured while the training one ran."""
+"""The fan-out bench's sampler of Ray's own CPU: real processes under a root process, one
+spinning as "training", another either sleeping or spinning, and the share of the rest
+measured while the training one ran. It reads the machine's cores, so it runs where the
+benchmarks run (`make bench`, on a machine nothing else loads), not beside `make test`'s
+other worker."""
 
 from __future__ import annotations
 
@@ -8,7 +10,11 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from tests.bench.ray_share import RayShare
+
+pytestmark = pytest.mark.bench
 
 SPIN = "import time\nend = time.monotonic() + 6\nwhile time.monotonic() < end: pass"
 SLEEP = "import time; time.sleep(6)"
