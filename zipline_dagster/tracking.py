@@ -107,9 +107,13 @@ class MlflowResource(dg.ConfigurableResource):
             dagster_url=env.dagster_url,
         )
 
-    def tracker(self, warn: Callable[[str], None]) -> Tracker | None:
-        """A tracker for one step (None when MLflow is off); ``warn`` gets what it skipped."""
-        return Tracker(self, warn) if self.tracking_uri else None
+    def tracker(
+        self, warn: Callable[[str], None], store: Callable[[str], BlobStore] = blob_store
+    ) -> Tracker | None:
+        """A tracker for one step (None when MLflow is off); ``warn`` gets what it skipped,
+        ``store`` opens a model's storage (the step's ``WarehouseResource.store``) for
+        ``copy_artifacts``."""
+        return Tracker(self, warn, store) if self.tracking_uri else None
 
 
 @dataclass(frozen=True)
@@ -202,9 +206,14 @@ class Tracker:
     """MLflow for one step: each call bounded by ``timeout_s``; after one that failed,
     the rest of the step skips MLflow (said once)."""
 
-    def __init__(self, conf: MlflowResource, warn: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        conf: MlflowResource,
+        warn: Callable[[str], None],
+        store: Callable[[str], BlobStore] = blob_store,
+    ) -> None:
         assert conf.tracking_uri
-        self.conf, self.warn = conf, warn
+        self.conf, self.warn, self.store = conf, warn, store
         self.uri = conf.tracking_uri
         self.down: str | None = None
         self._client: Any = None
@@ -387,7 +396,7 @@ class Tracker:
         client.log_dict(run_id, reference, "model/zipline_reference.json")
         if not self.conf.copy_artifacts:
             return
-        store = blob_store(p.artifact_uri)
+        store = self.store(p.artifact_uri)
         with tempfile.TemporaryDirectory(prefix="zipline-mlflow-") as tmp:
             for rel in p.files:
                 dest = Path(tmp, rel)

@@ -189,7 +189,7 @@ def build_model_checks(
         selected = [c.name for c in context.selected_asset_check_keys if c.name in g.CHECKS]
         store = warehouse.store(model.model_artifact_base_uri)
         champion = ch.read_champion(store, model) if g.NO_REGRESSION in selected else None
-        tracker = mlflow.tracker(context.log.warning)
+        tracker = mlflow.tracker(context.log.warning, warehouse.store)
 
         def judge(ds: str) -> list[tuple[str, dg.AssetCheckResult]]:
             results = gate_results(model, store, ds, champion, selected)
@@ -353,7 +353,7 @@ def build_champion_asset(
                 f"{model.name} {ds} not promoted: "
                 + "; ".join(f"{r.gate}: {r.summary}" for r in failed)
             )
-        tracker = mlflow.tracker(context.log.warning)
+        tracker = mlflow.tracker(context.log.warning, warehouse.store)
         registered = (
             sync_mlflow(tracker, model, store, p, moved=decision.moved)
             if tracker is not None

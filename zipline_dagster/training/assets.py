@@ -132,7 +132,11 @@ def build_model_asset(
         if drifted is not None:
             raise dg.Failure(f"refusing to train {model.name}: {drifted.describe()}")
         work = TrainingWork(
-            context, model, warehouse, upstream, mlflow.tracker(context.log.warning)
+            context,
+            model,
+            warehouse,
+            upstream,
+            mlflow.tracker(context.log.warning, warehouse.store),
         )
         return run_days(context, work, list(context.partition_keys), launcher, warehouse)
 
