@@ -439,15 +439,22 @@ class Cluster:
 
     def _start_spark_worker(self, name: str) -> None:
         ui = self.ports.setdefault("spark_worker_ui", free_port())
+        log = self.dir / "logs" / f"{name}.log"
+        since = log.stat().st_size if log.exists() else 0  # a restart appends to it
         self._spark_class(
             name, "org.apache.spark.deploy.worker.Worker", self.spark_master,
             "--host", "127.0.0.1", "--cores", "2", "--memory", "2g", "--webui-port", str(ui),
             "--work-dir", str(self.dir / "spark-work"),
         )  # fmt: skip
-        url = f"http://127.0.0.1:{self.ports['spark_ui']}/json/"
-        self._wait(
-            name, lambda: json.load(urllib.request.urlopen(url, timeout=2))["aliveworkers"] >= 1
-        )
+
+        def registered() -> bool:
+            # the worker's own word that the master took it (the master's web UI may have
+            # moved to the next port when another process took the one it was given)
+            with open(log, "rb") as f:
+                f.seek(since)
+                return b"Successfully registered with master" in f.read()
+
+        self._wait(name, registered)
 
     def _dagster_home(self) -> None:
         home = self.dir / "dagster_home"
