@@ -1,8 +1,10 @@
 """A newcomer's first model, walked on a copy of this project as the README tells it:
-`zipline-dagster new-model` -> `dg check defs` -> a backfill of 3 days that trains them
-and evaluates the champion -> an edit of the trainer without a new pin, which `dg check
-defs` and `zipline-dagster check` name and training refuses. Real processes throughout
-(the CLI, `dg`, Spark, the shared local Ray head, a Dagster instance on disk)."""
+`zipline-dagster new-model` -> `dg check defs` -> a backfill of a day that computes its
+inputs first, trains it and evaluates the champion; backfilled again, nothing is fresh
+to redo, a wider range plans only what is new, and a model lost on storage is planned
+again -> an edit of the trainer without a new pin, which `dg check defs` and
+`zipline-dagster check` name and training refuses. Real processes throughout (the CLI,
+`dg`, Spark, the shared local Ray head, a Dagster instance on disk)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import dagster as dg
 import pytest
 
 from tests.conftest import ROOT
@@ -18,6 +21,15 @@ from tests.helpers import in_process_dagster_home
 
 BIN = ROOT / ".venv" / "bin"
 NAME = "churn_model"
+DS = "2026-07-11"
+#: the input partitions model day DS reads, directly or not (a 4-day window of the
+#: training table, whose features reach a week back)
+UPSTREAM = {
+    ("ctr", "training_v1"): ["2026-07-08", "2026-07-09", "2026-07-10", "2026-07-11"],
+    ("ctr", "labels_v1"): ["2026-07-08", "2026-07-11"],
+    ("ctr", "listing_features_v1"): ["2026-07-07", "2026-07-10"],
+    ("ctr", "listing_views"): ["2026-07-01", "2026-07-11"],
+}
 
 
 @pytest.mark.ray
@@ -43,23 +55,52 @@ def test_a_new_model_goes_from_scaffold_to_champion_and_cannot_drift(
             args, cwd=project, env=env, capture_output=True, text=True, timeout=900
         )
 
-    made = run(str(BIN / "zipline-dagster"), "new-model", NAME, "--window", "3")
+    made = run(str(BIN / "zipline-dagster"), "new-model", NAME)
     assert made.returncode == 0, made.stderr
     checked = run(str(BIN / "dg"), "check", "defs")
     assert checked.returncode == 0, checked.stderr
     assert "All definitions loaded successfully" in checked.stdout + checked.stderr
-
-    trained = run(
-        str(BIN / "zipline-dagster"),
-        *("backfill", NAME, "--start-ds", "2026-07-12", "--end-ds", "2026-07-14", "--wait"),
-        *("--workspace", str(project / "workspace.yaml")),
-    )
-    assert trained.returncode == 0, trained.stdout + trained.stderr[-5000:]
-    assert "status=COMPLETED_SUCCESS" in trained.stdout
     version = made.stdout.strip().removeprefix("version=")
-    assert f"champion={version}/2026-07-14 (newest partition passing every gate)" in (
-        trained.stdout
-    ), trained.stdout
+
+    def backfill(start: str, end: str, *wait: str) -> subprocess.CompletedProcess[str]:
+        done = run(str(BIN / "zipline-dagster"), "backfill", NAME, "--start-ds", start, "--end-ds", end, *wait)  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr[-5000:]
+        return done
+
+    # the backfill trains the day with every input it needs, upstream first, and the
+    # champion evaluates it (runs in the command's process, recorded in the instance)
+    trained = backfill(DS, DS, "--wait", "--workspace", str(project / "workspace.yaml"))
+    assert f"models/{NAME}: {DS} (missing)" in trained.stderr
+    assert "status=COMPLETED_SUCCESS" in trained.stdout
+    assert f"champion={version}/{DS} (newest partition passing every gate)" in trained.stdout
+    backfill_id = trained.stdout.split("backfill_id=", 1)[1].split()[0]
+    instance = dg.DagsterInstance.from_config(str(home))
+    assert instance.get_backfill(backfill_id) is not None  # in the UI's backfill list
+    ids = instance.event_log_storage.get_latest_storage_id_by_partition
+    model_id = ids(dg.AssetKey(["models", NAME]), dg.DagsterEventType.ASSET_MATERIALIZATION)[DS]
+    for key, days in UPSTREAM.items():
+        got = ids(dg.AssetKey(list(key)), dg.DagsterEventType.ASSET_MATERIALIZATION)
+        for ds in days:
+            assert got[ds] < model_id, f"{key} {ds} must be materialized before the model"
+
+    again = backfill(DS, DS)  # fresh: nothing to launch
+    assert "backfill_id=none" in again.stdout
+    assert "every requested partition is fresh" in again.stderr
+    # a wider range plans only what is new: one more day of each input, one more model
+    plan = backfill(DS, "2026-07-12").stderr
+    assert f"models/{NAME}: 2026-07-12 (missing)" in plan
+    assert "ctr/training_v1: 2026-07-12 (missing)" in plan
+    assert "ctr/listing_features_v1: 2026-07-11 (missing)" in plan
+    assert "ctr/listing_views: 2026-07-12 (missing)" in plan
+    assert f"{DS} (missing)" not in plan.split("ctr/training_v1")[1].split("\n")[0]
+    # Dagster's record alone does not make a partition fresh: the finished model must be
+    # on storage. Lose its manifest and the planner plans it again (its inputs fresh).
+    (manifest,) = (tmp_path / "zipline").rglob(f"models/{NAME}/{version}/{DS}/_MANIFEST.json")
+    manifest.unlink()
+    lost = backfill(DS, DS)
+    assert f"models/{NAME}: {DS} (stale: its finished model is missing" in lost.stderr
+    assert "backfill_id=none" not in lost.stdout
+    assert "ctr/training_v1" not in lost.stderr
 
     train = project / "trainers" / NAME / "trainer" / "train.py"
     train.write_text(train.read_text() + "\n# a new flag, not built yet\n")
@@ -71,7 +112,7 @@ def test_a_new_model_goes_from_scaffold_to_champion_and_cannot_drift(
     again = run(
         str(BIN / "dagster"),
         *("asset", "materialize", "-m", "zipline_dagster.defs"),
-        *("--select", f"models/{NAME}", "--partition", "2026-07-14"),
+        *("--select", f"models/{NAME}", "--partition", DS),
     )
     assert again.returncode != 0
     assert f"refusing to train {NAME}: {drift}" in again.stdout + again.stderr
