@@ -183,10 +183,14 @@ class Cluster:
         return env
 
     # -- processes --------------------------------------------------------------------
+    def _log_path(self, name: str) -> Path:
+        """Where the service ``name`` logs (appended to across restarts)."""
+        return self.dir / "logs" / f"{name}.log"
+
     def _spawn(self, name: str, argv: list[str], *, env: dict[str, str] | None = None) -> None:
-        logs = self.dir / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        with open(logs / f"{name}.log", "ab") as log:
+        path = self._log_path(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "ab") as log:
             proc = subprocess.Popen(
                 argv,
                 stdout=log,
@@ -250,7 +254,7 @@ class Cluster:
         raise ClusterError(f"{name} did not become ready in {timeout:.0f}s; {self._tail(name)}")
 
     def _tail(self, name: str) -> str:
-        path = self.dir / "logs" / f"{name}.log"
+        path = self._log_path(name)
         try:
             text = path.read_text(errors="replace")[-2000:]
         except FileNotFoundError:
@@ -439,7 +443,7 @@ class Cluster:
 
     def _start_spark_worker(self, name: str) -> None:
         ui = self.ports.setdefault("spark_worker_ui", free_port())
-        log = self.dir / "logs" / f"{name}.log"
+        log = self._log_path(name)
         since = log.stat().st_size if log.exists() else 0  # a restart appends to it
         self._spark_class(
             name, "org.apache.spark.deploy.worker.Worker", self.spark_master,

@@ -317,16 +317,19 @@ class Tracker:
         )
         return sorted(found, key=lambda r: (r.info.start_time, r.info.run_id))
 
-    def _delete_incomplete(self, model: str, runs: list[Any]) -> None:
-        """Delete the runs left incomplete for an attempt that has a complete run, and any
-        complete run of an attempt after its earliest (``runs``: the complete ones)."""
+    def _delete_extras(self, model: str, runs: list[Any]) -> list[Any]:
+        """Delete any complete run of an attempt after its earliest (``runs``: the complete
+        ones, earliest first) and the runs left incomplete for an attempt that has a
+        complete one; the runs kept."""
         client = self.client()
-        logged: set[str | None] = set()
-        for run in runs:  # earliest first
+        kept: dict[str | None, Any] = {}
+        for run in runs:
             key = run.data.tags.get(IDENTITY_TAG)
-            if key in logged:
+            if key in kept:
                 client.delete_run(run.info.run_id)
-            logged.add(key)
+            else:
+                kept[key] = run
+        logged = set(kept)
         for run in client.search_runs(
             [self.experiment_id(model)],
             filter_string=f"tags.`{PENDING_TAG}` != ''",
@@ -335,6 +338,7 @@ class Tracker:
             complete = run.info.status == "FINISHED" and IDENTITY_TAG in run.data.tags
             if not complete and run.data.tags.get(PENDING_TAG) in logged:
                 client.delete_run(run.info.run_id)
+        return list(kept.values())
 
     def run_url(self, model: str, run_id: str) -> str:
         return f"{_shown(self.uri).rstrip('/')}/#/experiments/{self.experiment_id(model)}/runs/{run_id}"
@@ -435,11 +439,10 @@ class Tracker:
         was skipped."""
 
         def sync() -> Synced:
-            runs = self.runs(model)
+            runs = self._delete_extras(model, self.runs(model))
             logged = {r.data.tags.get(IDENTITY_TAG) for r in runs}
             # a run whose gates step never tagged it (failed, or MLflow down by then)
             unjudged = {r.data.tags.get(IDENTITY_TAG) for r in runs if GATES_TAG not in r.data.tags}
-            self._delete_incomplete(model, runs)
             caught_up = []
             for ds, attempt in sorted(trained.items()):
                 key = f"{ds}/{attempt}"

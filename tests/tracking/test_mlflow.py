@@ -34,7 +34,7 @@ from zipline_dagster.rollout.assets import build_champion_asset, build_model_che
 from zipline_dagster.storage.artifacts import manifest_attempt, read_report, report_metrics
 from zipline_dagster.storage.blobs import blob_store
 from zipline_dagster.storage.paths import model_partition_uri
-from zipline_dagster.tracking import MlflowResource, Partition
+from zipline_dagster.tracking import IDENTITY_TAG, MlflowResource, Partition
 from zipline_dagster.training.archive import publish_trainer_archive
 from zipline_dagster.training.assets import build_model_asset
 
@@ -237,7 +237,7 @@ def test_a_tracking_server_that_fails_never_fails_training_and_what_it_missed_is
         client = MlflowClient(mlflow_server.url)
         exp = client.get_experiment_by_name(model.name)
         done = (
-            client.search_runs([exp.experiment_id], "tags.`zipline.partition_attempt` != ''")
+            client.search_runs([exp.experiment_id], f"tags.`{IDENTITY_TAG}` != ''")
             if exp is not None
             else []
         )
