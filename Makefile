@@ -84,10 +84,11 @@ demo-cluster: $(SYNCED)
 	$(VENV)/bin/python scripts/cluster.py demo
 
 # Two workers (pytest-xdist): a test mostly waits on a service, so the second one fills
-# the cores the first leaves idle; each worker starts its own session services.
+# the cores the first leaves idle; each worker starts its own session services and runs
+# whole modules (tests/conftest.py: pytest_xdist_make_scheduler).
 TEST_WORKERS ?= 2
 test: test-system-deps $(SYNCED) $(AZURITE) $(MLFLOW_SERVER)
-	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 lint: $(SYNCED)
 	$(VENV)/bin/ruff check zipline_dagster tests trainers scripts

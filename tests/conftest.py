@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests import xdist_scheduler
 from tests.cleanup import register, unregister
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,17 +24,8 @@ TRAINERS = ROOT / "trainers"
 BIN = Path(sys.executable).parent
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """`make test` runs two pytest-xdist workers (``--dist loadgroup``): a module's tests
-    stay on one worker, so its module fixtures start once; the cluster package is one
-    group (one topology on fixed ports)."""
-    tests = Path(__file__).resolve().parent
-    for item in items:
-        rel = item.path.relative_to(tests)
-        item.add_marker(
-            pytest.mark.xdist_group("cluster" if rel.parts[0] == "cluster" else str(rel))
-        )
+# `make test` runs two pytest-xdist workers, each given whole modules
+pytest_xdist_make_scheduler = xdist_scheduler.pytest_xdist_make_scheduler
 
 
 def free_port() -> int:
