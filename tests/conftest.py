@@ -24,8 +24,12 @@ TRAINERS = ROOT / "trainers"
 BIN = Path(sys.executable).parent
 
 
-# `make test` runs two pytest-xdist workers, each given whole modules
+# `make test` runs two pytest-xdist workers, each given whole modules, the longest first
 pytest_xdist_make_scheduler = xdist_scheduler.pytest_xdist_make_scheduler
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    xdist_scheduler.order(items)
 
 
 def free_port() -> int:

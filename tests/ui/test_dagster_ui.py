@@ -88,9 +88,11 @@ def dagster_dev(
             "env": env,  # type: ignore[dict-item]
         }
     finally:
+        # a few seconds' grace, then the group is killed: a disposable instance, and
+        # dagster dev's daemon takes over 20 s to wind down its threads
         os.killpg(proc.pid, signal.SIGTERM)
         try:
-            proc.wait(20)
+            proc.wait(5)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
         log.close()
