@@ -39,6 +39,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections import Counter
@@ -55,18 +56,17 @@ TRAINING_POOL = "zipline_training"
 TRAINING_POOL_LIMIT = 2
 BUCKET = "zipline-cluster"
 PG_USER, PG_DB = "zipline", "dagster"
-#: start order; ``down`` stops in reverse
-SERVICES = (
-    "postgres",
-    "s3",
-    "ray-head",
-    "ray-worker-1",
-    "ray-worker-2",
-    "spark-master",
-    "spark-worker",
-    "dagster-daemon",
-    "dagster-webserver",
+#: ``up`` starts these together, wave after wave: what depends on nothing; a Ray and the
+#: Spark worker (on their head and master) and Dagster's daemon (on Postgres, whose schema
+#: it creates, and S3, where the code location's trainer archives are); then the
+#: webserver, once that schema exists, and the second Ray worker (two Ray nodes started
+#: at once on one machine: one of them never joined)
+START_WAVES = (
+    ("postgres", "s3", "ray-head", "spark-master"),
+    ("ray-worker-1", "spark-worker", "dagster-daemon"),
+    ("ray-worker-2", "dagster-webserver"),
 )
+SERVICES = tuple(name for wave in START_WAVES for name in wave)
 
 #: ``down`` stops these together, wave after wave: Dagster (every other service's
 #: client), then the workers, then what they hang on
@@ -109,6 +109,7 @@ class Cluster:
         self.dir = (folder or cluster_dir()).resolve()
         self.state_file = self.dir / "state.json"
         self.state: dict[str, Any] = self._read()
+        self._saving = threading.Lock()
 
     # -- state ----------------------------------------------------------------------
     def _read(self) -> dict[str, Any]:
@@ -201,8 +202,9 @@ class Cluster:
                 start_new_session=True,
             )
         identity = ProcessIdentity.of(proc.pid)
-        self.state["services"][name] = {**identity.as_dict(), "argv": argv[:3]}
-        self._save()
+        with self._saving:  # the services of a wave start at once
+            self.state["services"][name] = {**identity.as_dict(), "argv": argv[:3]}
+            self._save()
         _register(proc.pid, name)
 
     def stop(self, name: str) -> bool:
@@ -216,7 +218,9 @@ class Cluster:
         identity = self.identity(name)
         if identity is None:
             return False
-        stopped = terminate(identity, group=True, timeout=15)
+        # a Ray head's group outlasts 15 s of SIGTERM (its GCS, raylet and autoscaler
+        # monitor wait on each other) and keeps nothing a restart would read
+        stopped = terminate(identity, group=True, timeout=5 if name == "ray-head" else 15)
         if not stopped and group_alive(identity.pid):
             # its leader was killed (``kill --process``); what it started is still going
             # (a dead leader's group id is never reused while the group lives)
@@ -543,16 +547,25 @@ concurrency:
             "spark-conf",
         ):
             shutil.rmtree(self.dir / folder, ignore_errors=True)
+        from concurrent.futures import ThreadPoolExecutor
+
         ports = {"spark": free_port(7077)}
-        for name in ("postgres", "s3", "ray_gcs", "ray_dashboard", "spark_ui", "webserver"):
+        for name in ("postgres", "s3", "ray_gcs", "ray_dashboard", "spark_ui", "spark_worker_ui",
+                     "webserver"):  # fmt: skip
             ports[name] = free_port()
         self.state = {"services": {}, "ports": ports}
         self._save()
+
+        def start(name: str) -> None:
+            t0 = time.monotonic()
+            self.start(name)
+            print(f"  {name} up ({time.monotonic() - t0:.1f}s)", flush=True)
+
         try:
-            for name in SERVICES:
-                t0 = time.monotonic()
-                self.start(name)
-                print(f"  {name} up ({time.monotonic() - t0:.1f}s)", flush=True)
+            for wave in START_WAVES:
+                with ThreadPoolExecutor(len(wave)) as pool:
+                    for future in [pool.submit(start, name) for name in wave]:
+                        future.result()  # the first failure, once the wave has settled
         except BaseException:
             self.down()
             raise

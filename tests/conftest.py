@@ -151,12 +151,18 @@ def _serve(cmd: list[str], *, what: str, url: str, cwd: Path | None = None) -> A
     return proc
 
 
+#: How long a test service gets to stop on SIGTERM before its group is killed: the
+#: servers hold nothing the tests need afterwards, and some never exit on their own
+#: (Azurite says it closed, then its process lingers; a Ray head's group takes over 8 s).
+GRACE_S = 2.0
+
+
 def _stop(proc: Any) -> None:
     import signal
 
     try:
         os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(10)
+        proc.wait(GRACE_S)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
@@ -316,7 +322,7 @@ def running_head(state_dir: Path, what: str, *, env: dict[str, str] | None = Non
     try:
         yield info
     finally:
-        head.stop()
+        head.stop(timeout=GRACE_S)
         unregister(info.pid)
 
 
@@ -384,12 +390,12 @@ def ray_two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     finally:
         try:
             os.killpg(node.pid, signal.SIGTERM)
-            node.wait(8)
+            node.wait(GRACE_S)
         except subprocess.TimeoutExpired:
             os.killpg(node.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
         log.close()
-        head.stop()
+        head.stop(timeout=GRACE_S)
         unregister(node.pid)
         unregister(info.pid)
