@@ -32,6 +32,32 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     xdist_scheduler.order(items)
 
 
+_DAGSTER_HOME = pytest.StashKey[tuple[str | None, Path]]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Each test process gets its own Dagster instance folder as ``DAGSTER_HOME``: the
+    make targets export the project's ``.dagster_home`` (the demo's, absent on a clean
+    clone), which no test may read or write."""
+    import tempfile
+
+    home = Path(tempfile.mkdtemp(prefix="zd-test-dagster-home-"))
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    config.stash[_DAGSTER_HOME] = (os.environ.get("DAGSTER_HOME"), home)
+    os.environ["DAGSTER_HOME"] = str(home)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _DAGSTER_HOME not in config.stash:
+        return
+    before, home = config.stash[_DAGSTER_HOME]
+    shutil.rmtree(home, ignore_errors=True)
+    if before is None:
+        os.environ.pop("DAGSTER_HOME", None)
+    else:
+        os.environ["DAGSTER_HOME"] = before
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

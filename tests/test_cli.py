@@ -127,6 +127,21 @@ def test_backfill_without_dagster_home_says_so(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    "args", [BACKFILL, ("promote", "listing_ctr_model", "--ds", "2026-07-11")], ids=lambda a: a[0]
+)
+def test_a_dagster_home_that_is_no_folder_is_named(args: tuple[str, ...], tmp_path: Path) -> None:
+    """Dagster's own error is a traceback; the CLI names the value and what to do."""
+    missing = tmp_path / "no_such_home"
+    res = subprocess.run(
+        [str(BIN / "zipline-dagster"), *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "DAGSTER_HOME": str(missing), "ZIPLINE_HOME": str(tmp_path / "z")},
+    )
+    _clean_error(res, f"DAGSTER_HOME='{missing}' is not a directory", "unset DAGSTER_HOME")
+
+
+@pytest.mark.parametrize(
     ("module", "fragment"),
     [
         ("no_such_code_location", "--module='no_such_code_location': no such module"),

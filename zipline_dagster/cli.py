@@ -314,15 +314,11 @@ def _ledger_check(model: object) -> object:
     into Dagster from storage when its run ended without recording it, refused while a
     run is still writing it), on the instance at DAGSTER_HOME; None (said on stderr)
     when it is not set."""
-    import dagster as dg
-
-    from zipline_dagster.lineage.internals import DagsterHomeNotSetError
     from zipline_dagster.lineage.ledger import Ledger
     from zipline_dagster.rollout.assets import gate_judge, why_in_flight
 
-    try:
-        instance = dg.DagsterInstance.get()
-    except DagsterHomeNotSetError:
+    instance = instance_at_dagster_home()
+    if instance is None:
         print(
             "note: DAGSTER_HOME is not set, so the partition is not checked against what "
             "Dagster recorded for it",
@@ -386,18 +382,31 @@ def project_code_location(start: Path | None = None) -> str:
     )
 
 
-def dagster_instance() -> object:
+def instance_at_dagster_home() -> object | None:
+    """The Dagster instance at ``DAGSTER_HOME``; None when it is not set."""
+    import os
+
     import dagster as dg
 
-    from zipline_dagster.lineage.internals import DagsterHomeNotSetError
+    home = os.environ.get("DAGSTER_HOME")
+    if not home:
+        return None
+    if not Path(home).is_dir():
+        raise CliError(
+            f"DAGSTER_HOME={home!r} is not a directory; create it (Dagster keeps its "
+            "instance there) or unset DAGSTER_HOME"
+        )
+    return dg.DagsterInstance.get()
 
-    try:
-        return dg.DagsterInstance.get()
-    except DagsterHomeNotSetError as exc:
+
+def dagster_instance() -> object:
+    instance = instance_at_dagster_home()
+    if instance is None:
         raise CliError(
             "DAGSTER_HOME is not set: backfills are recorded in a Dagster instance; "
             "export DAGSTER_HOME=/path/to/dagster_home (the make targets use ./.dagster_home)"
-        ) from exc
+        )
+    return instance
 
 
 def _backfill(args: argparse.Namespace) -> int:

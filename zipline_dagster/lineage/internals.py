@@ -24,7 +24,6 @@ from typing import Any
 
 import dagster as dg
 from dagster._core.definitions.assets.graph.asset_graph import AssetGraph
-from dagster._core.errors import DagsterHomeNotSetError
 from dagster._core.storage.tags import (
     ASSET_PARTITION_RANGE_END_TAG,
     ASSET_PARTITION_RANGE_START_TAG,
@@ -40,7 +39,6 @@ __all__ = [
     "ASSET_RESUME_RETRY_TAG",
     "RESUME_RETRY_TAG",
     "AssetGraph",
-    "DagsterHomeNotSetError",
     "check_target",
     "daemon_running",
     "drive_backfill",
