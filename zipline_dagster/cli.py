@@ -384,11 +384,11 @@ def project_code_location(start: Path | None = None) -> str:
 
 def instance_at_dagster_home() -> object | None:
     """The Dagster instance at ``DAGSTER_HOME``; None when it is not set."""
-    import os
-
     import dagster as dg
 
-    home = os.environ.get("DAGSTER_HOME")
+    from zipline_dagster.settings import settings
+
+    home = settings().dagster_home
     if not home:
         return None
     if not Path(home).is_dir():

@@ -22,6 +22,7 @@ the library calls ``os.environ.get``. Trainers read only their flags.
 | MLflow experiment of a model (``{model}``: its name) | ``ZIPLINE_MLFLOW_EXPERIMENT`` | ``{model}`` |
 | copy model files into MLflow runs | ``ZIPLINE_MLFLOW_COPY_ARTIFACTS`` (``true``/``false``) | ``false`` (a reference) |
 | the Dagster UI's URL (links back from MLflow) | ``ZIPLINE_DAGSTER_URL`` | none |
+| the Dagster instance the CLI records in (backfill, promote) | ``DAGSTER_HOME`` | none |
 
 Credentials are never settings: the AWS, Google and Azure SDKs and Ray read them from the
 environment of the process (or the cluster) that needs them. The Azure connection string
@@ -73,6 +74,7 @@ class Settings:
     mlflow_experiment: str = "{model}"
     mlflow_copy_artifacts: bool = False
     dagster_url: str | None = None
+    dagster_home: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -123,6 +125,7 @@ class Settings:
                 get("ZIPLINE_MLFLOW_COPY_ARTIFACTS"), "ZIPLINE_MLFLOW_COPY_ARTIFACTS", False
             ),
             dagster_url=get("ZIPLINE_DAGSTER_URL"),
+            dagster_home=get("DAGSTER_HOME"),
         )
 
     @property
