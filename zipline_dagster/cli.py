@@ -440,7 +440,8 @@ def _backfill(args: argparse.Namespace) -> int:
     print(f"plan for {key.to_user_string()} {args.start_ds}..{args.end_ds}:", file=sys.stderr)
     print(plan.describe(), file=sys.stderr)
     if plan.empty:
-        print("backfill_id=none (every partition is fresh)")
+        going = " or left to the run writing it" if plan.in_flight else ""
+        print(f"backfill_id=none (every partition is fresh{going})")
         return 0
     # the champion of each model the plan trains judges the new partitions, in the backfill
     graph = defs.resolve_asset_graph()

@@ -25,6 +25,8 @@ from tests.helpers import (
 from tests.training.test_assets import TABLE, make_model, resources
 from zipline_dagster import DeploymentSpec, Metric, RolloutStrategy
 from zipline_dagster.declarations.model import Model
+from zipline_dagster.definitions import ExternalTable, build_definitions
+from zipline_dagster.lineage.backfill import plan_backfill
 from zipline_dagster.lineage.partitions import daily_partitions, latest_materialization
 from zipline_dagster.rollout import champion as ch
 from zipline_dagster.rollout.assets import (
@@ -247,10 +249,11 @@ def test_promote_by_hand_applies_the_ledgers_rule(file_base: str, tmp_path: Path
     """`zipline-dagster promote` with DAGSTER_HOME set applies the ledger's rule to the
     partition: a model that a run of the instance promoted and has not recorded yet (the
     run still going) fails `recorded_by_dagster` like a gate (refused, or promoted with
-    --force and recorded in the pointer); once that run has ended without recording it
-    (killed in between), the model is recorded into Dagster from storage and promoted.
-    Without DAGSTER_HOME the CLI says it did not check. The run is a real one, on another
-    instance, whose record is copied into ours (``copy_run_as_failed``)."""
+    --force and recorded in the pointer), and the planner leaves it to that run; once
+    that run has ended without recording it (killed in between), the model is recorded
+    into Dagster from storage and promoted. Without DAGSTER_HOME the CLI says it did not
+    check. The run is a real one, on another instance, whose record is copied into ours
+    (``copy_run_as_failed``)."""
     write_table(file_base, TABLE, days_ending(DS1, 6), rows=400)
     version = publish_trainer_archive(
         TRAINERS / "listing_ctr_model", model_name="listing_ctr_model", base=file_base
@@ -281,6 +284,14 @@ def test_promote_by_hand_applies_the_ledgers_rule(file_base: str, tmp_path: Path
         f"refusing to promote {model.name} {version}/{DS1}: recorded_by_dagster: {in_flight}"
     ) in refused.stderr
     assert ch.read_champion(store, model) is None
+    # the planner leaves it to that run too: a backfill would train it a second time
+    defs = build_definitions(
+        external_tables=[ExternalTable(TABLE)], models=[model], resources=res, automation=False
+    )
+    key = model_asset_key(model.name)
+    plan = plan_backfill(defs, ours, key, [DS1])
+    assert plan.empty and plan.in_flight == {(key, DS1): f"in flight: {in_flight}"}
+    assert f"{key.to_user_string()} {DS1}: left out, in flight: {in_flight}" in plan.describe()
     forced = promote("--force")
     assert forced.returncode == 0, forced.stderr
     pointer = json.loads(forced.stdout)

@@ -27,6 +27,8 @@ from zipline_dagster.storage.commits import Commit
 from zipline_dagster.storage.tables import TABLE_URI, WRITE_ID, committed_scan
 
 DATA_VERSION_TAG = "dagster/data_version"
+#: The status of a partition a run still going committed and has not recorded.
+IN_FLIGHT = "in flight"
 
 
 class BackfillError(ValueError):
@@ -40,15 +42,21 @@ class Plan:
     steps: list[tuple[dg.AssetKey, list[str]]] = field(default_factory=list)
     reasons: dict[tuple[dg.AssetKey, str], str] = field(default_factory=dict)
     fresh: list[tuple[dg.AssetKey, str]] = field(default_factory=list)
+    #: partitions a run still going committed and has not recorded: left to it, and why
+    in_flight: dict[tuple[dg.AssetKey, str], str] = field(default_factory=dict)
 
     @property
     def empty(self) -> bool:
         return not self.steps
 
     def describe(self) -> str:
+        lines = [
+            f"  {key.to_user_string()} {part}: left out, {why}"
+            for (key, part), why in self.in_flight.items()
+        ]
         if self.empty:
-            return "nothing to do: every requested partition is fresh"
-        lines = []
+            other = " other" if lines else ""
+            return "\n".join([*lines, f"nothing to do: every{other} requested partition is fresh"])
         for key, parts in self.steps:
             full = {self.reasons[(key, p)] for p in parts}
             # one reason is shown whole; several are summed up by kind
@@ -185,9 +193,9 @@ class FreshnessResolver:
 
     def why_off_storage(self, key: dg.AssetKey, partition: str) -> str | None:
         """The ledger's rule for a partition: why it must be materialized (Dagster
-        recorded it, and it is not committed on storage), or None. A commit whose run ended
-        without recording it is recorded into Dagster from storage first (and ``key``'s
-        records read again)."""
+        recorded it, and it is not committed on storage), or None; ``IN_FLIGHT`` when a
+        run still going committed it. A commit whose run ended without recording it is
+        recorded into Dagster from storage first (and ``key``'s records read again)."""
         found = self._commit(key, partition)
         if found is None or isinstance(found, str):
             return found
@@ -200,6 +208,8 @@ class FreshnessResolver:
         if diff.state is State.RECORDED:
             for cache in (self._ids, self._versions, self._artifacts, self._writes):
                 cache.pop(key, None)
+        if diff.state is State.IN_FLIGHT and partition not in self.latest_ids(key):
+            return f"{IN_FLIGHT}: {diff.describe()}"
         return None
 
     def parents(self, key: dg.AssetKey, partition: str) -> list[tuple[dg.AssetKey, str]]:
@@ -229,17 +239,21 @@ class FreshnessResolver:
         return out
 
     def status(self, key: dg.AssetKey, partition: str) -> str:
-        """'fresh', 'missing', or 'stale: <why>'."""
+        """'fresh', 'missing', 'stale: <why>', or 'in flight: <why>' (a model partition
+        a run still going committed and has not recorded yet: left to that run)."""
         memo_key = (key, partition)
         if memo_key in self._memo:
             return self._memo[memo_key]
         node = self.graph.get(key)
         ids = self.latest_ids(key)
+        going = None
         if node.is_materializable and partition not in ids and ARTIFACT_ROOT in node.metadata:
             # a model partition storage holds and Dagster never recorded: the ledger's rule
-            self.why_off_storage(key, partition)
+            going = self.why_off_storage(key, partition)
             ids = self.latest_ids(key)
-        if not node.is_materializable:
+        if going and going.startswith(IN_FLIGHT):
+            result = going
+        elif not node.is_materializable:
             result = "fresh"  # observed from outside; the run-time checks see what exists
         elif partition not in ids:
             result = "missing"
@@ -303,6 +317,9 @@ def plan_backfill(
         status = resolver.status(key, part)
         if status == "fresh":
             plan.fresh.append((key, part))
+            continue
+        if status.startswith(IN_FLIGHT):  # the ledger's rule: left to the run writing it
+            plan.in_flight[(key, part)] = status
             continue
         needed.setdefault(key, set()).add(part)
         plan.reasons[(key, part)] = status
