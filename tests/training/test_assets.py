@@ -27,7 +27,7 @@ from zipline_dagster.storage.resources import WarehouseResource
 from zipline_dagster.tracking import MlflowResource
 from zipline_dagster.training.archive import publish_trainer_archive
 from zipline_dagster.training.assets import build_model_asset
-from zipline_dagster.training.channel import attempt_flags
+from zipline_dagster.training.channel import attempt_flags, partition_results
 from zipline_dagster.training.resources import LocalLauncherResource, RayJobsResource
 
 DS = "2026-07-10"
@@ -200,10 +200,13 @@ def test_materialize_partition_file_warehouse(
         ]
         assert attempt_flags(flags, job_id)[3] == f"--model-dir={model_dir}/_attempts/{job_id}"
         assert f"--warehouse={file_base}" in flags
-        # The driver's end marker (the step watched storage for it), beside the attempt.
+        # The driver's end marker (the step watched storage for it), beside the attempt:
+        # the partition's result line, then the driver's last line.
         marker = f"{model_dir}/_attempts/{job_id}.done"
         assert argv[7:] == [f"--done-uri={marker}"]
-        assert blob_store(marker).read_bytes(marker).startswith(b"zipline-partitions-done 1 of 1")
+        result_line, last = blob_store(marker).read_bytes(marker).decode().splitlines()
+        assert partition_results(result_line)[DS]["exit_code"] == 0
+        assert last.startswith("zipline-partitions-done 1 of 1")
         logs = ray_client(launcher).get_job_logs(job_id)
         assert f"attempts/{job_id}" in logs  # the trainer's own log line, streamed live
     else:
@@ -228,7 +231,7 @@ def test_materialize_partition_file_warehouse(
     assert again.success
     md2 = {k: v.value for k, v in only_materialization(again).metadata.items()}
     if launcher:
-        assert md2["ray_job_id"] == f"zd-listing_ctr_model-{version}-{DS}-2"
+        assert md2["ray_job_id"] == f"{key}{earlier + 2}"
     superseded = Path(md2["superseded_artifacts"][len("file://") :])
     assert superseded.parent.name == "_superseded" and superseded.is_relative_to(
         Path(model_dir[len("file://") :])

@@ -22,8 +22,11 @@ from zipline_dagster.lineage.partitions import daily_partitions
 from zipline_dagster.rollout.assets import build_model_checks
 from zipline_dagster.storage.blobs import blob_store
 from zipline_dagster.storage.paths import MANIFEST_NAME
+from zipline_dagster.storage.resources import WarehouseResource
 from zipline_dagster.training.archive import publish_trainer_archive
 from zipline_dagster.training.assets import build_model_asset
+from zipline_dagster.training.channel import done_marker
+from zipline_dagster.training.ranges import stored_results
 
 KEY = dg.AssetKey(["models", "listing_ctr_model"])
 DAYS = ["2026-08-05", "2026-08-06", "2026-08-07", "2026-08-08", "2026-08-09"]
@@ -97,7 +100,18 @@ def test_range_trains_in_one_ray_job_and_a_failing_partition_fails_only_itself(
         assert store.exists(f"{md['artifact_uri']}/{MANIFEST_NAME}")
         job_ids.add(md["ray_job_id"])
     # one Ray job trained the range
-    assert job_ids == {f"zd-listing_ctr_model-{version}-{DAYS[0]}_{DAYS[-1]}-1"}
+    sid = f"zd-listing_ctr_model-{version}-{DAYS[0]}_{DAYS[-1]}-1"
+    assert job_ids == {sid}
+    # its driver left every day's result in its end marker on storage, which the step
+    # reads: Ray may hand it an incomplete log (on many nodes), never failing a day that
+    # trained
+    first_dir = f"{file_base}/models/listing_ctr_model/{version}/{DAYS[0]}"
+    stored = stored_results(WarehouseResource(uri=file_base), done_marker(first_dir, sid))
+    assert {ds: r["exit_code"] for ds, r in stored.items()} == {
+        **{ds: 0 for ds in DAYS[:-1]},
+        DAYS[-1]: 1,
+    }
+    assert "could not convert string to float" in stored[DAYS[-1]]["tail"]
     assert not store.exists(
         f"{file_base}/models/listing_ctr_model/{version}/{DAYS[-1]}/{MANIFEST_NAME}"
     )

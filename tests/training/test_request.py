@@ -430,6 +430,44 @@ def test_a_partition_run_in_the_driver_keeps_only_the_tail_of_its_output(
     assert int(size) <= 4096 and last == "line 199999"
 
 
+def test_the_drivers_end_marker_holds_every_result_line(tmp_path: Path) -> None:
+    """The driver writes each partition's result line into its end marker on storage
+    too, before its last line: a step handed an incomplete log still learns every
+    partition's outcome (the real driver, two partitions, one failing)."""
+    from zipline_dagster.training.channel import DONE_PREFIX, partition_results
+
+    (tmp_path / "fails_on_ninth.py").write_text(
+        "import sys\nprint('training', sys.argv[1:])\nsys.exit(4 if '--day=09' in sys.argv else 0)\n"
+    )
+    marker = f"file://{tmp_path}/out/_attempts/zd-x-1.done"
+    spec = json.dumps({"2026-07-08": ["--day=08"], "2026-07-09": ["--day=09"]})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "zipline_dagster.training.channel",
+            "--attempt-id=zd-x-1",
+            "--module=fails_on_ninth",
+            "--in-process",
+            f"--partitions={spec}",
+            f"--done-uri={marker}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 1, proc.stderr
+    stored = (tmp_path / "out" / "_attempts" / "zd-x-1.done").read_text()
+    assert partition_results(stored) == partition_results(proc.stdout)
+    assert {ds: r["exit_code"] for ds, r in partition_results(stored).items()} == {
+        "2026-07-08": 0,
+        "2026-07-09": 4,
+    }
+    assert stored.splitlines()[-1] == proc.stdout.splitlines()[-1]
+    assert stored.splitlines()[-1].startswith(f"{DONE_PREFIX}1 of 2 partitions succeeded")
+
+
 def test_the_logged_command_sums_up_a_range_but_keeps_anything_else_whole() -> None:
     from zipline_dagster.training.channel import loggable_command
 

@@ -14,10 +14,13 @@ else:
   one finishes; the step reads them with ``partition_results``, so a failing partition
   fails only itself;
 * **the end**: just before it exits the driver writes a marker file
-  (``done_marker``: ``_attempts/{submission id}.done`` beside the attempts) and prints
-  one last line, ``zipline-partitions-done ...``. The step learns the job is ending from
-  whichever it sees first (``DoneWatcher`` on storage, the line in the log stream) and
-  only then polls Ray's status tightly.
+  (``done_marker``: ``_attempts/{submission id}.done`` beside the attempts) holding every
+  result line and the last one, then prints that last line, ``zipline-partitions-done
+  ...``. The step learns the job is ending from whichever it sees first (``DoneWatcher``
+  on storage, the line in the log stream) and only then polls Ray's status tightly. It
+  reads a range's results from the marker, storage being the truth, and from the log
+  only what the marker lacks (a driver that could not write it): on a cluster of many
+  nodes Ray may hand the step an incomplete log, which would fail days that trained.
 
 A single partition runs in the driver's own process (``--in-process``: the trainer is
 the job's driver, as with ``python -m {module}``); a range runs one Ray task per
@@ -221,6 +224,7 @@ def run_partitions(argv: Any = None) -> int:
     partitions: dict[str, list[str]] = json.loads(args.partitions)
     started = time.time()
     failed = 0
+    results: list[str] = []  # the result lines, for the end marker too
 
     def report(ds: str, result: dict[str, Any], *, echo: bool) -> None:
         nonlocal failed
@@ -232,7 +236,8 @@ def run_partitions(argv: Any = None) -> int:
         if result["exit_code"] != 0:
             failed += 1
             result["tail"] = "\n".join(log.splitlines()[-TAIL_LINES:])
-        print(RESULT_PREFIX + json.dumps(result, sort_keys=True), flush=True)
+        results.append(RESULT_PREFIX + json.dumps(result, sort_keys=True))
+        print(results[-1], flush=True)
 
     if args.in_process:
         for ds, flags in partitions.items():
@@ -270,7 +275,7 @@ def run_partitions(argv: Any = None) -> int:
     if args.done_uri:
         directory, _, name = args.done_uri.rpartition("/")
         try:
-            tio.write_bytes(directory, name, last_line.encode())
+            tio.write_bytes(directory, name, "\n".join([*results, last_line]).encode())
         except Exception as exc:  # only a signal: the last line below says the same
             print(f"could not write {args.done_uri}: {type(exc).__name__}: {exc}", flush=True)
     print(last_line, flush=True)
@@ -279,7 +284,7 @@ def run_partitions(argv: Any = None) -> int:
 
 
 def partition_results(logs: str) -> dict[str, dict[str, Any]]:
-    """The result lines of a job's log, by ds."""
+    """The result lines of a job's log (or of its end marker), by ds."""
     out: dict[str, dict[str, Any]] = {}
     for line in logs.splitlines():
         if line.startswith(RESULT_PREFIX):

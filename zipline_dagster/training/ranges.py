@@ -33,7 +33,7 @@ from zipline_dagster.training.archive import (
     TrainerArchiveError,
     load_verified_archive,
 )
-from zipline_dagster.training.channel import partition_results
+from zipline_dagster.training.channel import done_marker, partition_results
 from zipline_dagster.training.launchers.ray_head import RayHeadError
 from zipline_dagster.training.launchers.ray_job import RayUnreachableError, job_metadata
 from zipline_dagster.training.request import (
@@ -161,7 +161,7 @@ def run_days(
             )
 
         if launcher.runs_ranges_in_one_job and work.together and len(ready) > 1:
-            _in_one_job(context, work, ready, launch, done, errors)
+            _in_one_job(context, work, ready, launch, done, errors, warehouse)
         else:
             for request in ready:
                 try:
@@ -209,10 +209,11 @@ def _in_one_job(
     launch: Callable[[TrainingRequest, str], JobOutcome],
     done: dict[str, dict[str, Any]],
     errors: dict[str, dg.Failure],
+    warehouse: WarehouseResource,
 ) -> None:
     """The days in one job, one task each: a day without a result line (the job ended
     first) or whose task failed fails alone; a failed job still yields the result lines
-    it printed."""
+    it wrote."""
     first, last = ready[0].ds, ready[-1].ds
     span = f"{first}..{last}"
     context.log.info(
@@ -230,6 +231,8 @@ def _in_one_job(
     except (RayUnreachableError, RayHeadError) as exc:
         raise failure(exc) from None
     results = partition_results(logs)
+    if sid:  # what the driver left on storage is the truth; the log fills in the rest
+        results.update(stored_results(warehouse, done_marker(job.marker_dir, sid)))
     for request in ready:
         result = results.get(request.ds)
         if result is None:
@@ -245,3 +248,12 @@ def _in_one_job(
                 done[request.ds] = work.finish(request, ran)
             except dg.Failure as exc:
                 errors[request.ds] = exc
+
+
+def stored_results(warehouse: WarehouseResource, marker: str) -> dict[str, dict[str, Any]]:
+    """The result lines a range job's driver left in its end marker (``marker``, on
+    storage: ``training.channel``), by ds; none when it wrote none (it died first)."""
+    try:
+        return partition_results(warehouse.store(marker).read_bytes(marker).decode())
+    except (BlobStorageError, UnicodeDecodeError):
+        return {}
