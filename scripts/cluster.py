@@ -91,6 +91,26 @@ def workspace() -> str:
     return os.environ.get("ZIPLINE_CLUSTER_WORKSPACE") or str(ROOT / "workspace.yaml")
 
 
+def _descendants(pid: int) -> list[ProcessIdentity]:
+    """Every process below ``pid``, children first (read from ``/proc``)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:  # the command (field 2) may hold ')': the parent is 2 fields after the last
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    found: list[ProcessIdentity] = []
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(0), []):
+            with contextlib.suppress(ProcessLookupError):
+                found.append(ProcessIdentity.of(child))
+            todo.append(child)
+    return found
+
+
 def free_port(preferred: int | None = None) -> int:
     for port in ([preferred] if preferred else []) + [0]:
         with socket.socket() as s:
@@ -230,13 +250,24 @@ class Cluster:
         return stopped
 
     def kill(self, name: str, *, group: bool = True) -> None:
-        """``kill -9`` of the service's process group, or of its process alone
-        (``group=False``: what it started goes on, as a deployment's runs outlive its
-        daemon); a fault, for the tests. ``start`` brings the service back."""
+        """``kill -9`` of the service as its machine's death would end it: its process
+        group and every process it started, wherever they went (a Ray node's workers, and
+        a job's driver below them, each run in a session of their own: a pod's death ends
+        them with their node); or of its process alone (``group=False``: what it started
+        goes on, as a deployment's runs outlive its daemon). A fault, for the tests;
+        ``start`` brings the service back."""
         identity = self.identity(name)
         if identity is None or not identity.alive():
             raise ClusterError(f"{name} is not running")
-        (os.killpg if group else os.kill)(identity.pid, signal.SIGKILL)
+        if not group:
+            os.kill(identity.pid, signal.SIGKILL)
+        else:
+            started = _descendants(identity.pid)  # found first: then they belong to init
+            os.killpg(identity.pid, signal.SIGKILL)
+            for process in started:
+                with contextlib.suppress(ProcessLookupError):
+                    if process.alive():  # not a PID since reused
+                        os.kill(process.pid, signal.SIGKILL)
         deadline = time.monotonic() + 10
         while identity.alive() and time.monotonic() < deadline:
             with contextlib.suppress(ChildProcessError):  # reaped, when it is our child

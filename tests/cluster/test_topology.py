@@ -80,9 +80,11 @@ def test_postgres_restarted_mid_run_leaves_dagster_and_storage_agreeing(
 
 
 def test_a_killed_ray_worker_node_is_survived_by_a_retry(topology: Topology) -> None:
-    """``kill -9`` of the process group of the Ray worker node running a model range's
-    job: the job is lost, the run fails and the instance retries it; the retry trains on
-    the surviving node, and every day ends committed and fresh, none half-promoted."""
+    """``kill -9`` of the Ray worker node running a model range's job, every process of
+    it as a pod's death would end them (its process group alone left the job's driver,
+    in a session of its own, training to the end: its results on storage then stood):
+    the job is lost, the run fails and the instance retries it; the retry trains on the
+    surviving node, and every day ends committed and fresh, none half-promoted."""
     backfill = topology.backfill(WORKER_DAYS, "worker killed")
     job = topology.wait_for_job(WORKER_DAYS)
     victim = topology.cluster.worker_of(job.driver_node_id)
