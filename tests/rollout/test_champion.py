@@ -25,8 +25,6 @@ from tests.helpers import (
 from tests.training.test_assets import TABLE, make_model, resources
 from zipline_dagster import DeploymentSpec, Metric, RolloutStrategy
 from zipline_dagster.declarations.model import Model
-from zipline_dagster.definitions import ExternalTable, build_definitions
-from zipline_dagster.lineage.backfill import plan_backfill
 from zipline_dagster.lineage.partitions import daily_partitions, latest_materialization
 from zipline_dagster.rollout import champion as ch
 from zipline_dagster.rollout.assets import (
@@ -85,11 +83,15 @@ def write_code_location(tmp_path: Path, version: str, base: str) -> dict[str, st
         textwrap.dedent(
             f"""
             from tests.rollout.test_champion import gated
+            from tests.training.test_assets import resources
             from zipline_dagster.definitions import ExternalTable, build_definitions
 
             model = gated({version!r}, {base!r})
             defs = build_definitions(
-                external_tables=[ExternalTable({TABLE!r})], models=[model], automation=False
+                external_tables=[ExternalTable({TABLE!r})],
+                models=[model],
+                resources=resources(None, {base!r}),
+                automation=False,
             )
             """
         )
@@ -285,13 +287,14 @@ def test_promote_by_hand_applies_the_ledgers_rule(file_base: str, tmp_path: Path
     ) in refused.stderr
     assert ch.read_champion(store, model) is None
     # the planner leaves it to that run too: a backfill would train it a second time
-    defs = build_definitions(
-        external_tables=[ExternalTable(TABLE)], models=[model], resources=res, automation=False
+    args = ("backfill", model.name, "--start-ds", DS1, "--end-ds", DS1, "--module", "champ_defs")
+    backfill = run_cli(*args, env=env)
+    assert backfill.returncode == 0, backfill.stderr
+    key = model_asset_key(model.name).to_user_string()
+    assert f"  {key} {DS1}: left out, in flight: {in_flight}\n" in backfill.stderr
+    assert backfill.stdout.strip() == (
+        "backfill_id=none (every partition is fresh or left to the run writing it)"
     )
-    key = model_asset_key(model.name)
-    plan = plan_backfill(defs, ours, key, [DS1])
-    assert plan.empty and plan.in_flight == {(key, DS1): f"in flight: {in_flight}"}
-    assert f"{key.to_user_string()} {DS1}: left out, in flight: {in_flight}" in plan.describe()
     forced = promote("--force")
     assert forced.returncode == 0, forced.stderr
     pointer = json.loads(forced.stdout)
