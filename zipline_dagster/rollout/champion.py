@@ -201,11 +201,8 @@ def _judge(
 
 def why_pinned_attempt_gone(store: BlobStore, pointer: dict[str, Any]) -> str | None:
     """Why the partition a champion ``pointer`` names no longer holds the attempt that
-    was judged when it moved there (it was trained again since), or None when it does
-    (or the pointer, written by an older release, names no attempt)."""
+    was judged when it moved there (it was trained again since), or None when it does."""
     judged = pointer.get("attempt")
-    if not judged:
-        return None
     held = manifest_attempt(store, str(pointer.get("artifact_uri")))
     if held == judged:
         return None
