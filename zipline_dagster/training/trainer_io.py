@@ -71,8 +71,11 @@ def write_bytes(dir_uri: str, name: str, data: bytes) -> str:
     fs, path = filesystem(uri)
     if is_local(fs):
         fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+    # on GCS, data ending in CR goes as one resumable chunk: a multipart upload would
+    # lose that CR (as the platform's storage.blobs.ObjectStore._pipe says)
+    gcs_cr = uri.startswith("gs://") and data.endswith(b"\r")
     try:
-        fs.pipe_file(path, data)
+        fs.pipe_file(path, data, **({"chunksize": len(data)} if gcs_cr else {}))
     except Exception as exc:  # each SDK raises its own types: the URI named in all
         lines = str(exc).strip().splitlines()
         text = f"could not write {uri}: {type(exc).__name__}: {lines[0] if lines else ''}"
