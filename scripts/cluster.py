@@ -50,7 +50,12 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 sys.path.insert(0, str(ROOT))
 
-from zipline_dagster.processes import ProcessIdentity, group_alive, terminate  # noqa: E402
+from zipline_dagster.processes import (  # noqa: E402
+    ProcessIdentity,
+    descendants,
+    group_alive,
+    terminate,
+)
 
 TRAINING_POOL = "zipline_training"
 TRAINING_POOL_LIMIT = 2
@@ -89,26 +94,6 @@ def cluster_dir() -> Path:
 def workspace() -> str:
     """The workspace file the daemon and the webserver load."""
     return os.environ.get("ZIPLINE_CLUSTER_WORKSPACE") or str(ROOT / "workspace.yaml")
-
-
-def _descendants(pid: int) -> list[ProcessIdentity]:
-    """Every process below ``pid``, children first (read from ``/proc``)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:  # the command (field 2) may hold ')': the parent is 2 fields after the last
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(parent, []).append(int(entry.name))
-    found: list[ProcessIdentity] = []
-    todo = [pid]
-    while todo:
-        for child in children.get(todo.pop(0), []):
-            with contextlib.suppress(ProcessLookupError):
-                found.append(ProcessIdentity.of(child))
-            todo.append(child)
-    return found
 
 
 def free_port(preferred: int | None = None) -> int:
@@ -262,7 +247,7 @@ class Cluster:
         if not group:
             os.kill(identity.pid, signal.SIGKILL)
         else:
-            started = _descendants(identity.pid)  # found first: then they belong to init
+            started = descendants(identity.pid)  # found first: then they belong to init
             os.killpg(identity.pid, signal.SIGKILL)
             for process in started:
                 with contextlib.suppress(ProcessLookupError):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -55,3 +57,30 @@ def test_terminate_skips_a_dead_identity() -> None:
     proc = subprocess.Popen(["true"])
     proc.wait()
     assert terminate(ProcessIdentity(pid=proc.pid, start="x"), group=False) is False
+
+
+def test_descendants_include_a_child_in_a_session_of_its_own() -> None:
+    """What a process started, found before it is killed: a grandchild in its own
+    session (as Ray starts a job's driver) is outside the group, not outside the tree."""
+    from zipline_dagster.processes import descendants
+
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time\n"
+            "child = subprocess.Popen(['sleep', '60'], start_new_session=True)\n"
+            "print(child.pid, flush=True)\n"
+            "time.sleep(60)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    grandchild = int(parent.stdout.readline())  # type: ignore[union-attr]
+    try:
+        assert grandchild in [p.pid for p in descendants(parent.pid)]
+        assert descendants(grandchild) == []
+    finally:
+        os.kill(grandchild, signal.SIGKILL)
+        parent.kill()
+        parent.wait()

@@ -25,6 +25,12 @@ def _boot_id() -> str:
         return ""
 
 
+def _stat_fields(stat: str) -> list[str]:
+    """The fields of a ``/proc/{pid}/stat`` line from field 3 on (state, parent, ...): the
+    command name (field 2) may hold spaces and parentheses, so split after the last ')'."""
+    return stat.rsplit(")", 1)[1].split()
+
+
 def process_start(pid: int) -> str | None:
     """An opaque token that changes when ``pid`` names another process; None if none."""
     try:
@@ -34,9 +40,8 @@ def process_start(pid: int) -> str | None:
     except OSError:
         stat = ""
     if stat:
-        # the command name (field 2) may hold spaces and parentheses: split after the last ')'
-        fields = stat.rsplit(")", 1)[1].split()
-        return f"{_boot_id()}:{fields[19]}"  # field 22: start time in clock ticks since boot
+        # field 22: start time in clock ticks since boot
+        return f"{_boot_id()}:{_stat_fields(stat)[19]}"
     try:
         out = subprocess.run(
             ["ps", "-p", str(pid), "-o", "lstart="], capture_output=True, text=True, timeout=5
@@ -44,6 +49,27 @@ def process_start(pid: int) -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return out or None
+
+
+def descendants(pid: int) -> list[ProcessIdentity]:
+    """Every process below ``pid`` (Linux: read from ``/proc``), children first, each as
+    it is now: once ``pid`` is killed they belong to init, and only these still say so."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int(_stat_fields((entry / "stat").read_text())[1])
+            except (OSError, IndexError, ValueError):
+                continue  # ended meanwhile
+            children.setdefault(parent, []).append(int(entry.name))
+    found: list[ProcessIdentity] = []
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(0), []):
+            with contextlib.suppress(ProcessLookupError):
+                found.append(ProcessIdentity.of(child))
+            todo.append(child)
+    return found
 
 
 def pid_namespace() -> str:

@@ -20,6 +20,7 @@ import dagster as dg
 from zipline_dagster.lineage.ledger import (
     ARTIFACT_ROOT,
     CODE_VERSION_TAG,
+    Difference,
     Ledger,
     State,
 )
@@ -27,8 +28,6 @@ from zipline_dagster.storage.commits import Commit
 from zipline_dagster.storage.tables import TABLE_URI, WRITE_ID, committed_scan
 
 DATA_VERSION_TAG = "dagster/data_version"
-#: The status of a partition a run still going committed and has not recorded.
-IN_FLIGHT = "in flight"
 
 
 class BackfillError(ValueError):
@@ -191,26 +190,34 @@ class FreshnessResolver:
         except BlobStorageError as exc:
             return f"its storage cannot be read ({exc})"
 
-    def why_off_storage(self, key: dg.AssetKey, partition: str) -> str | None:
-        """The ledger's rule for a partition: why it must be materialized (Dagster
-        recorded it, and it is not committed on storage), or None; ``IN_FLIGHT`` when a
-        run still going committed it. A commit whose run ended without recording it is
-        recorded into Dagster from storage first (and ``key``'s records read again)."""
+    def settle(self, key: dg.AssetKey, partition: str) -> tuple[Difference, str] | str | None:
+        """The ledger's rule for a partition's commit: its difference, and where the
+        commit was looked for. A commit whose run ended without recording it is recorded
+        into Dagster from storage first (and ``key``'s records read again). None when
+        nothing says where to look (an external table, a table day never recorded); a
+        reason when storage cannot be read."""
         found = self._commit(key, partition)
         if found is None or isinstance(found, str):
             return found
         commit, where = found
         diff = self.ledger.settle(key, partition, commit)
-        if diff.state is State.MISSING:
-            if commit is None and self._artifacts.get(key, {}).get(partition):
-                return f"its finished model is missing on storage ({where})"
-            return f"it is not committed on storage ({where})"
         if diff.state is State.RECORDED:
             for cache in (self._ids, self._versions, self._artifacts, self._writes):
                 cache.pop(key, None)
-        if diff.state is State.IN_FLIGHT and partition not in self.latest_ids(key):
-            return f"{IN_FLIGHT}: {diff.describe()}"
-        return None
+        return diff, where
+
+    def why_off_storage(self, key: dg.AssetKey, partition: str) -> str | None:
+        """Why the ledger's rule says a partition must be materialized (Dagster recorded
+        it, and it is not committed on storage, or storage cannot be read), or None."""
+        settled = self.settle(key, partition)
+        if settled is None or isinstance(settled, str):
+            return settled
+        diff, where = settled
+        if diff.state is not State.MISSING:
+            return None
+        if diff.commit is None and self._artifacts.get(key, {}).get(partition):
+            return f"its finished model is missing on storage ({where})"
+        return f"it is not committed on storage ({where})"
 
     def parents(self, key: dg.AssetKey, partition: str) -> list[tuple[dg.AssetKey, str]]:
         """The upstream partitions ``partition`` of ``key`` reads (existing keys only)."""
@@ -246,13 +253,13 @@ class FreshnessResolver:
             return self._memo[memo_key]
         node = self.graph.get(key)
         ids = self.latest_ids(key)
-        going = None
+        settled = None
         if node.is_materializable and partition not in ids and ARTIFACT_ROOT in node.metadata:
             # a model partition storage holds and Dagster never recorded: the ledger's rule
-            going = self.why_off_storage(key, partition)
+            settled = self.settle(key, partition)
             ids = self.latest_ids(key)
-        if going and going.startswith(IN_FLIGHT):
-            result = going
+        if isinstance(settled, tuple) and settled[0].state is State.IN_FLIGHT:
+            result = f"{State.IN_FLIGHT}: {settled[0].describe()}"
         elif not node.is_materializable:
             result = "fresh"  # observed from outside; the run-time checks see what exists
         elif partition not in ids:
@@ -318,7 +325,7 @@ def plan_backfill(
         if status == "fresh":
             plan.fresh.append((key, part))
             continue
-        if status.startswith(IN_FLIGHT):  # the ledger's rule: left to the run writing it
+        if status.startswith(State.IN_FLIGHT):  # the ledger's rule: left to the run writing it
             plan.in_flight[(key, part)] = status
             continue
         needed.setdefault(key, set()).add(part)
