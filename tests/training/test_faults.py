@@ -416,6 +416,44 @@ def test_dashboard_that_never_answers_fails_the_step_and_leaves_the_job(
     assert f"Ray job {sid} was not stopped and may still be running" in text
 
 
+@pytest.mark.ray
+def test_a_job_failing_after_its_trainer_finished_is_finished_from_storage(
+    ray_head: Any, file_base: str
+) -> None:
+    """The job's process exits 3 on its way out, after the trainer finished and the
+    driver wrote its end marker: Ray says FAILED, storage says the day trained. The step
+    promotes what the trainer wrote (no second job), and says why."""
+    ds = "2026-07-19"
+    write_table(file_base, TABLE, days_ending(ds, 4), rows=20)
+    version = publish_trainer_archive(
+        FIXTURE_TRAINERS / "slow_trainer", model_name="slow_model", base=file_base
+    ).version
+    model = make_model(
+        version,
+        file_base,
+        name="slow_model",
+        job_configs={"steps": "1", "exit-code-at-exit": "3"},
+    )
+    instance = dg.DagsterInstance.ephemeral()
+    result = materialize_on(instance, model, resources(ray_head.dashboard_url, file_base), ds)
+    assert result.success
+    client = ray_client(ray_head.dashboard_url)
+    sid = f"zd-slow_model-{version}-{ds}-1"
+    info = client.get_job_info(sid)
+    assert (str(info.status), info.driver_exit_code) == ("FAILED", 3)
+    prefix = f"zd-slow_model-{version}-{ds}-"
+    assert [
+        j.submission_id for j in client.list_jobs() if (j.submission_id or "").startswith(prefix)
+    ] == [sid]
+    mat = result.get_asset_materialization_events()[0].event_specific_data.materialization  # type: ignore[union-attr]
+    assert mat.metadata["ray_job_id"].value == sid
+    model_dir = f"{file_base}/models/slow_model/{version}/{ds}"
+    assert is_committed(blob_store(model_dir), model_dir)
+    assert json.loads((local(model_dir) / MANIFEST_NAME).read_text())["attempt"] == sid
+    said = [m for m in log_messages(instance, result.run_id) if "end marker on storage" in m]
+    assert len(said) == 1 and f"Ray job {sid} FAILED" in said[0], said
+
+
 def test_request_timeout_must_be_positive() -> None:
     from zipline_dagster.training.launchers.ray_job import RayJobRunner
 

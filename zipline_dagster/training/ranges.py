@@ -165,7 +165,7 @@ def run_days(
         else:
             for request in ready:
                 try:
-                    done[request.ds] = _alone(work, request, launch)
+                    done[request.ds] = _alone(context, work, request, launch, warehouse)
                 except dg.Failure as exc:
                     errors[request.ds] = exc
     if len(days) == 1:
@@ -184,21 +184,38 @@ def run_days(
 
 
 def _alone(
-    work: DayWork, request: TrainingRequest, launch: Callable[[TrainingRequest, str], JobOutcome]
+    context: dg.AssetExecutionContext,
+    work: DayWork,
+    request: TrainingRequest,
+    launch: Callable[[TrainingRequest, str], JobOutcome],
+    warehouse: WarehouseResource,
 ) -> dict[str, Any]:
-    """One day in a job of its own."""
+    """One day in a job of its own. A job that did not succeed, but whose driver's end
+    marker says the day's run did (the process failed on its way out, or its node was
+    lost after the marker was written), is finished from storage, as a range's day is."""
     work.begin(request)
     try:
         outcome = launch(request, request.ds)
+        ran = Ran(
+            outcome.job_id, outcome.job_url, outcome.attached, outcome.seconds, outcome.launcher
+        )
     except TrainingJobError as exc:
-        raise failure(
-            exc,
-            job_id=exc.job_id or "",
-            trainer_log_tail=dg.MetadataValue.md(f"```\n{exc.logs_tail}\n```"),
-        ) from None
+        sid = exc.job_id or ""
+        result = stored_results(warehouse, done_marker(request.marker_dir, sid)).get(request.ds)
+        if not sid or result is None or result["exit_code"] != 0:
+            raise failure(
+                exc,
+                job_id=sid,
+                trainer_log_tail=dg.MetadataValue.md(f"```\n{exc.logs_tail}\n```"),
+            ) from None
+        context.log.warning(
+            f"{request.ds}: {str(exc).splitlines()[0]}; but its {work.runner} had finished "
+            f"(exit code 0 in the job's end marker on storage), so the day is {work.verb} "
+            "from what it wrote"
+        )
+        ran = Ran(sid, None, False, float(result["seconds"]), "ray")
     except (RayUnreachableError, RayHeadError) as exc:
         raise failure(exc) from None
-    ran = Ran(outcome.job_id, outcome.job_url, outcome.attached, outcome.seconds, outcome.launcher)
     return work.finish(request, ran)
 
 
