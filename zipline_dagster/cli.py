@@ -153,15 +153,21 @@ def _new_model(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check(args: argparse.Namespace) -> int:
+def project_drift(module: str, models: object) -> list[object]:
+    """The drifts (``training.pins``) of ``models`` against the trainer sources of the
+    project holding the code location ``module`` (``trainers/{model_name}``)."""
     import importlib
 
     from zipline_dagster.training.pins import TRAINERS_DIR, find_drift, find_lock
 
+    project = find_lock(str(importlib.import_module(module).__file__)).parent
+    return list(find_drift(models, project / TRAINERS_DIR))  # type: ignore[arg-type]
+
+
+def _check(args: argparse.Namespace) -> int:
     module = args.module or project_code_location()
     models = declared_models(module).values()
-    project = find_lock(str(importlib.import_module(module).__file__)).parent
-    drifts = find_drift(models, project / TRAINERS_DIR)  # type: ignore[arg-type]
+    drifts: list = project_drift(module, models)
     for drift in drifts:
         print(f"error: {drift.describe()}", file=sys.stderr)
     if drifts:
@@ -443,6 +449,17 @@ def _backfill(args: argparse.Namespace) -> int:
         going = " or left to the run writing it" if plan.in_flight else ""
         print(f"backfill_id=none (every partition is fresh{going})")
         return 0
+    # a model whose trainer source moved past its pin refuses to train: say so before
+    # anything runs, rather than after its upstream partitions were computed
+    planned = {k for k, _ in plan.steps}
+    trains = [m for m in models if model_asset_key(m.name) in planned]  # type: ignore[attr-defined]
+    drifts: list = project_drift(module, trains)
+    if drifts:
+        raise CliError(
+            "nothing was launched: "
+            + "; ".join(d.describe() for d in drifts)
+            + ". Its partitions in this plan would refuse to train"
+        )
     # the champion of each model the plan trains judges the new partitions, in the backfill
     graph = defs.resolve_asset_graph()
     also = [

@@ -1,6 +1,7 @@
 """Pinned trainer versions cannot drift: a trainer edited without building it again is
 named at load (a warning, and the model asset's description), by `zipline-dagster check`
-and `build-trainer --check` (non-zero exits), and the model refuses to train; building it
+and `build-trainer --check` (non-zero exits), a backfill that would train it is not
+launched, and the model refuses to train; building it
 records the new pin, and then all agree again. Run on a copy of a project: real CLI
 processes, a real code location module, a real Dagster materialization."""
 
@@ -88,6 +89,19 @@ def test_a_trainer_edited_without_a_new_pin_is_named_everywhere_and_refuses_to_t
     pin_check = run_cli("build-trainer", str(source), "--model-name", NAME, "--check")
     assert pin_check.returncode == 1
     assert f"builds trainer version {second}, but" in pin_check.stderr
+
+    # a backfill that would train it is refused before anything is launched
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    backfill = run_cli(
+        "backfill", NAME, "--start-ds", "2026-07-10", "--end-ds", "2026-07-11",
+        "--module", "proj_defs", env={**env, "DAGSTER_HOME": str(home)},
+    )  # fmt: skip
+    assert backfill.returncode == 1, backfill.stderr
+    assert f"error: nothing was launched: {said}" in backfill.stderr
+    assert "would refuse to train" in backfill.stderr and "backfill_id" not in backfill.stdout
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        assert instance.get_backfills() == [] and instance.get_runs() == []
 
     # at load: a warning in the log and on the asset's description in the UI
     import importlib

@@ -10,8 +10,8 @@ A model whose trainer source is in the project (``trainers/{model_name}/`` besid
 lock, by convention) and builds to another version than the one it pins has *drifted*:
 it would keep training the old archive. ``find_drift`` names each such model, with the
 pinned version, the one the source builds to and the command that fixes it; the code
-location warns at load, ``zipline-dagster check`` exits non-zero, and a partition refuses
-to train. Building an archive in memory to hash it takes about 2 ms per trainer.
+location warns at load, ``zipline-dagster check`` exits non-zero, ``zipline-dagster
+backfill`` launches nothing that would train it, and a partition refuses to train. Building an archive in memory to hash it takes about 2 ms per trainer.
 """
 
 from __future__ import annotations
