@@ -25,7 +25,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -156,6 +156,8 @@ class Synced:
     url: str | None = None
     #: the warning when the alias had been elsewhere (moved by hand, or behind)
     put_back: str | None = None
+    #: earlier champions (``version/ds``) registered now (missed earlier)
+    registered: list[str] = field(default_factory=list)
 
 
 def partition_from_storage(
@@ -430,13 +432,15 @@ class Tracker:
         champion: Partition | None,
         *,
         moved: bool,
+        earlier: Callable[[set[tuple[str, str]]], list[Partition]] = lambda known: [],
     ) -> Synced | None:
         """Log each trained partition (``trained``: day -> its committed attempt) whose
-        attempt has no run yet, as ``load`` gives it, then put the alias ``champion`` on
-        the model version of ``champion``'s attempt (registered now if it has none).
-        ``moved``: our pointer moved in this step, so an alias elsewhere is just behind;
-        otherwise it was moved in MLflow, and is put back with a warning. None when MLflow
-        was skipped."""
+        attempt has no run yet, as ``load`` gives it; register a model version for each
+        earlier champion without one (``earlier``: those whose (version, ds) is not in the
+        set it is given); then put the alias ``champion`` on the model version of
+        ``champion``'s attempt (registered now if it has none). ``moved``: our pointer
+        moved in this step, so an alias elsewhere is just behind; otherwise it was moved
+        in MLflow, and is put back with a warning. None when MLflow was skipped."""
 
         def sync() -> Synced:
             runs = self._delete_extras(model, self.runs(model))
@@ -451,7 +455,17 @@ class Tracker:
                     caught_up.append(ds)
             if champion is None:
                 return Synced(caught_up)
-            return self._alias(model, champion, self._log(champion), moved, caught_up)
+            versions = self._versions(model)
+            known = {
+                (v.tags.get("zipline.version"), v.tags.get("zipline.partition")) for v in versions
+            }
+            registered = []
+            for p in earlier(known):  # champions moved past while MLflow was not reachable
+                if p.key != champion.key:
+                    self._version(model, p, self._log(p), versions)
+                    registered.append(f"{p.version}/{p.ds}")
+            synced = self._alias(model, champion, self._log(champion), moved, caught_up, versions)
+            return replace(synced, registered=registered)
 
         return self._bounded(f"sync {model}", sync)
 
@@ -482,9 +496,8 @@ class Tracker:
 
         return self._bounded(f"read {model}", read)
 
-    def _alias(
-        self, name: str, p: Partition, run: Logged, moved: bool, caught_up: list[str]
-    ) -> Synced:
+    def _versions(self, name: str) -> list[Any]:
+        """The versions of the registered model ``name`` (registered now if it is not)."""
         from mlflow.exceptions import MlflowException
 
         client = self.client()
@@ -493,31 +506,50 @@ class Tracker:
         except MlflowException as exc:
             if exc.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise
-        versions = client.search_model_versions(f"name = '{name}'")
+        return list(client.search_model_versions(f"name = '{name}'"))
+
+    def _version(self, name: str, p: Partition, run: Logged, versions: list[Any]) -> Any:
+        """The model version of ``p``'s attempt (its earliest), created now if it has none
+        (and added to ``versions``)."""
         mine = [v for v in versions if v.tags.get(IDENTITY_TAG) == p.key]
         if mine:
-            version = min(mine, key=lambda v: int(v.version))
-        else:
-            remote = urllib.parse.urlsplit(p.artifact_uri).scheme in _REMOTE
-            source = (
-                p.artifact_uri
-                if remote and not self.conf.copy_artifacts
-                else f"runs:/{run.run_id}/model"
-            )
-            version = client.create_model_version(
-                name,
-                source,
-                run_id=run.run_id,
-                tags={
-                    ATTEMPT_TAG: p.attempt,
-                    IDENTITY_TAG: p.key,
-                    "zipline.partition": p.ds,
-                    "zipline.version": p.version,
-                    "zipline.artifact_uri": p.artifact_uri,
-                },
-                description=f"{name} partition {p.ds} (trainer version {p.version})",
-                await_creation_for=0,
-            )
+            return min(mine, key=lambda v: int(v.version))
+        remote = urllib.parse.urlsplit(p.artifact_uri).scheme in _REMOTE
+        source = (
+            p.artifact_uri
+            if remote and not self.conf.copy_artifacts
+            else f"runs:/{run.run_id}/model"
+        )
+        version = self.client().create_model_version(
+            name,
+            source,
+            run_id=run.run_id,
+            tags={
+                ATTEMPT_TAG: p.attempt,
+                IDENTITY_TAG: p.key,
+                "zipline.partition": p.ds,
+                "zipline.version": p.version,
+                "zipline.artifact_uri": p.artifact_uri,
+            },
+            description=f"{name} partition {p.ds} (trainer version {p.version})",
+            await_creation_for=0,
+        )
+        versions.append(version)
+        return version
+
+    def _alias(
+        self,
+        name: str,
+        p: Partition,
+        run: Logged,
+        moved: bool,
+        caught_up: list[str],
+        versions: list[Any],
+    ) -> Synced:
+        from mlflow.exceptions import MlflowException
+
+        client = self.client()
+        version = self._version(name, p, run, versions)
         try:
             current = client.get_model_version_by_alias(name, CHAMPION_ALIAS)
         except MlflowException:

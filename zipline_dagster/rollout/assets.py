@@ -28,7 +28,7 @@ from zipline_dagster.lineage.partitions import (
 )
 from zipline_dagster.rollout import champion as ch
 from zipline_dagster.rollout import gates as g
-from zipline_dagster.storage.artifacts import manifest_attempt, model_commit
+from zipline_dagster.storage.artifacts import manifest_attempt, model_commit, read_json_object
 from zipline_dagster.storage.blobs import BlobStore, blob_store
 from zipline_dagster.storage.paths import model_dir_uri, model_partition_uri
 from zipline_dagster.storage.resources import WarehouseResource
@@ -285,12 +285,27 @@ def sync_mlflow(
         )
         if champion is not None and pointer.get("attempt") not in (None, champion.attempt):
             champion = None  # trained again since it was judged: nothing to register
+
+    def earlier(known: set[tuple[str, str]]) -> list[Partition]:
+        """The earlier champions whose (version, ds) has no model version, each as its
+        pointer judged it (a partition trained again since is left out)."""
+        out: dict[str, Partition] = {}
+        for uri, (version, ds) in ch.earlier_champions(store, model).items():
+            if (version, ds) in known:
+                continue
+            p = mlflow_partition(store, model, version, ds, judged=True)
+            judged = (read_json_object(store, uri) or {}).get("attempt")
+            if p is not None and judged == p.attempt:
+                out.setdefault(p.key, p)
+        return list(out.values())
+
     return tracker.sync(
         model.name,
         trained,
         lambda ds: mlflow_partition(store, model, model.version, ds, judged=True),
         champion,
         moved=moved,
+        earlier=earlier,
     )
 
 
@@ -366,6 +381,11 @@ def build_champion_asset(
                 context.log.info(
                     f"MLflow: logged {', '.join(registered.logged)} from storage, with their "
                     "gates (missed while it was not reachable)"
+                )
+            if registered.registered:
+                context.log.info(
+                    f"MLflow: registered earlier champions {', '.join(registered.registered)} "
+                    "(moved past while it was not reachable)"
                 )
             if registered.put_back:
                 context.log.warning(registered.put_back)

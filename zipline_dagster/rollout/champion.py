@@ -74,6 +74,20 @@ def history(store: BlobStore, model: Model) -> list[dict[str, Any]]:
     return sorted(out, key=lambda p: (str(p.get("moved_at")), str(p.get("history_name"))))
 
 
+def earlier_champions(store: BlobStore, model: Model) -> dict[str, tuple[str, str]]:
+    """Every earlier pointer's location and the (version, ds) it pointed at, by the name
+    ``_write`` gave it (``{moved at}-{version}-{ds}.json``): what they were, without
+    reading each (``read_json_object`` reads one)."""
+    out = {}
+    for uri in store.list(history_uri(model)):
+        stem = uri.rpartition("/")[2].removesuffix(".json")
+        rest = stem.partition("-")[2]
+        version, ds = rest[:-11], rest[-10:]
+        if uri.endswith(".json") and VERSION_RE.match(version) and is_day(ds):
+            out[uri] = (version, ds)
+    return out
+
+
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
