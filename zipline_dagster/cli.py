@@ -270,10 +270,11 @@ def find_model(module: str, name: str) -> object:
     return models[name]
 
 
-def _champion_store(model: object) -> object:
-    from zipline_dagster.storage.resources import default_warehouse
+def _warehouse(module: str) -> object:
+    """The code location's warehouse resource, as its runs use it."""
+    from zipline_dagster.storage.resources import warehouse_of
 
-    return default_warehouse().store(model.model_artifact_base_uri)  # type: ignore[attr-defined]
+    return warehouse_of(load_definitions(module))  # type: ignore[arg-type]
 
 
 def _print_pointer(pointer: dict[str, object]) -> None:
@@ -315,7 +316,7 @@ def _moved(
     return 0
 
 
-def _ledger_check(model: object) -> object:
+def _ledger_check(model: object, warehouse: object) -> object:
     """The ledger's rule for the partition being promoted (``why_in_flight``: recorded
     into Dagster from storage when its run ended without recording it, refused while a
     run is still writing it), on the instance at DAGSTER_HOME; None (said on stderr)
@@ -331,7 +332,7 @@ def _ledger_check(model: object) -> object:
             file=sys.stderr,
         )
         return None
-    ledger = Ledger(instance, judge=gate_judge(model))  # type: ignore[arg-type]
+    ledger = Ledger(instance, judge=gate_judge(model, store=warehouse.store))  # type: ignore[arg-type, attr-defined]
     warn = lambda text: print(f"warning: {text}", file=sys.stderr)  # noqa: E731
     return lambda ds, manifest: why_in_flight(ledger, model, ds, manifest, warn)  # type: ignore[arg-type]
 
@@ -339,9 +340,10 @@ def _ledger_check(model: object) -> object:
 def _promote(args: argparse.Namespace) -> int:
     from zipline_dagster.rollout.champion import promote
 
-    model = find_model(args.module or project_code_location(), args.model)
+    module = args.module or project_code_location()
+    model, warehouse = find_model(module, args.model), _warehouse(module)
     left: list[str] = []
-    store = _champion_store(model)
+    store = warehouse.store(model.model_artifact_base_uri)  # type: ignore[attr-defined]
     pointer = promote(
         store,  # type: ignore[arg-type]
         model,  # type: ignore[arg-type]
@@ -349,7 +351,7 @@ def _promote(args: argparse.Namespace) -> int:
         version=args.version,
         force=args.force,
         left=left,
-        in_flight=_ledger_check(model),  # type: ignore[arg-type]
+        in_flight=_ledger_check(model, warehouse),  # type: ignore[arg-type]
     )
     return _moved(args, model, store, pointer, left)
 
@@ -357,9 +359,10 @@ def _promote(args: argparse.Namespace) -> int:
 def _rollback(args: argparse.Namespace) -> int:
     from zipline_dagster.rollout.champion import rollback
 
-    model = find_model(args.module or project_code_location(), args.model)
+    module = args.module or project_code_location()
+    model = find_model(module, args.model)
     left: list[str] = []
-    store = _champion_store(model)
+    store = _warehouse(module).store(model.model_artifact_base_uri)  # type: ignore[attr-defined]
     pointer = rollback(store, model, left=left)  # type: ignore[arg-type]
     return _moved(args, model, store, pointer, left)
 
@@ -438,7 +441,7 @@ def _backfill(args: argparse.Namespace) -> int:
     instance: dg.DagsterInstance = dagster_instance()  # type: ignore[assignment]
     parts = model_partitions(defs, key, args.start_ds, args.end_ds)
     models = declared_models(module).values()
-    ledger = Ledger(instance, judge=gate_judge(*models))  # type: ignore[arg-type]
+    ledger = Ledger(instance, judge=gate_judge(*models, store=_warehouse(module).store))  # type: ignore[arg-type, attr-defined]
     plan = plan_backfill(defs, instance, key, parts, ledger=ledger)
     for diff in ledger.recorded:
         where = f"{diff.key.to_user_string()} {diff.partition}"

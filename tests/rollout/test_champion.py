@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import socket
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -389,3 +390,93 @@ def test_a_champion_lock_that_cannot_be_deleted_leaves_the_move_standing(
             )
             assert json.loads(res.stdout)["ds"] == ds
             assert (ch.read_champion(store, model) or {}).get("ds") == ds
+
+
+def test_the_cli_reads_storage_through_the_code_locations_warehouse(
+    s3_bucket: str, s3_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A code location whose warehouse resource names its S3 endpoint in code, in a shell
+    whose AWS environment points elsewhere (a closed port): `backfill` plans, records and
+    judges its model partitions, and `promote` and `rollback` move its champion, all on
+    the storage its runs use, not on the one the environment names."""
+    from zipline_dagster.storage.artifacts import promote_attempt
+
+    version, base = "0123456789ab", f"{s3_bucket}/wh"
+    model = gated(version, base)
+    store = blob_store(base)  # the test's own view: the real endpoint
+    report = json.dumps(
+        {
+            "train": {"rows": 300, "metrics": {"auc": 0.9}},
+            "holdout": {"rows": 100, "metrics": {"auc": 0.8}},
+        }
+    ).encode()
+    for ds in (DS1, DS2):
+        d = f"{base}/models/{model.name}/{version}/{ds}"
+        for name, data in (("metrics.json", report), ("model.json", b"{}")):
+            store.write_bytes(f"{d}/_attempts/a1/{name}", data)
+        promote_attempt(store, d, "a1", extra={"version": version})
+    (tmp_path / "s3_defs.py").write_text(
+        textwrap.dedent(
+            f"""
+            from dagster_aws.s3 import S3Resource
+            from tests.rollout.test_champion import gated
+            from tests.training.test_assets import resources
+            from zipline_dagster.definitions import ExternalTable, build_definitions
+            from zipline_dagster.storage.resources import WarehouseResource
+
+            model = gated({version!r}, {base!r})
+            warehouse = WarehouseResource(
+                uri={base!r}, s3=S3Resource(endpoint_url={s3_env["AWS_ENDPOINT_URL"]!r})
+            )
+            defs = build_definitions(
+                external_tables=[ExternalTable({TABLE!r})],
+                models=[model],
+                resources={{**resources(None, {base!r}), "warehouse": warehouse}},
+                automation=False,
+            )
+            """
+        )
+    )
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    env = {
+        "PYTHONPATH": f"{ROOT}:{tmp_path}",
+        "DAGSTER_HOME": str(home),
+        "AWS_ENDPOINT_URL": closed,
+        "AWS_ENDPOINT_URL_S3": closed,
+    }
+    cli = ("--module", "s3_defs")
+
+    planned = run_cli("backfill", model.name, "--start-ds", DS1, "--end-ds", DS2, *cli, env=env)
+    # both committed on that storage: recorded from it, and nothing to train again
+    assert planned.stdout.strip() == "backfill_id=none (every partition is fresh)", planned.stderr
+    key = model_asset_key(model.name)
+    for ds in (DS1, DS2):
+        assert (
+            f"note: {key.to_user_string()} {ds}: storage holds attempt a1, committed by no "
+            "Dagster run, which ended without recording it"
+        ) in planned.stderr, planned.stderr
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        for ds in (DS1, DS2):
+            assert latest_materialization(instance, key, ds) is not None
+        # its gates judged on that storage: the manifest's files re-read there
+        gates = [
+            dg.AssetCheckKey(key, "manifest_verifies"),
+            dg.AssetCheckKey(key, "rollout_thresholds"),
+        ]
+        latest = instance.event_log_storage.get_latest_asset_check_execution_by_key(gates)
+        assert {k.name: latest[k].status.value for k in gates} == dict.fromkeys(
+            ("manifest_verifies", "rollout_thresholds"), "SUCCEEDED"
+        )
+    for argv, ds in (
+        (["promote", model.name, "--ds", DS1], DS1),
+        (["promote", model.name, "--ds", DS2], DS2),
+        (["rollback", model.name], DS1),
+    ):
+        moved = run_cli(*argv, *cli, env=env)
+        assert moved.returncode == 0, moved.stderr
+        assert f"champion -> {version}/{ds}" in moved.stderr
+        assert (ch.read_champion(store, model) or {}).get("ds") == ds

@@ -36,6 +36,7 @@ def main() -> int:
     )
     from zipline_dagster.rollout.assets import gate_judge
     from zipline_dagster.scoring.monitoring import monitoring_asset_key
+    from zipline_dagster.storage.resources import warehouse_of
     from zipline_dagster.storage.tables import shift_day
     from zipline_dagster.tracking import MlflowResource
     from zipline_dagster.training.archive import publish_trainer_archive
@@ -58,7 +59,7 @@ def main() -> int:
     instance = dg.DagsterInstance.get()
     key = model_asset_key(model.name)
     parts = model_partitions(defs, key, MODEL_START, MODEL_END)
-    ledger = Ledger(instance, judge=gate_judge(model))
+    ledger = Ledger(instance, judge=gate_judge(model, store=warehouse_of(defs).store))
     plan = plan_backfill(defs, instance, key, parts, ledger=ledger)
     for diff in ledger.recorded:
         print(f"note: {diff.key.to_user_string()} {diff.partition}: {diff.describe()}")

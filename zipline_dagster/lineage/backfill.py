@@ -11,7 +11,7 @@ observed data version changed since then: observing it again unchanged (the UI's
 """
 
 import datetime as dt
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +24,9 @@ from zipline_dagster.lineage.ledger import (
     Ledger,
     State,
 )
+from zipline_dagster.storage.blobs import BlobStore, blob_store
 from zipline_dagster.storage.commits import Commit
+from zipline_dagster.storage.resources import warehouse_of
 from zipline_dagster.storage.tables import TABLE_URI, WRITE_ID, committed_scan
 
 DATA_VERSION_TAG = "dagster/data_version"
@@ -72,11 +74,18 @@ class FreshnessResolver:
     """Per-partition freshness from the instance's materialization records."""
 
     def __init__(
-        self, instance: dg.DagsterInstance, graph: Any, *, ledger: Ledger | None = None
+        self,
+        instance: dg.DagsterInstance,
+        graph: Any,
+        *,
+        ledger: Ledger | None = None,
+        store: Callable[[str], BlobStore] | None = None,
     ) -> None:
         self.instance = instance
         self.graph = graph
         self.ledger = ledger or Ledger(instance)
+        #: opens storage as the code location's runs do (its warehouse resource)
+        self.store = store or blob_store
         self._ids: dict[dg.AssetKey, dict[str, int]] = {}
         self._versions: dict[dg.AssetKey, dict[str, str]] = {}
         self._artifacts: dict[dg.AssetKey, dict[str, str]] = {}
@@ -165,7 +174,7 @@ class FreshnessResolver:
         ``ARTIFACT_ROOT``, says; None when neither says where (an external table, or a
         table day never recorded); a reason when storage cannot be read."""
         from zipline_dagster.storage.artifacts import committed_manifest, model_commit
-        from zipline_dagster.storage.blobs import BlobStorageError, blob_store
+        from zipline_dagster.storage.blobs import BlobStorageError
         from zipline_dagster.storage.paths import MANIFEST_NAME, join_uri
 
         self._code_versions(key)
@@ -175,7 +184,7 @@ class FreshnessResolver:
         )
         try:
             if model_dir is not None:
-                manifest = committed_manifest(blob_store(model_dir), model_dir, checksums=False)
+                manifest = committed_manifest(self.store(model_dir), model_dir, checksums=False)
                 return model_commit(manifest, model_dir, partition), (
                     f"no complete {join_uri(model_dir, MANIFEST_NAME)}"
                 )
@@ -184,7 +193,7 @@ class FreshnessResolver:
                 return None
             folder, table = recorded
             if table not in self._stored:
-                self._stored[table] = committed_scan(blob_store(table), table)
+                self._stored[table] = committed_scan(self.store(table), table)
             held = self._stored[table].get(partition)
             return (held[1] if held else None), f"no complete {folder}"
         except BlobStorageError as exc:
@@ -311,7 +320,7 @@ def plan_backfill(
     read (``ledger``: with the models' judge, so that one recorded from storage has its
     checks evaluated)."""
     graph = _checked_graph(defs, target)
-    resolver = FreshnessResolver(instance, graph, ledger=ledger)
+    resolver = FreshnessResolver(instance, graph, ledger=ledger, store=warehouse_of(defs).store)
     plan = Plan()
     needed: dict[dg.AssetKey, set[str]] = {}
     stack = [(target, p) for p in partitions]

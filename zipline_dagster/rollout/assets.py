@@ -29,7 +29,7 @@ from zipline_dagster.lineage.partitions import (
 from zipline_dagster.rollout import champion as ch
 from zipline_dagster.rollout import gates as g
 from zipline_dagster.storage.artifacts import manifest_attempt, model_commit, read_json_object
-from zipline_dagster.storage.blobs import BlobStore, blob_store
+from zipline_dagster.storage.blobs import BlobStore
 from zipline_dagster.storage.paths import model_dir_uri, model_partition_uri
 from zipline_dagster.storage.resources import WarehouseResource
 from zipline_dagster.tracking import (
@@ -205,10 +205,11 @@ def build_model_checks(
     return [_gates]
 
 
-def gate_judge(*models: Model) -> Judge:
+def gate_judge(*models: Model, store: Callable[[str], BlobStore]) -> Judge:
     """The ledger's judge for these models' partitions recorded from storage: each gate's
     evaluation (and the comparison with the champion, a warning), against that
-    partition's latest materialization; nothing for another asset."""
+    partition's latest materialization; nothing for another asset. ``store`` opens
+    storage as the code location's runs do (``WarehouseResource.store``)."""
     by_key = {model_asset_key(m.name): m for m in models}
 
     def judge(
@@ -217,12 +218,12 @@ def gate_judge(*models: Model) -> Judge:
         model = by_key.get(key)
         if model is None:
             return []
-        store = blob_store(model.model_artifact_base_uri)
-        champion = ch.read_champion(store, model)
+        models_store = store(model.model_artifact_base_uri)
+        champion = ch.read_champion(models_store, model)
         target = _target(instance, key, ds)
         return [
             _evaluation(key, ds, name, result, target, name in g.GATES)
-            for name, result in gate_results(model, store, ds, champion, list(g.CHECKS))
+            for name, result in gate_results(model, models_store, ds, champion, list(g.CHECKS))
         ]
 
     return judge
@@ -329,7 +330,7 @@ def build_champion_asset(
         context: dg.AssetExecutionContext, warehouse: WarehouseResource, mlflow: MlflowResource
     ) -> dg.MaterializeResult:
         store = warehouse.store(model.model_artifact_base_uri)
-        ledger = Ledger(context.instance, judge=gate_judge(model))
+        ledger = Ledger(context.instance, judge=gate_judge(model, store=warehouse.store))
         decision = ch.advance(
             store,
             model,

@@ -135,7 +135,11 @@ class ModelChoice:
         self.transforms = transforms
         self.model = transforms.model
         self.store = warehouse.store(self.model.model_artifact_base_uri)
-        self.ledger = Ledger(instance, judge=gate_judge(self.model)) if instance else None
+        self.ledger = (
+            Ledger(instance, judge=gate_judge(self.model, store=warehouse.store))
+            if instance
+            else None
+        )
         #: told what the run should know (a model partition recorded from storage)
         self.warn = warn
         self._trained: list[str] | None = None

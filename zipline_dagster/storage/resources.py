@@ -49,6 +49,14 @@ class WarehouseResource(dg.ConfigurableResource):
         return blob_store(uri, options=self.storage_options())
 
 
+def warehouse_of(defs: dg.Definitions) -> WarehouseResource:
+    """The code location's warehouse: its ``warehouse`` resource, as its runs use it
+    (so what the CLI and the planner read is what the runs wrote); the settings' when it
+    has none."""
+    found = (defs.resources or {}).get("warehouse")
+    return found if isinstance(found, WarehouseResource) else default_warehouse()
+
+
 def default_warehouse(*, for_definitions: bool = False) -> WarehouseResource:
     """The warehouse the settings describe (embedded default: a local folder).
 

@@ -143,7 +143,7 @@ def run_days(
     if ready:
         archive, requirements = load_archive(work.model, warehouse)
         try:  # the embedded Ray head starts here when nothing else is configured
-            runner = launcher.runner(context.log)
+            runner = launcher.runner(context.log, warehouse.store)
         except (RayUnreachableError, RayHeadError) as exc:
             raise failure(exc) from None
 

@@ -24,7 +24,9 @@ class TrainingLauncher(dg.ConfigurableResource):
         default=6 * 3600, description="Stop the trainer and fail the step after this many seconds."
     )
 
-    def runner(self, log: Any) -> TrainingRunner:
+    def runner(self, log: Any, store: Any = None) -> TrainingRunner:
+        """The runner of one step (``log``: the step's; ``store``: how the step opens
+        storage, ``WarehouseResource.store``)."""
         raise NotImplementedError
 
     @property
@@ -45,7 +47,7 @@ class TrainingLauncher(dg.ConfigurableResource):
 class LocalLauncherResource(TrainingLauncher):
     """Runs the trainer as a subprocess of the step, in this environment (no cluster)."""
 
-    def runner(self, log: Any) -> TrainingRunner:
+    def runner(self, log: Any, store: Any = None) -> TrainingRunner:
         from zipline_dagster.training.launchers.local import LocalRunner
 
         return LocalRunner(timeout_s=self.timeout_s, log=log)
@@ -124,7 +126,7 @@ class RayJobsResource(TrainingLauncher):
 
         return working_dir_problem(uri, options)
 
-    def runner(self, log: Any) -> TrainingRunner:
+    def runner(self, log: Any, store: Any = None) -> TrainingRunner:
         from zipline_dagster.training.launchers.ray_job import RayJobRunner
 
         address, auth = self.resolved_address()
@@ -146,4 +148,5 @@ class RayJobsResource(TrainingLauncher):
                 else settings().ray_entrypoint_resources
             ),
             log=log,
+            store=store,
         )

@@ -84,7 +84,9 @@ def reusable_partitions(
         return {}
     key = context.asset_key
     # the run's job's graph: the asset, its checks and what it reads
-    resolver = FreshnessResolver(context.instance, context.job_def.asset_layer.asset_graph)
+    resolver = FreshnessResolver(
+        context.instance, context.job_def.asset_layer.asset_graph, store=warehouse.store
+    )
     latest = resolver.latest_ids(key)
     wanted = {latest[r.ds]: r for r in requests if r.ds in latest}
     if not wanted:

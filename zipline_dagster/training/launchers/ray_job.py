@@ -239,15 +239,22 @@ class _LogFollower:
         return "".join(self.text)
 
 
-def done_watcher(uri: str, event: threading.Event, job_start: float | None = None) -> DoneWatcher:
-    """A ``DoneWatcher`` of the marker at ``uri``, looking through the platform's storage."""
+def done_watcher(
+    uri: str,
+    event: threading.Event,
+    job_start: float | None = None,
+    opener: Callable[[str], Any] | None = None,
+) -> DoneWatcher:
+    """A ``DoneWatcher`` of the marker at ``uri``, looking through the platform's storage
+    (``opener``: how the step opens it, ``WarehouseResource.store``; default: as the
+    settings say)."""
     from zipline_dagster.storage.blobs import BlobStore, blob_store
 
     store: BlobStore | None = None
 
     def exists() -> bool:
         nonlocal store
-        store = store or blob_store(uri)
+        store = store or (opener or blob_store)(uri)
         return store.exists(uri)
 
     return DoneWatcher(exists, event, job_start, local=uri.startswith("file://"))
@@ -274,6 +281,8 @@ class RayJobRunner:
         install_requirements: install the trainer's ``install_requires`` into the job's
             environment (Ray's ``pip`` runtime env, cached per requirement set).
         log: receives the job's log lines and lifecycle messages.
+        store: opens the storage the driver's end marker is watched on
+            (``WarehouseResource.store``); None: as the settings say.
 
     Example:
         >>> runner = RayJobRunner(address="http://127.0.0.1:8265")  # doctest: +SKIP
@@ -292,6 +301,7 @@ class RayJobRunner:
         install_requirements: bool = True,
         entrypoint_resources: dict[str, float] | None = None,
         log: logging.Logger | logging.LoggerAdapter[Any] | None = None,
+        store: Callable[[str], Any] | None = None,
     ) -> None:
         if not isinstance(address, str) or not address:
             raise TypeError(f"address must be a non-empty string, got {address!r}")
@@ -313,6 +323,7 @@ class RayJobRunner:
         self.install_requirements = install_requirements
         self.entrypoint_resources = dict(entrypoint_resources or {})
         self.log = log or logging.getLogger(__name__)
+        self.store = store
         self._client: Any = None
         self._lost_since: float | None = None
         self._last_warning = 0.0
@@ -553,7 +564,9 @@ class RayJobRunner:
             raise
         # The job's own clock: a re-attached step does not restart the timeout.
         job_start = (info.start_time / 1000.0) if info.start_time else time.time()
-        watcher = done_watcher(done_marker(job.marker_dir, sid), follower.ending, job_start)
+        watcher = done_watcher(
+            done_marker(job.marker_dir, sid), follower.ending, job_start, self.store
+        )
         watcher.start()
         delay = 0.2
         ending_since: float | None = None
