@@ -272,7 +272,8 @@ class FreshnessResolver:
         elif not node.is_materializable:
             result = "fresh"  # observed from outside; the run-time checks see what exists
         elif partition not in ids:
-            result = "missing"
+            # never recorded; with a reason when storage could not say what it holds
+            result = f"missing: {settled}" if isinstance(settled, str) else "missing"
         else:
             result = "fresh"
             off_storage = self.why_off_storage(key, partition)  # may record it from storage
