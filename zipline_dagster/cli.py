@@ -4,8 +4,10 @@ move a model's champion pointer (promote, rollback)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 
@@ -270,11 +272,17 @@ def find_model(module: str, name: str) -> object:
     return models[name]
 
 
-def _warehouse(module: str) -> object:
-    """The code location's warehouse resource, as its runs use it."""
+def _configured(module: str) -> tuple[object, object]:
+    """The code location's warehouse and MLflow resources, as its runs use them (the
+    settings' where it has none)."""
     from zipline_dagster.storage.resources import warehouse_of
+    from zipline_dagster.tracking import MlflowResource
 
-    return warehouse_of(load_definitions(module))  # type: ignore[arg-type]
+    defs = load_definitions(module)
+    mlflow = (defs.resources or {}).get("mlflow")  # type: ignore[attr-defined]
+    if not isinstance(mlflow, MlflowResource):
+        mlflow = MlflowResource.from_settings()
+    return warehouse_of(defs), mlflow  # type: ignore[arg-type]
 
 
 def _print_pointer(pointer: dict[str, object]) -> None:
@@ -289,12 +297,12 @@ def _moved(
     store: object,
     pointer: dict[str, object],
     left: list[str],
+    module: str,
 ) -> int:
     """Say where the champion moved (and any lock left behind), move MLflow's alias
-    after it when MLflow is configured, print the pointer."""
+    after it when the code location has MLflow on, print the pointer."""
     from zipline_dagster.rollout.assets import sync_mlflow
     from zipline_dagster.rollout.champion import lock_left_behind
-    from zipline_dagster.tracking import MlflowResource
 
     print(
         f"{args.model} champion -> {pointer['version']}/{pointer['ds']} ({pointer['why']})",
@@ -302,8 +310,10 @@ def _moved(
     )
     if left:
         print(f"warning: {lock_left_behind(model, left)}", file=sys.stderr)  # type: ignore[arg-type]
-    tracker = MlflowResource.from_settings().tracker(
-        lambda text: print(f"warning: {text}", file=sys.stderr)
+    warehouse, mlflow = _configured(module)
+    tracker = mlflow.tracker(  # type: ignore[attr-defined]
+        lambda text: print(f"warning: {text}", file=sys.stderr),
+        warehouse.store,  # type: ignore[attr-defined]
     )
     if tracker is not None:
         synced = sync_mlflow(tracker, model, store, pointer, moved=True)  # type: ignore[arg-type]
@@ -341,7 +351,7 @@ def _promote(args: argparse.Namespace) -> int:
     from zipline_dagster.rollout.champion import promote
 
     module = args.module or project_code_location()
-    model, warehouse = find_model(module, args.model), _warehouse(module)
+    model, (warehouse, _) = find_model(module, args.model), _configured(module)
     left: list[str] = []
     store = warehouse.store(model.model_artifact_base_uri)  # type: ignore[attr-defined]
     pointer = promote(
@@ -353,7 +363,7 @@ def _promote(args: argparse.Namespace) -> int:
         left=left,
         in_flight=_ledger_check(model, warehouse),  # type: ignore[arg-type]
     )
-    return _moved(args, model, store, pointer, left)
+    return _moved(args, model, store, pointer, left, module)
 
 
 def _rollback(args: argparse.Namespace) -> int:
@@ -362,9 +372,9 @@ def _rollback(args: argparse.Namespace) -> int:
     module = args.module or project_code_location()
     model = find_model(module, args.model)
     left: list[str] = []
-    store = _warehouse(module).store(model.model_artifact_base_uri)  # type: ignore[attr-defined]
+    store = _configured(module)[0].store(model.model_artifact_base_uri)  # type: ignore[attr-defined]
     pointer = rollback(store, model, left=left)  # type: ignore[arg-type]
-    return _moved(args, model, store, pointer, left)
+    return _moved(args, model, store, pointer, left, module)
 
 
 def project_code_location(start: Path | None = None) -> str:
@@ -441,7 +451,8 @@ def _backfill(args: argparse.Namespace) -> int:
     instance: dg.DagsterInstance = dagster_instance()  # type: ignore[assignment]
     parts = model_partitions(defs, key, args.start_ds, args.end_ds)
     models = declared_models(module).values()
-    ledger = Ledger(instance, judge=gate_judge(*models, store=_warehouse(module).store))  # type: ignore[arg-type, attr-defined]
+    warehouse = _configured(module)[0]
+    ledger = Ledger(instance, judge=gate_judge(*models, store=warehouse.store))  # type: ignore[arg-type, attr-defined]
     plan = plan_backfill(defs, instance, key, parts, ledger=ledger)
     for diff in ledger.recorded:
         where = f"{diff.key.to_user_string()} {diff.partition}"
@@ -488,12 +499,31 @@ def _backfill(args: argparse.Namespace) -> int:
     if deployment is not None:
         status = deployment.wait(backfill_id, log=progress)
     else:
-        status = drive_backfill(instance, backfill_id, workspace_file=args.workspace, log=progress)
+        with _stdout_to_stderr():
+            status = drive_backfill(
+                instance, backfill_id, workspace_file=args.workspace, log=progress
+            )
     print(f"status={status}")
     done = status in ("COMPLETED_SUCCESS", "COMPLETED")
     for champion in also if done else []:
         print(champion_line(instance, champion))
     return 0 if done else 1
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """What this process and the ones it starts write to stdout goes to stderr meanwhile
+    (Dagster's code server logs its start and stop there): stdout holds only the
+    command's own ``key=value`` lines, for scripts."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def champion_line(instance: object, champion: object) -> str:

@@ -25,7 +25,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -464,8 +464,8 @@ class Tracker:
                 if p.key != champion.key:
                     self._version(model, p, self._log(p), versions)
                     registered.append(f"{p.version}/{p.ds}")
-            synced = self._alias(model, champion, self._log(champion), moved, caught_up, versions)
-            return replace(synced, registered=registered)
+            run = self._log(champion)
+            return self._alias(model, champion, run, moved, versions, caught_up, registered)
 
         return self._bounded(f"sync {model}", sync)
 
@@ -543,8 +543,9 @@ class Tracker:
         p: Partition,
         run: Logged,
         moved: bool,
-        caught_up: list[str],
         versions: list[Any],
+        caught_up: list[str],
+        registered: list[str],
     ) -> Synced:
         from mlflow.exceptions import MlflowException
 
@@ -564,7 +565,7 @@ class Tracker:
                     f"champion {p.version}/{p.ds}: put back on version {version.version}"
                 )
         url = f"{_shown(self.uri).rstrip('/')}/#/models/{name}/versions/{version.version}"
-        return Synced(caught_up, str(version.version), url, put_back)
+        return Synced(caught_up, str(version.version), url, put_back, registered)
 
 
 class _Watched:

@@ -154,17 +154,19 @@ def test_every_partition_is_one_run_and_the_champion_the_registrys_alias(
     )
     assert sorted(runs_by_day(client, model)) == [DS1, DS2, DS3]
 
-    # promote and rollback move the alias with our pointer
+    # promote and rollback move the alias with our pointer, MLflow being the code
+    # location's (configured in code, nothing in the environment)
     module = tmp_path / "mlflow_defs.py"
     module.write_text(
         "from tests.tracking.test_mlflow import gated_model\n"
         "from zipline_dagster.definitions import ExternalTable, build_definitions\n"
+        "from zipline_dagster.tracking import MlflowResource\n"
         f"model = gated_model({model.name!r}, __import__('pathlib').Path({str(trainer_copy)!r}), "
         f"{file_base!r})\n"
         f"defs = build_definitions(external_tables=[ExternalTable({TABLE!r})], models=[model], "
-        "automation=False)\n"
+        f"automation=False, resources={{'mlflow': MlflowResource(tracking_uri={mlflow_server.url!r})}})\n"
     )
-    env = {"PYTHONPATH": f"{Path.cwd()}:{tmp_path}", "MLFLOW_TRACKING_URI": mlflow_server.url}
+    env = {"PYTHONPATH": f"{Path.cwd()}:{tmp_path}", "MLFLOW_TRACKING_URI": ""}
     cli = ("--module", "mlflow_defs")
     promoted = run_cli("promote", model.name, "--ds", DS1, *cli, env=env)
     assert promoted.returncode == 0, promoted.stderr
