@@ -292,11 +292,14 @@ def sync_mlflow(
         pointer judged it (a partition trained again since is left out)."""
         out: dict[str, Partition] = {}
         for uri, (version, ds) in ch.earlier_champions(store, model).items():
+            model_dir = model_dir_uri(model.model_artifact_base_uri, model.name, version, ds)
             if (version, ds) in known:
                 continue
-            p = mlflow_partition(store, model, version, ds, judged=True)
             judged = (read_json_object(store, uri) or {}).get("attempt")
-            if p is not None and judged == p.attempt:
+            if judged is None or manifest_attempt(store, model_dir) != judged:
+                continue  # trained again since it was champion, or gone: nothing to register
+            p = mlflow_partition(store, model, version, ds, judged=True)
+            if p is not None:
                 out.setdefault(p.key, p)
         return list(out.values())
 
