@@ -109,6 +109,25 @@ def to_pandas(df: Any) -> pd.DataFrame:
     return df.toPandas().sort_values(["ds", "listing_id"]).reset_index(drop=True)
 
 
+def test_a_local_session_listens_on_loopback_only(spark_resource: Any) -> None:
+    """The embedded (local) session is reachable from this machine only, as the embedded
+    Ray head is: its driver answers on 127.0.0.1, not on the machine's outward address."""
+    import socket
+
+    conf = spark_resource.spark_session.sparkContext.getConf()
+    port = int(conf.get("spark.driver.port"))
+    socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(("192.0.2.1", 9))  # sends nothing: the address a route out uses
+            outward = probe.getsockname()[0]
+    except OSError:
+        outward = "127.0.0.1"  # no route out: loopback is the machine's only address
+    if not outward.startswith("127."):
+        with pytest.raises(OSError):
+            socket.create_connection((outward, port), timeout=5).close()
+
+
 def test_group_by_matches_pandas(spark_resource: Any, file_base: str) -> None:
     write_events(file_base)
     spark = spark_resource.spark_session

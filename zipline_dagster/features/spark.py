@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -31,6 +32,8 @@ from zipline_dagster.storage.tables import (
     shift_day,
 )
 
+#: A local session's driver: on loopback only.
+LOOPBACK_DRIVER = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
 DEFAULT_SPARK_CONFIG = {
     "spark.sql.session.timeZone": "UTC",
     # ds stays the string YYYY-MM-DD it is in the folder name
@@ -109,9 +112,13 @@ class SparkResource(dg.ConfigurableResource):
     )
 
     def config(self) -> dict[str, str]:
+        master = self.master or settings().spark_master or "local[*]"
         return {
             **DEFAULT_SPARK_CONFIG,
-            "spark.master": self.master or settings().spark_master or "local[*]",
+            # a session in this process only: it listens on loopback, as the embedded Ray
+            # head does, not on every address of the machine
+            **(LOOPBACK_DRIVER if master.startswith("local") else {}),
+            "spark.master": master,
             "spark.app.name": "zipline_dagster",
             **self.spark_config,
         }
@@ -125,7 +132,18 @@ class SparkResource(dg.ConfigurableResource):
         with _lock:
             session = _sessions.get(key)
             if session is None or session.sparkContext._jsc is None:
-                session = spark_session_from_config(conf)
+                # the JVM reads it at start (it would otherwise look up the machine's
+                # addresses and warn that its name resolves to loopback); set for that only
+                local = (
+                    conf["spark.master"].startswith("local") and "SPARK_LOCAL_IP" not in os.environ
+                )
+                if local:
+                    os.environ["SPARK_LOCAL_IP"] = LOOPBACK_DRIVER["spark.driver.host"]
+                try:
+                    session = spark_session_from_config(conf)
+                finally:
+                    if local:
+                        os.environ.pop("SPARK_LOCAL_IP", None)
                 _sessions[key] = session
         return session
 
