@@ -297,7 +297,7 @@ def _moved(
     store: object,
     pointer: dict[str, object],
     left: list[str],
-    module: str,
+    configured: tuple[object, object],
 ) -> int:
     """Say where the champion moved (and any lock left behind), move MLflow's alias
     after it when the code location has MLflow on, print the pointer."""
@@ -310,7 +310,7 @@ def _moved(
     )
     if left:
         print(f"warning: {lock_left_behind(model, left)}", file=sys.stderr)  # type: ignore[arg-type]
-    warehouse, mlflow = _configured(module)
+    warehouse, mlflow = configured
     tracker = mlflow.tracker(  # type: ignore[attr-defined]
         lambda text: print(f"warning: {text}", file=sys.stderr),
         warehouse.store,  # type: ignore[attr-defined]
@@ -351,7 +351,8 @@ def _promote(args: argparse.Namespace) -> int:
     from zipline_dagster.rollout.champion import promote
 
     module = args.module or project_code_location()
-    model, (warehouse, _) = find_model(module, args.model), _configured(module)
+    model, configured = find_model(module, args.model), _configured(module)
+    warehouse = configured[0]
     left: list[str] = []
     store = warehouse.store(model.model_artifact_base_uri)  # type: ignore[attr-defined]
     pointer = promote(
@@ -363,18 +364,18 @@ def _promote(args: argparse.Namespace) -> int:
         left=left,
         in_flight=_ledger_check(model, warehouse),  # type: ignore[arg-type]
     )
-    return _moved(args, model, store, pointer, left, module)
+    return _moved(args, model, store, pointer, left, configured)
 
 
 def _rollback(args: argparse.Namespace) -> int:
     from zipline_dagster.rollout.champion import rollback
 
     module = args.module or project_code_location()
-    model = find_model(module, args.model)
+    model, configured = find_model(module, args.model), _configured(module)
     left: list[str] = []
-    store = _configured(module)[0].store(model.model_artifact_base_uri)  # type: ignore[attr-defined]
+    store = configured[0].store(model.model_artifact_base_uri)  # type: ignore[attr-defined]
     pointer = rollback(store, model, left=left)  # type: ignore[arg-type]
-    return _moved(args, model, store, pointer, left, module)
+    return _moved(args, model, store, pointer, left, configured)
 
 
 def project_code_location(start: Path | None = None) -> str:
@@ -437,6 +438,7 @@ def _backfill(args: argparse.Namespace) -> int:
     from zipline_dagster.lineage.ledger import Ledger
     from zipline_dagster.lineage.partitions import champion_asset_key, model_asset_key
     from zipline_dagster.rollout.assets import gate_judge
+    from zipline_dagster.storage.resources import warehouse_of
 
     deployment = Deployment(args.url) if args.url else None
     if args.wait and deployment is None and not Path(args.workspace).is_file():
@@ -451,8 +453,7 @@ def _backfill(args: argparse.Namespace) -> int:
     instance: dg.DagsterInstance = dagster_instance()  # type: ignore[assignment]
     parts = model_partitions(defs, key, args.start_ds, args.end_ds)
     models = declared_models(module).values()
-    warehouse = _configured(module)[0]
-    ledger = Ledger(instance, judge=gate_judge(*models, store=warehouse.store))  # type: ignore[arg-type, attr-defined]
+    ledger = Ledger(instance, judge=gate_judge(*models, store=warehouse_of(defs).store))  # type: ignore[arg-type]
     plan = plan_backfill(defs, instance, key, parts, ledger=ledger)
     for diff in ledger.recorded:
         where = f"{diff.key.to_user_string()} {diff.partition}"

@@ -25,7 +25,6 @@ from zipline_dagster.storage.paths import MANIFEST_NAME
 from zipline_dagster.storage.resources import WarehouseResource
 from zipline_dagster.training.archive import publish_trainer_archive
 from zipline_dagster.training.assets import build_model_asset
-from zipline_dagster.training.channel import done_marker
 from zipline_dagster.training.ranges import stored_results
 
 KEY = dg.AssetKey(["models", "listing_ctr_model"])
@@ -106,7 +105,7 @@ def test_range_trains_in_one_ray_job_and_a_failing_partition_fails_only_itself(
     # reads: Ray may hand it an incomplete log (on many nodes), never failing a day that
     # trained
     first_dir = f"{file_base}/models/listing_ctr_model/{version}/{DAYS[0]}"
-    stored = stored_results(WarehouseResource(uri=file_base), done_marker(first_dir, sid))
+    stored = stored_results(WarehouseResource(uri=file_base), first_dir, sid)
     assert {ds: r["exit_code"] for ds, r in stored.items()} == {
         **{ds: 0 for ds in DAYS[:-1]},
         DAYS[-1]: 1,

@@ -284,7 +284,7 @@ def sync_mlflow(
         champion = mlflow_partition(
             store, model, str(pointer["version"]), str(pointer["ds"]), judged=True
         )
-        if champion is not None and pointer.get("attempt") not in (None, champion.attempt):
+        if champion is not None and ch.why_pinned_attempt_gone(store, pointer):
             champion = None  # trained again since it was judged: nothing to register
 
     def earlier(known: set[tuple[str, str]]) -> list[Partition]:
@@ -292,11 +292,9 @@ def sync_mlflow(
         pointer judged it (a partition trained again since is left out)."""
         out: dict[str, Partition] = {}
         for uri, (version, ds) in ch.earlier_champions(store, model).items():
-            model_dir = model_dir_uri(model.model_artifact_base_uri, model.name, version, ds)
             if (version, ds) in known:
                 continue
-            judged = (read_json_object(store, uri) or {}).get("attempt")
-            if judged is None or manifest_attempt(store, model_dir) != judged:
+            if ch.why_pinned_attempt_gone(store, read_json_object(store, uri) or {}):
                 continue  # trained again since it was champion, or gone: nothing to register
             p = mlflow_partition(store, model, version, ds, judged=True)
             if p is not None:

@@ -201,8 +201,8 @@ def _alone(
         )
     except TrainingJobError as exc:
         sid = exc.job_id or ""
-        result = stored_results(warehouse, done_marker(request.marker_dir, sid)).get(request.ds)
-        if not sid or result is None or result["exit_code"] != 0:
+        result = stored_results(warehouse, request.marker_dir, sid).get(request.ds)
+        if result is None or result["exit_code"] != 0:
             raise failure(
                 exc,
                 job_id=sid,
@@ -247,9 +247,8 @@ def _in_one_job(
         sid, logs, url, attached, error = exc.job_id or "", exc.logs, None, False, exc
     except (RayUnreachableError, RayHeadError) as exc:
         raise failure(exc) from None
-    results = partition_results(logs)
-    if sid:  # what the driver left on storage is the truth; the log fills in the rest
-        results.update(stored_results(warehouse, done_marker(job.marker_dir, sid)))
+    # what the driver left on storage is the truth; the log fills in the rest
+    results = {**partition_results(logs), **stored_results(warehouse, job.marker_dir, sid)}
     for request in ready:
         result = results.get(request.ds)
         if result is None:
@@ -267,9 +266,15 @@ def _in_one_job(
                 errors[request.ds] = exc
 
 
-def stored_results(warehouse: WarehouseResource, marker: str) -> dict[str, dict[str, Any]]:
-    """The result lines a range job's driver left in its end marker (``marker``, on
-    storage: ``training.channel``), by ds; none when it wrote none (it died first)."""
+def stored_results(
+    warehouse: WarehouseResource, marker_dir: str, sid: str
+) -> dict[str, dict[str, Any]]:
+    """The result lines the driver of job ``sid`` left in its end marker (in
+    ``marker_dir``, on storage: ``training.channel``), by ds; none when it wrote none (it
+    died first, or no job was submitted)."""
+    if not sid:
+        return {}
+    marker = done_marker(marker_dir, sid)
     try:
         return partition_results(warehouse.store(marker).read_bytes(marker).decode())
     except (BlobStorageError, UnicodeDecodeError):
