@@ -196,6 +196,53 @@ def test_backfill_wait_refuses_a_workspace_that_is_not_there(tmp_path: Path) -> 
         assert instance.get_backfills() == []
 
 
+TINY_LOCATION = """
+import dagster as dg
+
+@dg.asset(key_prefix="tiny", partitions_def=dg.DailyPartitionsDefinition(start_date="2026-07-01"))
+def numbers(context):
+    context.log.info("computing the numbers of " + context.partition_key)
+    if context.partition_key == "2026-07-12":
+        raise dg.Failure("no numbers arrived for this day")
+
+defs = dg.Definitions(assets=[numbers])
+"""
+
+
+def test_backfill_wait_shows_progress_keeps_the_runs_output_and_names_what_failed(
+    tmp_path: Path,
+) -> None:
+    """``--wait`` runs the backfill here: stderr holds the plan and its progress, not
+    every run's log (kept in a file it names), and a failed run is named with why."""
+    from tests.helpers import in_process_dagster_home
+
+    (tmp_path / "tiny_location.py").write_text(TINY_LOCATION)
+    workspace = tmp_path / "workspace.yaml"
+    workspace.write_text(
+        "load_from:\n  - python_module:\n      module_name: tiny_location\n"
+        f"      working_directory: {tmp_path}\n"
+    )
+    home = in_process_dagster_home(tmp_path)
+    res = run_cli(
+        *("backfill", "tiny/numbers", "--start-ds", "2026-07-11", "--end-ds", "2026-07-12"),
+        *("--wait", "--workspace", str(workspace), "--module", "tiny_location"),
+        env={"DAGSTER_HOME": str(home), "PYTHONPATH": str(tmp_path)},
+    )
+    assert res.returncode == 1, res.stderr
+    assert [line.partition("=")[0] for line in res.stdout.splitlines()] == [
+        "backfill_id",
+        "status",
+    ], res.stdout
+    assert "status=COMPLETED_FAILED" in res.stdout
+    assert "computing the numbers of" not in res.stderr  # the runs' log is not streamed
+    output = home / "logs" / f"backfill-{res.stdout.split()[0].split('=')[1]}.log"
+    assert f"the runs' output: {output}" in res.stderr
+    assert "computing the numbers of 2026-07-11" in output.read_text()
+    assert "2 runs 1 failure, 1 success" in res.stderr, res.stderr
+    failed = [line for line in res.stderr.splitlines() if "failed:" in line]
+    assert len(failed) == 1 and "no numbers arrived for this day" in failed[0], res.stderr
+
+
 @pytest.mark.parametrize(
     ("url", "fragment"),
     [

@@ -496,35 +496,71 @@ def _backfill(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         return 0
-    progress = lambda m: print(f"  {m}", file=sys.stderr, flush=True)  # noqa: E731
     if deployment is not None:
-        status = deployment.wait(backfill_id, log=progress)
+        status = deployment.wait(backfill_id, log=lambda m: print(f"  {m}", file=sys.stderr))
     else:
-        with _stdout_to_stderr():
+        output = Path(instance.root_directory) / "logs" / f"backfill-{backfill_id}.log"
+        print(f"  the runs' output: {output}", file=sys.stderr, flush=True)
+        with _output_to(output) as stderr:
             status = drive_backfill(
-                instance, backfill_id, workspace_file=args.workspace, log=progress
+                instance,
+                backfill_id,
+                workspace_file=args.workspace,
+                log=lambda m: os.write(stderr, f"  {m}\n".encode()),
             )
     print(f"status={status}")
     done = status in ("COMPLETED_SUCCESS", "COMPLETED")
+    for line in [] if done or deployment is not None else failed_runs(instance, backfill_id):
+        print(f"  {line}", file=sys.stderr)
     for champion in also if done else []:
         print(champion_line(instance, champion))
     return 0 if done else 1
 
 
 @contextlib.contextmanager
-def _stdout_to_stderr() -> Iterator[None]:
-    """What this process and the ones it starts write to stdout goes to stderr meanwhile
-    (Dagster's code server logs its start and stop there): stdout holds only the
-    command's own ``key=value`` lines, for scripts."""
+def _output_to(path: Path) -> Iterator[int]:
+    """What this process and the ones it starts write to stdout and stderr (the runs'
+    logs, Dagster's code server) goes to ``path`` meanwhile, so that stdout holds only
+    the command's ``key=value`` lines and stderr its progress; yields the real stderr."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     sys.stdout.flush()
-    saved = os.dup(1)
-    os.dup2(2, 1)
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
     try:
-        yield
+        yield saved[1]
     finally:
         sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
+        sys.stderr.flush()
+        for target, fd in enumerate(saved, start=1):
+            os.dup2(fd, target)
+            os.close(fd)
+
+
+def failed_runs(instance: object, backfill_id: str) -> list[str]:
+    """Each failed run of the backfill, with its failed steps' errors (first lines)."""
+    import dagster as dg
+
+    assert isinstance(instance, dg.DagsterInstance)
+    failed = dg.RunsFilter(
+        tags={"dagster/backfill": backfill_id}, statuses=[dg.DagsterRunStatus.FAILURE]
+    )
+    lines = []
+    for record in instance.get_run_records(failed):
+        run_id = record.dagster_run.run_id
+        why = []
+        for event in instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_FAILURE):
+            error = event.dagster_event and event.dagster_event.step_failure_data.error
+            while error and error.cause and error.cls_name == "DagsterExecutionStepExecutionError":
+                error = error.cause  # the user's error, not Dagster's wrapper around it
+            if error:
+                text = error.message.strip().partition(": ")[2] or error.message.strip()
+                why.append(f"{event.step_key}: {error.cls_name}: {text.splitlines()[0]}")
+        lines.append(f"run {run_id} failed: " + ("; ".join(why) or "see the run in the UI"))
+    return lines
 
 
 def champion_line(instance: object, champion: object) -> str:

@@ -72,7 +72,7 @@ def test_a_new_model_goes_from_scaffold_to_champion_and_cannot_drift(
     trained = backfill(DS, DS, "--wait", "--workspace", str(project / "workspace.yaml"))
     assert f"models/{NAME}: {DS} (missing)" in trained.stderr
     assert "status=COMPLETED_SUCCESS" in trained.stdout
-    # stdout holds the command's answer only (the code server's log goes to stderr)
+    # stdout holds the command's answer only (the runs' output goes to a log file)
     answer = [line.partition("=")[0] for line in trained.stdout.splitlines()]
     assert answer == ["backfill_id", "status", "champion"], trained.stdout
     assert f"champion={version}/{DS} (newest partition passing every gate)" in trained.stdout
