@@ -220,9 +220,12 @@ class CliError(RuntimeError):
 def load_definitions(module: str) -> object:
     """The ``defs`` of a code location module, with clear errors for a bad ``--module``."""
     import importlib
+    import logging
 
     import dagster as dg
 
+    # the drift the code location warns of at load: each command says what it means for it
+    logging.getLogger("zipline_dagster").disabled = True
     try:
         loaded = importlib.import_module(module)
     except ModuleNotFoundError as exc:
@@ -232,6 +235,8 @@ def load_definitions(module: str) -> object:
                 "importable module, e.g. --module zipline_dagster.defs"
             ) from exc
         raise
+    finally:
+        logging.getLogger("zipline_dagster").disabled = False
     defs = getattr(loaded, "defs", None)
     if not isinstance(defs, dg.Definitions):
         found = type(defs).__name__ if defs is not None else "nothing"

@@ -86,6 +86,7 @@ def test_a_trainer_edited_without_a_new_pin_is_named_everywhere_and_refuses_to_t
     )
     checked = run_cli("check", "--module", "proj_defs", env=env)
     assert checked.returncode == 1 and said in checked.stderr
+    assert checked.stderr.count(said) == 1, checked.stderr  # said once, as the error it is
     pin_check = run_cli("build-trainer", str(source), "--model-name", NAME, "--check")
     assert pin_check.returncode == 1
     assert f"builds trainer version {second}, but" in pin_check.stderr
@@ -99,6 +100,7 @@ def test_a_trainer_edited_without_a_new_pin_is_named_everywhere_and_refuses_to_t
     )  # fmt: skip
     assert backfill.returncode == 1, backfill.stderr
     assert f"error: nothing was launched: {said}" in backfill.stderr
+    assert backfill.stderr.count(said) == 1, backfill.stderr
     assert "would refuse to train" in backfill.stderr and "backfill_id" not in backfill.stdout
     with dg.DagsterInstance.from_config(str(home)) as instance:
         assert instance.get_backfills() == [] and instance.get_runs() == []
