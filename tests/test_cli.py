@@ -243,6 +243,99 @@ def test_backfill_wait_shows_progress_keeps_the_runs_output_and_names_what_faile
     assert len(failed) == 1 and "no numbers arrived for this day" in failed[0], res.stderr
 
 
+HELD_LOCATION = """
+import os, time
+import dagster as dg
+
+@dg.asset(key_prefix="tiny", partitions_def=dg.DailyPartitionsDefinition(start_date="2026-07-01"))
+def numbers(context):
+    deadline = time.monotonic() + 120
+    while not os.path.exists(os.environ["RELEASE"]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+defs = dg.Definitions(assets=[numbers])
+"""
+
+
+def _descendants(pid: int) -> set[int]:
+    found, todo = set(), [pid]
+    while todo:
+        for task in Path(f"/proc/{todo.pop()}/task").glob("*"):
+            for child in (task / "children").read_text().split():
+                found.add(int(child))
+                todo.append(int(child))
+    return found
+
+
+def test_backfill_wait_interrupted_says_what_goes_on_and_leaves_the_backfill(
+    tmp_path: Path,
+) -> None:
+    """Ctrl-C on ``--wait`` stops waiting, not the backfill: it says so (the backfill's
+    id, that its launched runs finish and a daemon launches the rest, where to cancel
+    it), with no traceback, and the instance still holds the backfill as requested.
+    Real processes: the CLI, its code server and a run worker (Dagster's default
+    launcher); the test waits for each of them to end."""
+    import signal
+    import time
+
+    import dagster as dg
+
+    (tmp_path / "held_location.py").write_text(HELD_LOCATION)
+    workspace = tmp_path / "workspace.yaml"
+    workspace.write_text(
+        "load_from:\n  - python_module:\n      module_name: held_location\n"
+        f"      working_directory: {tmp_path}\n"
+    )
+    home = tmp_path / "dagster"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    release = tmp_path / "release"
+    env = {**os.environ, "DAGSTER_HOME": str(home), "PYTHONPATH": str(tmp_path)}
+    env["RELEASE"] = str(release)
+    args = [str(BIN / "zipline-dagster"), "backfill", "tiny/numbers"]
+    args += ["--start-ds", "2026-07-12", "--end-ds", "2026-07-12", "--wait"]
+    args += ["--workspace", str(workspace), "--module", "held_location"]
+    cli = subprocess.Popen(
+        args,
+        # a shell's background job ignores SIGINT; a user's Ctrl-C is delivered
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    seen: list[str] = []
+    started: set[int] = set()
+    try:
+        assert cli.stderr is not None
+        for line in cli.stderr:  # the plan, then the progress: wait for the run to start
+            seen.append(line)
+            if "1 started" in line:
+                break
+        started = _descendants(cli.pid)  # its code server and the run's worker
+        cli.send_signal(signal.SIGINT)
+        out, err = cli.communicate(timeout=60)
+    finally:
+        release.touch()  # the run ends; then its worker and the code server do
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait()
+        deadline = time.monotonic() + 90
+        while any(Path(f"/proc/{pid}").exists() for pid in started):
+            assert time.monotonic() < deadline, f"processes the CLI started still run: {started}"
+            time.sleep(0.5)
+    err = "".join(seen) + err
+    assert cli.returncode == 130, err
+    backfill_id = out.split("backfill_id=", 1)[1].split()[0]
+    assert f"interrupted: stopped waiting. Backfill {backfill_id} goes on" in err, err
+    assert "cancel it in the Dagster UI" in err and "Traceback" not in err, err
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        backfill = instance.get_backfill(backfill_id)
+        assert backfill is not None and backfill.status.value == "REQUESTED"
+        runs = instance.get_run_records(dg.RunsFilter(tags={"dagster/backfill": backfill_id}))
+        assert [r.dagster_run.status.value for r in runs] == ["SUCCESS"]  # it went on
+
+
 @pytest.mark.parametrize(
     ("url", "fragment"),
     [

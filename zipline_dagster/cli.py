@@ -501,18 +501,28 @@ def _backfill(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         return 0
-    if deployment is not None:
-        status = deployment.wait(backfill_id, log=lambda m: print(f"  {m}", file=sys.stderr))
-    else:
-        output = Path(instance.root_directory) / "logs" / f"backfill-{backfill_id}.log"
-        print(f"  the runs' output: {output}", file=sys.stderr, flush=True)
-        with _output_to(output) as stderr:
-            status = drive_backfill(
-                instance,
-                backfill_id,
-                workspace_file=args.workspace,
-                log=lambda m: os.write(stderr, f"  {m}\n".encode()),
-            )
+    try:
+        if deployment is not None:
+            status = deployment.wait(backfill_id, log=lambda m: print(f"  {m}", file=sys.stderr))
+        else:
+            output = Path(instance.root_directory) / "logs" / f"backfill-{backfill_id}.log"
+            print(f"  the runs' output: {output}", file=sys.stderr, flush=True)
+            with _output_to(output) as stderr:
+                status = drive_backfill(
+                    instance,
+                    backfill_id,
+                    workspace_file=args.workspace,
+                    log=lambda m: os.write(stderr, f"  {m}\n".encode()),
+                )
+    except KeyboardInterrupt:
+        daemon = "its daemon" if deployment else "a dagster-daemon of this instance (`make dev`)"
+        print(
+            f"interrupted: stopped waiting. Backfill {backfill_id} goes on without this "
+            f"command: the runs it launched finish, and {daemon} launches the rest. To stop "
+            "it, cancel it in the Dagster UI (Overview, Backfills).",
+            file=sys.stderr,
+        )
+        return 130
     print(f"status={status}")
     done = status in ("COMPLETED_SUCCESS", "COMPLETED")
     for line in [] if done or deployment is not None else failed_runs(instance, backfill_id):
