@@ -559,6 +559,8 @@ def failed_runs(instance: object, backfill_id: str) -> list[str]:
     """Each failed run of the backfill, with its failed steps' errors (first lines)."""
     import dagster as dg
 
+    from zipline_dagster.errors import step_error
+
     assert isinstance(instance, dg.DagsterInstance)
     failed = dg.RunsFilter(
         tags={"dagster/backfill": backfill_id}, statuses=[dg.DagsterRunStatus.FAILURE]
@@ -566,14 +568,11 @@ def failed_runs(instance: object, backfill_id: str) -> list[str]:
     lines = []
     for record in instance.get_run_records(failed):
         run_id = record.dagster_run.run_id
-        why = []
-        for event in instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_FAILURE):
-            error = event.dagster_event and event.dagster_event.step_failure_data.error
-            while error and error.cause and error.cls_name == "DagsterExecutionStepExecutionError":
-                error = error.cause  # the user's error, not Dagster's wrapper around it
-            if error:
-                text = error.message.strip().partition(": ")[2] or error.message.strip()
-                why.append(f"{event.step_key}: {error.cls_name}: {text.splitlines()[0]}")
+        why = [
+            f"{event.step_key}: {step_error(event.dagster_event.step_failure_data.error)}"
+            for event in instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_FAILURE)
+            if event.dagster_event and event.dagster_event.step_failure_data.error
+        ]
         lines.append(f"run {run_id} failed: " + ("; ".join(why) or "see the run in the UI"))
     return lines
 

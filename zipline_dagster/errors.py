@@ -30,3 +30,15 @@ def failure(exc: BaseException, **metadata: object) -> Exception:
         description=describe(exc),
         metadata={"error_type": type(exc).__name__, **metadata},  # type: ignore[dict-item]
     )
+
+
+def step_error(error: object) -> str:
+    """``Type: first line`` of a failed step's error (Dagster's ``SerializableErrorInfo``),
+    the user's own error rather than Dagster's wrapper around it."""
+    while getattr(error, "cause", None) and (
+        getattr(error, "cls_name", "") == "DagsterExecutionStepExecutionError"
+    ):
+        error = error.cause  # type: ignore[attr-defined]
+    message = str(getattr(error, "message", "")).strip()
+    text = message.partition(": ")[2] or message  # the message repeats the type's path
+    return f"{getattr(error, 'cls_name', 'Error')}: {(text.splitlines() or [''])[0]}"

@@ -42,3 +42,35 @@ def test_no_other_module_imports_a_private_dagster_module() -> None:
         if path.name != "internals.py" and (found := _private_imports(path))
     }
     assert offenders == {}
+
+
+def test_a_plan_run_here_and_interrupted_raises_keyboard_interrupt() -> None:
+    """Ctrl-C while ``execute_plan_in_process`` runs a step (a real SIGINT to this
+    process) surfaces as the interrupt it is, for the demo to say what stays, not as a
+    step failure; a step that fails on its own is still a RuntimeError naming it."""
+    import os
+    import signal
+    import time
+
+    import dagster as dg
+    import pytest
+
+    from zipline_dagster.lineage.backfill import Plan
+
+    @dg.asset(partitions_def=dg.DailyPartitionsDefinition(start_date="2026-07-01"))
+    def numbers(context: dg.AssetExecutionContext) -> None:
+        if context.partition_key == "2026-07-02":
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(10)  # interrupted before it ends
+        raise ValueError("no numbers today")
+
+    defs = dg.Definitions(assets=[numbers])
+    instance = dg.DagsterInstance.ephemeral()
+    quiet = lambda _: None  # noqa: E731
+    for day, raised, text in [
+        ("2026-07-02", KeyboardInterrupt, "numbers 2026-07-02"),
+        ("2026-07-03", RuntimeError, "numbers 2026-07-03 failed: ValueError: no numbers"),
+    ]:
+        plan = Plan(steps=[(dg.AssetKey("numbers"), [day])])
+        with pytest.raises(raised, match=text):
+            internals.execute_plan_in_process(defs, instance, plan, log=quiet)

@@ -22,6 +22,18 @@ TRAINER = Path(__file__).resolve().parents[2] / "trainers" / "listing_ctr_model"
 
 
 def main() -> int:
+    try:
+        return _main()
+    except KeyboardInterrupt:
+        print(
+            "\ninterrupted: every partition committed so far stays, recorded or not (the next "
+            "run records it from storage); `make demo` again continues from there",
+            file=sys.stderr,
+        )
+        return 130
+
+
+def _main() -> int:
     import dagster as dg
 
     from zipline_dagster.defs import defs

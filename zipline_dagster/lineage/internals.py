@@ -31,6 +31,7 @@ from dagster._core.storage.tags import (
     RESUME_RETRY_TAG,
 )
 
+from zipline_dagster.errors import step_error
 from zipline_dagster.lineage.backfill import BackfillError, Plan, contiguous_runs, span_text
 
 __all__ = [
@@ -45,6 +46,9 @@ __all__ = [
     "execute_plan_in_process",
     "launch_backfill",
 ]
+
+#: a step's error when the run was interrupted (Ctrl-C, SIGTERM)
+_INTERRUPTED = ("KeyboardInterrupt", "DagsterExecutionInterruptedError")
 
 
 def check_target(record: dg.EventLogRecord) -> Any:
@@ -137,11 +141,10 @@ def execute_plan_in_process(
             results.append(result)
             if not result.success:
                 failures = result.get_step_failure_events()
-                text = (
-                    failures[0].step_failure_data.error.message
-                    if failures and failures[0].step_failure_data.error
-                    else "see the run log"
-                )
+                error = failures[0].step_failure_data.error if failures else None
+                if error is not None and error.cls_name in _INTERRUPTED:  # Ctrl-C
+                    raise KeyboardInterrupt(f"{key.to_user_string()} {span_text(batch)}")
+                text = step_error(error) if error is not None else "see the run log"
                 raise RuntimeError(f"{key.to_user_string()} {span_text(batch)} failed: {text}")
     return results
 
