@@ -243,6 +243,78 @@ def test_backfill_wait_shows_progress_keeps_the_runs_output_and_names_what_faile
     assert len(failed) == 1 and "no numbers arrived for this day" in failed[0], res.stderr
 
 
+def test_backfill_wait_follows_the_instances_daemon_instead_of_racing_it(
+    tmp_path: Path,
+) -> None:
+    """With a dagster-daemon running for the instance (a real one, as `make dev` starts),
+    ``--wait`` follows the backfill the daemon runs rather than driving it a second time
+    (one daemon per instance): it needs no workspace of its own, and one run trains the
+    one partition."""
+    import signal
+    import time
+
+    import dagster as dg
+
+    from zipline_dagster.lineage.internals import daemon_running
+
+    (tmp_path / "tiny_location.py").write_text(TINY_LOCATION)
+    workspace = tmp_path / "workspace.yaml"
+    workspace.write_text(
+        "load_from:\n  - python_module:\n      module_name: tiny_location\n"
+        f"      working_directory: {tmp_path}\n"
+    )
+    home = tmp_path / "dagster"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    env = {"DAGSTER_HOME": str(home), "PYTHONPATH": str(tmp_path)}
+    with (tmp_path / "daemon.log").open("w") as log:
+        daemon = subprocess.Popen(
+            [str(BIN / "dagster-daemon"), "run", "-w", str(workspace)],
+            cwd=tmp_path,
+            env={**os.environ, **env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its code server and runs: one group, stopped below
+        )
+    try:
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            deadline = time.monotonic() + 90
+            while not daemon_running(instance):
+                assert daemon.poll() is None, (tmp_path / "daemon.log").read_text()
+                assert time.monotonic() < deadline, "the daemon never heartbeat"
+                time.sleep(0.5)
+            res = run_cli(
+                *("backfill", "tiny/numbers", "--start-ds", "2026-07-11"),
+                *("--end-ds", "2026-07-11", "--module", "tiny_location", "--wait"),
+                *("--workspace", str(tmp_path / "not-needed.yaml")),
+                env=env,
+            )
+            assert res.returncode == 0, res.stderr
+            assert "a dagster-daemon runs this instance's backfills: following it" in res.stderr
+            assert "the runs' output" not in res.stderr and "status=COMPLETED_SUCCESS" in res.stdout
+            backfill_id = res.stdout.split("backfill_id=", 1)[1].split()[0]
+            runs = instance.get_run_records(dg.RunsFilter(tags={"dagster/backfill": backfill_id}))
+            assert [r.dagster_run.status.value for r in runs] == ["SUCCESS"]
+    finally:
+        os.killpg(daemon.pid, signal.SIGTERM)  # the group started here: its processes only
+        deadline = time.monotonic() + 30
+        while _group_alive(daemon) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if _group_alive(daemon):
+            os.killpg(daemon.pid, signal.SIGKILL)
+        daemon.wait()
+
+
+def _group_alive(leader: subprocess.Popen[bytes]) -> bool:
+    """Whether any process of ``leader``'s process group is still running."""
+    leader.poll()  # reaps the leader once it has ended
+    try:
+        os.killpg(leader.pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 HELD_LOCATION = """
 import os, time
 import dagster as dg

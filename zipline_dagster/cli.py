@@ -446,16 +446,18 @@ def _backfill(args: argparse.Namespace) -> int:
     from zipline_dagster.storage.resources import warehouse_of
 
     deployment = Deployment(args.url) if args.url else None
-    if args.wait and deployment is None and not Path(args.workspace).is_file():
+    module = args.module or project_code_location()
+    defs: dg.Definitions = load_definitions(module)  # type: ignore[assignment]
+    key = dg.AssetKey(args.model.split("/")) if "/" in args.model else model_asset_key(args.model)
+    instance: dg.DagsterInstance = dagster_instance()  # type: ignore[assignment]
+    # the instance's own daemon runs its backfills when one is running: never a second driver
+    driving = deployment is None and not daemon_running(instance)
+    if args.wait and driving and not Path(args.workspace).is_file():
         raise CliError(  # before any backfill is launched
             f"--workspace={args.workspace} is not a file; --wait without --url runs the "
             "backfill's runs from the code locations it names (the project's workspace.yaml; "
             "run from the project folder or pass its path)"
         )
-    module = args.module or project_code_location()
-    defs: dg.Definitions = load_definitions(module)  # type: ignore[assignment]
-    key = dg.AssetKey(args.model.split("/")) if "/" in args.model else model_asset_key(args.model)
-    instance: dg.DagsterInstance = dagster_instance()  # type: ignore[assignment]
     parts = model_partitions(defs, key, args.start_ds, args.end_ds)
     models = declared_models(module).values()
     ledger = Ledger(instance, judge=gate_judge(*models, store=warehouse_of(defs).store))  # type: ignore[arg-type]
@@ -494,7 +496,7 @@ def _backfill(args: argparse.Namespace) -> int:
         backfill_id = launch_backfill(defs, instance, plan, title=title, also=also)
     print(f"backfill_id={backfill_id}", flush=True)
     if not args.wait:
-        if deployment is None and not daemon_running(instance):
+        if driving:
             print(
                 "note: no dagster-daemon is running for this instance; start `make dev` "
                 "(or pass --wait to run the backfill from this command)",
@@ -506,7 +508,8 @@ def _backfill(args: argparse.Namespace) -> int:
             status = deployment.wait(backfill_id, log=lambda m: print(f"  {m}", file=sys.stderr))
         else:
             output = Path(instance.root_directory) / "logs" / f"backfill-{backfill_id}.log"
-            print(f"  the runs' output: {output}", file=sys.stderr, flush=True)
+            if driving:  # else the instance's daemon runs them, with its own output
+                print(f"  the runs' output: {output}", file=sys.stderr, flush=True)
             with _output_to(output) as stderr:
                 status = drive_backfill(
                     instance,
@@ -659,7 +662,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--wait",
         action="store_true",
         help="wait until the backfill ends, showing its progress (without --url, this "
-        "command runs it, as the daemon would)",
+        "command runs it as the daemon would, or follows the instance's daemon if one runs)",
     )
     p.add_argument(
         "--url",

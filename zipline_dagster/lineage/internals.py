@@ -171,9 +171,14 @@ def drive_backfill(
     """Run the daemon's backfill and run-queue iterations here until the backfill ends.
 
     What ``dagster-daemon`` does every 30 s, done every ``poll_s``: the runs are launched
-    by the instance's run launcher exactly as the daemon would launch them.
+    by the instance's run launcher exactly as the daemon would launch them. While a
+    daemon heartbeats for the instance, it runs the backfill and this only follows it
+    (one daemon per instance: a second driver would race it); if it stops, this takes
+    over, from the code locations ``workspace_file`` names.
     """
+    import contextlib
     import logging
+    from pathlib import Path
 
     from dagster._core.execution.backfill import BulkActionStatus
     from dagster._core.workspace.context import WorkspaceProcessContext
@@ -186,13 +191,30 @@ def drive_backfill(
     logger = logging.getLogger("zipline_dagster.lineage.backfill")
     queue = QueuedRunCoordinatorDaemon(interval_seconds=poll_s)
     deadline = time.monotonic() + timeout_s
-    last = ""
-    with WorkspaceProcessContext(instance, WorkspaceFileTarget(paths=[workspace_file])) as ctx:
+    last, following, ctx = "", None, None
+    with contextlib.ExitStack() as stack:
         while True:
-            for _ in execute_backfill_iteration(ctx, logger):
-                pass
-            for _ in queue.run_iteration(ctx):
-                pass
+            daemon = daemon_running(instance)
+            if daemon != following:
+                following = daemon
+                log(
+                    "a dagster-daemon runs this instance's backfills: following it"
+                    if daemon
+                    else "running the backfill here, as the daemon would"
+                )
+            if not daemon:
+                if ctx is None:
+                    if not Path(workspace_file).is_file():
+                        raise BackfillError(
+                            f"backfill {backfill_id}: no daemon runs it, and the workspace "
+                            f"{workspace_file} to run it from is not a file"
+                        )
+                    target = WorkspaceFileTarget(paths=[workspace_file])
+                    ctx = stack.enter_context(WorkspaceProcessContext(instance, target))
+                for _ in execute_backfill_iteration(ctx, logger):
+                    pass
+                for _ in queue.run_iteration(ctx):
+                    pass
             backfill = instance.get_backfill(backfill_id)
             if backfill is None:
                 raise BackfillError(f"backfill {backfill_id} disappeared")
