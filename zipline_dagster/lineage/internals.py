@@ -220,13 +220,11 @@ def drive_backfill(
                 raise BackfillError(f"backfill {backfill_id} disappeared")
             runs = instance.get_run_records(dg.RunsFilter(tags={"dagster/backfill": backfill_id}))
             states = sorted(str(r.dagster_run.status.value) for r in runs)
-            summary = f"{backfill.status.value}: {len(runs)} runs " + (
-                ", ".join(f"{states.count(s)} {s.lower()}" for s in sorted(set(states)))
-                if states
-                else ""
+            summary = f"{backfill.status.value}: {len(runs)} runs " + ", ".join(
+                f"{states.count(s)} {s.lower()}" for s in sorted(set(states))
             )
             if summary != last:
-                log(summary)
+                log(summary.rstrip())
                 last = summary
             if backfill.status != BulkActionStatus.REQUESTED:
                 return str(backfill.status.value)
