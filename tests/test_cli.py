@@ -248,8 +248,8 @@ def test_backfill_wait_follows_the_instances_daemon_instead_of_racing_it(
 ) -> None:
     """With a dagster-daemon running for the instance (a real one, as `make dev` starts),
     ``--wait`` follows the backfill the daemon runs rather than driving it a second time
-    (one daemon per instance): it needs no workspace of its own, and one run trains the
-    one partition."""
+    (one daemon per instance): it needs no workspace of its own, one run trains the one
+    partition, and it ends once that partition is materialized."""
     import signal
     import time
 
@@ -292,6 +292,8 @@ def test_backfill_wait_follows_the_instances_daemon_instead_of_racing_it(
             assert res.returncode == 0, res.stderr
             assert "a dagster-daemon runs this instance's backfills: following it" in res.stderr
             assert "the runs' output" not in res.stderr and "status=COMPLETED_SUCCESS" in res.stdout
+            # it ends once the partition is materialized, not at the daemon's next pass
+            assert "COMPLETED_SUCCESS: every partition materialized" in res.stderr
             backfill_id = res.stdout.split("backfill_id=", 1)[1].split()[0]
             runs = instance.get_run_records(dg.RunsFilter(tags={"dagster/backfill": backfill_id}))
             assert [r.dagster_run.status.value for r in runs] == ["SUCCESS"]

@@ -515,6 +515,8 @@ def _backfill(args: argparse.Namespace) -> int:
                     instance,
                     backfill_id,
                     workspace_file=args.workspace,
+                    targets={(k, p) for k, parts in plan.steps for p in parts}
+                    | {(k, None) for k in also},
                     log=lambda m: os.write(stderr, f"  {m}\n".encode()),
                 )
     except KeyboardInterrupt:

@@ -164,6 +164,7 @@ def drive_backfill(
     backfill_id: str,
     *,
     workspace_file: str,
+    targets: set[tuple[dg.AssetKey, str | None]] | None = None,
     timeout_s: float = 3600,
     poll_s: float = 1.0,
     log=print,  # type: ignore[no-untyped-def]
@@ -174,7 +175,10 @@ def drive_backfill(
     by the instance's run launcher exactly as the daemon would launch them. While a
     daemon heartbeats for the instance, it runs the backfill and this only follows it
     (one daemon per instance: a second driver would race it); if it stops, this takes
-    over, from the code locations ``workspace_file`` names.
+    over, from the code locations ``workspace_file`` names. With its ``targets`` (each
+    asset partition it holds), a backfill whose every target a successful run of it has
+    materialized, and whose runs all succeeded, has ended: the daemon marks it so only at
+    its next pass, up to 30 s later.
     """
     import contextlib
     import logging
@@ -228,6 +232,18 @@ def drive_backfill(
                 last = summary
             if backfill.status != BulkActionStatus.REQUESTED:
                 return str(backfill.status.value)
+            if targets and states and set(states) == {"SUCCESS"}:
+                made = {
+                    (event.dagster_event.asset_key, event.dagster_event.partition)
+                    for run in runs
+                    for event in instance.all_logs(
+                        run.dagster_run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION
+                    )
+                    if event.dagster_event is not None
+                }
+                if targets <= made:
+                    log("COMPLETED_SUCCESS: every partition materialized")
+                    return "COMPLETED_SUCCESS"
             if time.monotonic() > deadline:
                 raise BackfillError(f"backfill {backfill_id} still running after {timeout_s:.0f}s")
             time.sleep(poll_s)
