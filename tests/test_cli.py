@@ -400,6 +400,7 @@ def test_backfill_wait_interrupted_says_what_goes_on_and_leaves_the_backfill(
             time.sleep(0.5)
     err = "".join(seen) + err
     assert cli.returncode == 130, err
+    assert seen[-1].strip().endswith("1 started (tiny/numbers 2026-07-12)"), err  # what runs
     backfill_id = out.split("backfill_id=", 1)[1].split()[0]
     assert f"interrupted: stopped waiting. Backfill {backfill_id} goes on" in err, err
     assert "cancel it in the Dagster UI" in err and "Traceback" not in err, err

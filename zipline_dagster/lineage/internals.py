@@ -227,6 +227,10 @@ def drive_backfill(
             summary = f"{backfill.status.value}: {len(runs)} runs " + ", ".join(
                 f"{states.count(s)} {s.lower()}" for s in sorted(set(states))
             )
+            running = [
+                _what(r.dagster_run) for r in runs if r.dagster_run.status.value == "STARTED"
+            ]
+            summary += f" ({'; '.join(running)})" if running else ""
             if summary != last:
                 log(summary.rstrip())
                 last = summary
@@ -247,3 +251,15 @@ def drive_backfill(
             if time.monotonic() > deadline:
                 raise BackfillError(f"backfill {backfill_id} still running after {timeout_s:.0f}s")
             time.sleep(poll_s)
+
+
+def _what(run: dg.DagsterRun) -> str:
+    """What a run materializes: its assets and its partition or range."""
+    tags = run.tags
+    span = tags.get("dagster/partition") or (
+        f"{tags[ASSET_PARTITION_RANGE_START_TAG]}..{tags[ASSET_PARTITION_RANGE_END_TAG]}"
+        if ASSET_PARTITION_RANGE_START_TAG in tags
+        else ""
+    )
+    keys = ", ".join(sorted(k.to_user_string() for k in run.asset_selection or ()))
+    return f"{keys} {span}".strip()
