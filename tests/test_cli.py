@@ -209,6 +209,21 @@ defs = dg.Definitions(assets=[numbers])
 """
 
 
+def _tiny_project(tmp_path: Path, module: str, source: str) -> tuple[Path, Path]:
+    """A code location ``module`` (``source``) with its workspace file, and a Dagster
+    instance folder whose runs Dagster's default launcher runs in their own processes."""
+    (tmp_path / f"{module}.py").write_text(source)
+    workspace = tmp_path / "workspace.yaml"
+    workspace.write_text(
+        f"load_from:\n  - python_module:\n      module_name: {module}\n"
+        f"      working_directory: {tmp_path}\n"
+    )
+    home = tmp_path / "dagster"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    return workspace, home
+
+
 def test_backfill_wait_shows_progress_keeps_the_runs_output_and_names_what_failed(
     tmp_path: Path,
 ) -> None:
@@ -216,12 +231,7 @@ def test_backfill_wait_shows_progress_keeps_the_runs_output_and_names_what_faile
     every run's log (kept in a file it names), and a failed run is named with why."""
     from tests.helpers import in_process_dagster_home
 
-    (tmp_path / "tiny_location.py").write_text(TINY_LOCATION)
-    workspace = tmp_path / "workspace.yaml"
-    workspace.write_text(
-        "load_from:\n  - python_module:\n      module_name: tiny_location\n"
-        f"      working_directory: {tmp_path}\n"
-    )
+    workspace, _ = _tiny_project(tmp_path, "tiny_location", TINY_LOCATION)
     home = in_process_dagster_home(tmp_path)
     res = run_cli(
         *("backfill", "tiny/numbers", "--start-ds", "2026-07-11", "--end-ds", "2026-07-12"),
@@ -257,15 +267,7 @@ def test_backfill_wait_follows_the_instances_daemon_instead_of_racing_it(
 
     from zipline_dagster.lineage.internals import daemon_running
 
-    (tmp_path / "tiny_location.py").write_text(TINY_LOCATION)
-    workspace = tmp_path / "workspace.yaml"
-    workspace.write_text(
-        "load_from:\n  - python_module:\n      module_name: tiny_location\n"
-        f"      working_directory: {tmp_path}\n"
-    )
-    home = tmp_path / "dagster"
-    home.mkdir()
-    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    workspace, home = _tiny_project(tmp_path, "tiny_location", TINY_LOCATION)
     env = {"DAGSTER_HOME": str(home), "PYTHONPATH": str(tmp_path)}
     with (tmp_path / "daemon.log").open("w") as log:
         daemon = subprocess.Popen(
@@ -354,15 +356,7 @@ def test_backfill_wait_interrupted_says_what_goes_on_and_leaves_the_backfill(
 
     import dagster as dg
 
-    (tmp_path / "held_location.py").write_text(HELD_LOCATION)
-    workspace = tmp_path / "workspace.yaml"
-    workspace.write_text(
-        "load_from:\n  - python_module:\n      module_name: held_location\n"
-        f"      working_directory: {tmp_path}\n"
-    )
-    home = tmp_path / "dagster"
-    home.mkdir()
-    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    workspace, home = _tiny_project(tmp_path, "held_location", HELD_LOCATION)
     release = tmp_path / "release"
     env = {**os.environ, "DAGSTER_HOME": str(home), "PYTHONPATH": str(tmp_path)}
     env["RELEASE"] = str(release)
