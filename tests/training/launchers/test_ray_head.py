@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
@@ -55,6 +56,39 @@ def test_ray_up_is_shared_and_down_stops_it(tmp_path: Path) -> None:
     assert down.returncode == 0 and "stopped" in down.stdout
     status = run_cli("ray", "status", "--state-dir", state)
     assert status.returncode == 3 and "no embedded ray head" in status.stdout
+
+
+@pytest.mark.ray
+def test_a_head_whose_state_folder_was_deleted_is_found_again_not_doubled(
+    tmp_path: Path,
+) -> None:
+    """A user resets ZIPLINE_HOME (its ray/ state folder deleted) while the embedded head
+    runs: the next `ray up` finds that head again (one head per state folder, recorded
+    again) instead of starting a second one beside it, and `ray down` stops it."""
+    import shutil
+
+    state = tmp_path / "ray"
+    up = ("ray", "up", "--state-dir", str(state), "--num-cpus", "1")
+    first = run_cli(*up)
+    assert first.returncode == 0, first.stderr
+    head = json.loads((state / "head.json").read_text())
+    register(head["pid"], group=True, what="Ray head (state folder reset test)")
+    try:
+        shutil.rmtree(state)
+        again = run_cli(*up)
+        assert again.returncode == 0, again.stderr
+        assert f"pid={head['pid']} dashboard={head['dashboard_url']}" in again.stdout
+        assert json.loads((state / "head.json").read_text())["pid"] == head["pid"]
+        shutil.rmtree(state)
+    finally:
+        down = run_cli("ray", "down", "--state-dir", str(state))
+    assert down.returncode == 0 and "ray head stopped" in down.stdout, down.stdout
+    gone = ProcessIdentity(pid=head["pid"], start=head["pid_start"])
+    deadline = time.monotonic() + 10  # `down` sends SIGKILL after 8 s and returns
+    while gone.alive() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not gone.alive()  # else the session's cleanup stops it (still registered)
+    unregister(head["pid"])
 
 
 @pytest.fixture

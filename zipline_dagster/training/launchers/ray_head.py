@@ -144,11 +144,27 @@ class LocalRayHead:
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
+    @property
+    def _copy(self) -> Path:
+        """The state file's copy in the head's own temp folder, which is named after the
+        state folder: a head whose state folder was deleted while it ran (a reset
+        ``ZIPLINE_HOME``) is found again, rather than left running beside a second one."""
+        return self.temp_dir / "zd-head.json"
+
     def _read(self) -> HeadInfo | None:
-        try:
-            return HeadInfo(**json.loads(self._state_file.read_text()))
-        except (FileNotFoundError, ValueError, TypeError):
-            return None
+        for record in (self._state_file, self._copy):
+            try:
+                return HeadInfo(**json.loads(record.read_text()))
+            except (FileNotFoundError, ValueError, TypeError):
+                continue
+        return None
+
+    def _write(self, info: HeadInfo) -> None:
+        for record in (self._state_file, self._copy):
+            record.parent.mkdir(parents=True, exist_ok=True)
+            tmp = record.with_suffix(".tmp")
+            tmp.write_text(json.dumps(info.as_dict(), indent=2))
+            os.replace(tmp, record)
 
     def status(self) -> HeadInfo | None:
         """The running head, or None when there is none (or it stopped answering)."""
@@ -166,6 +182,8 @@ class LocalRayHead:
         with self._locked():
             info = self.status()
             if info:
+                if not self._state_file.is_file():  # found by its copy: recorded again
+                    self._write(info)
                 return info
             stale = self._read()
             if stale:  # our head, no longer answering: stop what is left of it
@@ -236,9 +254,7 @@ class LocalRayHead:
                     pid_start=identity.start,
                     temp_dir=str(self.temp_dir),
                 )
-                tmp = self._state_file.with_suffix(".tmp")
-                tmp.write_text(json.dumps(info.as_dict(), indent=2))
-                os.replace(tmp, self._state_file)
+                self._write(info)
                 if version != ray.__version__:
                     raise RayHeadError(
                         f"embedded head runs Ray {version}, client {ray.__version__}"
