@@ -84,7 +84,7 @@ def test_a_head_whose_state_folder_was_deleted_is_found_again_not_doubled(
         down = run_cli("ray", "down", "--state-dir", str(state))
     assert down.returncode == 0 and "ray head stopped" in down.stdout, down.stdout
     gone = ProcessIdentity(pid=head["pid"], start=head["pid_start"])
-    deadline = time.monotonic() + 10  # `down` sends SIGKILL after 8 s and returns
+    deadline = time.monotonic() + 10  # `down` sends SIGKILL after 3 s and returns
     while gone.alive() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not gone.alive()  # else the session's cleanup stops it (still registered)

@@ -266,8 +266,11 @@ class LocalRayHead:
             f"the embedded Ray head did not answer within {timeout:.0f}s (log {log_path})"
         )
 
-    def stop(self, timeout: float = 8.0) -> bool:
-        """Stop the head this state dir started; True when one was running."""
+    def stop(self, timeout: float = 3.0) -> bool:
+        """Stop the head this state dir started; True when one was running. Its group is
+        killed ``timeout`` after SIGTERM: the head holds nothing that needs a graceful end
+        (steps commit what jobs wrote; its session folder is removed here), and on SIGTERM
+        its autoscaler monitor, once the GCS is gone, never exits (a 10 s `ray down`)."""
         with self._locked():
             info = self._read()
             self._state_file.unlink(missing_ok=True)
