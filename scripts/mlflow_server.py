@@ -98,6 +98,9 @@ def start(folder: Path, *, timeout: float = 120.0) -> Server:
          "--artifacts-destination", str(folder / "artifacts"), "--workers", "1"],
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         start_new_session=True, cwd=folder,
+        # no job runner (MLflow's GenAI evaluation jobs, unused here): it keeps a queue
+        # in a fresh /dev/shm folder per start that nothing removes, and a process more
+        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
     )  # fmt: skip
     identity = ProcessIdentity.of(proc.pid)
     server = Server(folder, port, identity)
