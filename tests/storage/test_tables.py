@@ -4,6 +4,7 @@ partition as it was before, or (a first write) missing, never partial."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -99,8 +100,10 @@ SPARK_WRITER = textwrap.dedent(
     from pyspark.sql import functions as F
     from zipline_dagster.features.spark import SparkResource, write_days
     from zipline_dagster.storage.blobs import blob_store
-    base = sys.argv[1]
-    spark = SparkResource(master="local[1]").spark_session
+    base, scratch = sys.argv[1], sys.argv[2]
+    # its shuffle files (about 180 MB) go where the test removes them: a JVM killed with
+    # SIGKILL leaves its spark.local.dir behind (by default a blockmgr-* in /tmp)
+    spark = SparkResource(master="local[1]", spark_config={"spark.local.dir": scratch}).spark_session
     days = ["2026-07-01", "2026-07-02", "2026-07-03"]
     df = (spark.range(0, 12_000_000)
           .withColumn("version", F.lit(2))
@@ -115,7 +118,7 @@ SPARK_WRITER = textwrap.dedent(
 @pytest.mark.spark
 @pytest.mark.slow
 def test_spark_range_write_killed_mid_write_leaves_every_partition_old(
-    spark_resource: Any, file_base: str
+    spark_resource: Any, file_base: str, tmp_path: Path
 ) -> None:
     from pyspark.sql import functions as F
 
@@ -130,8 +133,13 @@ def test_spark_range_write_killed_mid_write_leaves_every_partition_old(
     )
     assert write_days(old, store, file_base, TABLE, days) == dict.fromkeys(days, 10)
     staging = local(f"{file_base}/ctr/atomic/{STAGING_DIR}")
-    proc = start(SPARK_WRITER, file_base)
-    kill_when(proc, lambda: staging.is_dir() and any(staging.rglob("*.parquet")), timeout=180)
+    scratch = tmp_path / "spark-local"
+    proc = start(SPARK_WRITER, file_base, str(scratch))
+    try:
+        kill_when(proc, lambda: staging.is_dir() and any(staging.rglob("*.parquet")), timeout=180)
+        assert any(scratch.glob("blockmgr-*"))  # the killed writer's shuffle files were here
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     for ds in days:
         got = read_partition(file_base, ds)
         assert len(got) == 10 and set(got["version"]) == {1}, ds
