@@ -717,6 +717,16 @@ def test_a_day_is_scored_by_the_newest_partition_passing_its_gates(file_base: st
         f"partition {d0}, the newest at or before {D1} passing its blocking gates "
         f"({D1} fails rollout_thresholds: {gate})"
     )
+    # the day's lineage follows the partition that scored it, not only ds-1: retraining
+    # d0 makes D2's scores stale, and a backfill of them plans the day again
+    resolver = lambda: FreshnessResolver(instance, defs.resolve_asset_graph())  # noqa: E731
+    assert resolver().status(scores_key, D2) == "fresh"
+    assert run(model_key, d0).success
+    assert resolver().status(scores_key, D2) == (
+        f"stale: upstream models/{model.name} {d0} was updated after it"
+    )
+    assert run(scores_key, D2).success  # scored again, by the retrained d0
+    assert resolver().status(scores_key, D2) == "fresh"
 
     # A threshold no partition meets: no day is scored by a failing partition.
     impossible = DeploymentSpec(

@@ -24,6 +24,7 @@ from zipline_dagster.lineage.ledger import (
     Ledger,
     State,
 )
+from zipline_dagster.lineage.partitions import model_asset_key
 from zipline_dagster.storage.blobs import BlobStore, blob_store
 from zipline_dagster.storage.commits import Commit
 from zipline_dagster.storage.resources import warehouse_of
@@ -94,6 +95,8 @@ class FreshnessResolver:
         self._stored: dict[str, dict[str, tuple[list[str], Commit]]] = {}
         self._memo: dict[tuple[dg.AssetKey, str], str] = {}
         self._observed: dict[dg.AssetKey, dict[str, str | None]] = {}
+        #: the model partition that scored a scores day, when it is not the mapped ds-1
+        self._scored_by: dict[dg.AssetKey, dict[str, str]] = {}
 
     def latest_ids(self, key: dg.AssetKey) -> dict[str, int]:
         """{partition: storage id of its latest materialization (observation, for a
@@ -146,6 +149,7 @@ class FreshnessResolver:
             versions: dict[str, str] = {}
             artifacts: dict[str, str] = {}
             writes: dict[str, tuple[str, str]] = {}
+            scored_by: dict[str, str] = {}
             if ids:
                 records = self.instance.fetch_materializations(
                     dg.AssetRecordsFilter(asset_key=key, storage_ids=list(ids.values())),
@@ -163,7 +167,10 @@ class FreshnessResolver:
                         path, table = md.get("path"), md.get(TABLE_URI)
                         if path is not None and table is not None and WRITE_ID in md:
                             writes[mat.partition] = (str(path.value), str(table.value))
+                        if "model_ds" in md:  # a scores day: the model partition it used
+                            scored_by[mat.partition] = str(md["model_ds"].value)
             self._versions[key] = versions
+            self._scored_by[key] = scored_by
             self._artifacts[key] = artifacts
             self._writes[key] = writes
         return self._versions[key]
@@ -211,7 +218,13 @@ class FreshnessResolver:
         commit, where = found
         diff = self.ledger.settle(key, partition, commit)
         if diff.state is State.RECORDED:
-            for cache in (self._ids, self._versions, self._artifacts, self._writes):
+            for cache in (
+                self._ids,
+                self._versions,
+                self._artifacts,
+                self._writes,
+                self._scored_by,
+            ):
                 cache.pop(key, None)
         return diff, where
 
@@ -251,8 +264,16 @@ class FreshnessResolver:
                 raise BackfillError(
                     f"unsupported partition mapping {type(mapping).__name__} from {key} to {parent}"
                 )
+            scored = self._scored_by.get(key, {}).get(partition)
+            if scored and scored not in days and parent == self._model_of(node):
+                days.append(scored)  # scored by an older partition (ds-1 failed its gates)
             out.extend((parent, d) for d in days if pdef.has_partition_key(d))
         return out
+
+    @staticmethod
+    def _model_of(node: Any) -> dg.AssetKey | None:
+        name = node.metadata.get("zipline/model_name")
+        return model_asset_key(str(getattr(name, "value", name))) if name else None
 
     def status(self, key: dg.AssetKey, partition: str) -> str:
         """'fresh', 'missing', 'stale: <why>', or 'in flight: <why>' (a model partition
