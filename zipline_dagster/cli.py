@@ -523,7 +523,7 @@ def _backfill(args: argparse.Namespace) -> int:
         daemon = "its daemon" if deployment else "a dagster-daemon of this instance (`make dev`)"
         print(
             f"interrupted: stopped waiting. Backfill {backfill_id} goes on without this "
-            f"command: the runs it launched finish, and {daemon} launches the rest. To stop "
+            f"command: the runs already launched finish, and {daemon} launches the rest. To stop "
             "it, cancel it in the Dagster UI (Overview, Backfills).",
             file=sys.stderr,
         )
