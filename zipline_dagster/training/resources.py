@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import dagster as dg
 from pydantic import Field
 
 from zipline_dagster.settings import StorageOptions, settings
+from zipline_dagster.storage.blobs import BlobStore
 from zipline_dagster.training.launchers.ray_job import REQUEST_TIMEOUT_S
 from zipline_dagster.training.request import (
     TrainingRunner,
@@ -24,7 +26,7 @@ class TrainingLauncher(dg.ConfigurableResource):
         default=6 * 3600, description="Stop the trainer and fail the step after this many seconds."
     )
 
-    def runner(self, log: Any, store: Any = None) -> TrainingRunner:
+    def runner(self, log: Any, store: Callable[[str], BlobStore] | None = None) -> TrainingRunner:
         """The runner of one step (``log``: the step's; ``store``: how the step opens
         storage, ``WarehouseResource.store``)."""
         raise NotImplementedError
@@ -47,7 +49,7 @@ class TrainingLauncher(dg.ConfigurableResource):
 class LocalLauncherResource(TrainingLauncher):
     """Runs the trainer as a subprocess of the step, in this environment (no cluster)."""
 
-    def runner(self, log: Any, store: Any = None) -> TrainingRunner:
+    def runner(self, log: Any, store: Callable[[str], BlobStore] | None = None) -> TrainingRunner:
         from zipline_dagster.training.launchers.local import LocalRunner
 
         return LocalRunner(timeout_s=self.timeout_s, log=log)
@@ -126,7 +128,7 @@ class RayJobsResource(TrainingLauncher):
 
         return working_dir_problem(uri, options)
 
-    def runner(self, log: Any, store: Any = None) -> TrainingRunner:
+    def runner(self, log: Any, store: Callable[[str], BlobStore] | None = None) -> TrainingRunner:
         from zipline_dagster.training.launchers.ray_job import RayJobRunner
 
         address, auth = self.resolved_address()
