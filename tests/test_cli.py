@@ -258,9 +258,9 @@ def test_backfill_wait_follows_the_instances_daemon_instead_of_racing_it(
 ) -> None:
     """With a dagster-daemon running for the instance (a real one, as `make dev` starts),
     ``--wait`` follows the backfill the daemon runs rather than driving it a second time
-    (one daemon per instance): it needs no workspace of its own, one run trains the one
-    partition, and it ends once that partition is materialized."""
-    import signal
+    (one daemon per instance): it needs no workspace of its own, it keeps following
+    through a restart of the daemon, one run trains the one partition, and it ends once
+    that partition is materialized."""
     import time
 
     import dagster as dg
@@ -269,15 +269,19 @@ def test_backfill_wait_follows_the_instances_daemon_instead_of_racing_it(
 
     workspace, home = _tiny_project(tmp_path, "tiny_location", TINY_LOCATION)
     env = {"DAGSTER_HOME": str(home), "PYTHONPATH": str(tmp_path)}
-    with (tmp_path / "daemon.log").open("w") as log:
-        daemon = subprocess.Popen(
-            [str(BIN / "dagster-daemon"), "run", "-w", str(workspace)],
-            cwd=tmp_path,
-            env={**os.environ, **env},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its code server and runs: one group, stopped below
-        )
+
+    def start_daemon() -> subprocess.Popen[bytes]:
+        with (tmp_path / "daemon.log").open("a") as log:
+            return subprocess.Popen(
+                [str(BIN / "dagster-daemon"), "run", "-w", str(workspace)],
+                cwd=tmp_path,
+                env={**os.environ, **env},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its code server and runs: one group, stopped here
+            )
+
+    daemon = start_daemon()
     try:
         with dg.DagsterInstance.from_config(str(home)) as instance:
             deadline = time.monotonic() + 90
@@ -285,28 +289,55 @@ def test_backfill_wait_follows_the_instances_daemon_instead_of_racing_it(
                 assert daemon.poll() is None, (tmp_path / "daemon.log").read_text()
                 assert time.monotonic() < deadline, "the daemon never heartbeat"
                 time.sleep(0.5)
-            res = run_cli(
-                *("backfill", "tiny/numbers", "--start-ds", "2026-07-11"),
-                *("--end-ds", "2026-07-11", "--module", "tiny_location", "--wait"),
-                *("--workspace", str(tmp_path / "not-needed.yaml")),
-                env=env,
+            args = [str(BIN / "zipline-dagster"), "backfill", "tiny/numbers"]
+            args += ["--start-ds", "2026-07-11", "--end-ds", "2026-07-11"]
+            args += ["--module", "tiny_location", "--wait"]
+            args += ["--workspace", str(tmp_path / "not-needed.yaml")]
+            cli = subprocess.Popen(
+                args,
+                env={**os.environ, **env},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
             )
-            assert res.returncode == 0, res.stderr
-            assert "a dagster-daemon runs this instance's backfills: following it" in res.stderr
-            assert "the runs' output" not in res.stderr and "status=COMPLETED_SUCCESS" in res.stdout
+            assert cli.stderr is not None
+            seen = []
+            for line in cli.stderr:
+                seen.append(line)
+                if "following it" in line:
+                    break
+            # `make dev` restarted: the new daemon's first pass (at its start, not 30 s
+            # after the old one's) launches the run, and the command follows it still
+            _stop_group(daemon)
+            daemon = start_daemon()
+            out, err = cli.communicate(timeout=120)
+            err = "".join(seen) + err
+            assert cli.returncode == 0, err
+            assert "a dagster-daemon runs this instance's backfills: following it" in err
+            assert "running the backfill here" not in err and "the runs' output" not in err
+            assert "status=COMPLETED_SUCCESS" in out
             # it ends once the partition is materialized, not at the daemon's next pass
-            assert "COMPLETED_SUCCESS: every partition materialized" in res.stderr
-            backfill_id = res.stdout.split("backfill_id=", 1)[1].split()[0]
+            assert "COMPLETED_SUCCESS: every partition materialized" in err
+            backfill_id = out.split("backfill_id=", 1)[1].split()[0]
             runs = instance.get_run_records(dg.RunsFilter(tags={"dagster/backfill": backfill_id}))
             assert [r.dagster_run.status.value for r in runs] == ["SUCCESS"]
     finally:
-        os.killpg(daemon.pid, signal.SIGTERM)  # the group started here: its processes only
-        deadline = time.monotonic() + 30
-        while _group_alive(daemon) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if _group_alive(daemon):
-            os.killpg(daemon.pid, signal.SIGKILL)
-        daemon.wait()
+        _stop_group(daemon)
+
+
+def _stop_group(leader: subprocess.Popen[bytes]) -> None:
+    """SIGTERM ``leader``'s process group (started here: its processes only), SIGKILL
+    what is left after 30 s, and wait for it."""
+    import signal
+    import time
+
+    os.killpg(leader.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while _group_alive(leader) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if _group_alive(leader):
+        os.killpg(leader.pid, signal.SIGKILL)
+    leader.wait()
 
 
 def _group_alive(leader: subprocess.Popen[bytes]) -> bool:
