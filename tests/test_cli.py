@@ -326,28 +326,14 @@ def test_backfill_wait_follows_the_instances_daemon_instead_of_racing_it(
 
 
 def _stop_group(leader: subprocess.Popen[bytes]) -> None:
-    """SIGTERM ``leader``'s process group (started here: its processes only), SIGKILL
-    what is left after 30 s, and wait for it."""
-    import signal
-    import time
+    """Stop ``leader``'s process group (started here: its processes only) and reap it."""
+    import contextlib
 
-    os.killpg(leader.pid, signal.SIGTERM)
-    deadline = time.monotonic() + 30
-    while _group_alive(leader) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    if _group_alive(leader):
-        os.killpg(leader.pid, signal.SIGKILL)
+    from zipline_dagster.processes import ProcessIdentity, terminate
+
+    with contextlib.suppress(ProcessLookupError):  # ended already
+        terminate(ProcessIdentity.of(leader.pid), group=True, timeout=30)
     leader.wait()
-
-
-def _group_alive(leader: subprocess.Popen[bytes]) -> bool:
-    """Whether any process of ``leader``'s process group is still running."""
-    leader.poll()  # reaps the leader once it has ended
-    try:
-        os.killpg(leader.pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 HELD_LOCATION = """
@@ -364,16 +350,6 @@ defs = dg.Definitions(assets=[numbers])
 """
 
 
-def _descendants(pid: int) -> set[int]:
-    found, todo = set(), [pid]
-    while todo:
-        for task in Path(f"/proc/{todo.pop()}/task").glob("*"):
-            for child in (task / "children").read_text().split():
-                found.add(int(child))
-                todo.append(int(child))
-    return found
-
-
 def test_backfill_wait_interrupted_says_what_goes_on_and_leaves_the_backfill(
     tmp_path: Path,
 ) -> None:
@@ -386,6 +362,8 @@ def test_backfill_wait_interrupted_says_what_goes_on_and_leaves_the_backfill(
     import time
 
     import dagster as dg
+
+    from zipline_dagster.processes import descendants
 
     workspace, home = _tiny_project(tmp_path, "held_location", HELD_LOCATION)
     release = tmp_path / "release"
@@ -411,7 +389,7 @@ def test_backfill_wait_interrupted_says_what_goes_on_and_leaves_the_backfill(
             seen.append(line)
             if "1 started" in line:
                 break
-        started = _descendants(cli.pid)  # its code server and the run's worker
+        started = {p.pid for p in descendants(cli.pid)}  # its code server, the run's worker
         cli.send_signal(signal.SIGINT)
         out, err = cli.communicate(timeout=60)
     finally:

@@ -281,13 +281,10 @@ def _configured(module: str) -> tuple[object, object]:
     """The code location's warehouse and MLflow resources, as its runs use them (the
     settings' where it has none)."""
     from zipline_dagster.storage.resources import warehouse_of
-    from zipline_dagster.tracking import MlflowResource
+    from zipline_dagster.tracking import mlflow_of
 
     defs = load_definitions(module)
-    mlflow = (defs.resources or {}).get("mlflow")  # type: ignore[attr-defined]
-    if not isinstance(mlflow, MlflowResource):
-        mlflow = MlflowResource.from_settings()
-    return warehouse_of(defs), mlflow  # type: ignore[arg-type]
+    return warehouse_of(defs), mlflow_of(defs)  # type: ignore[arg-type]
 
 
 def _print_pointer(pointer: dict[str, object]) -> None:
@@ -439,7 +436,12 @@ def _backfill(args: argparse.Namespace) -> int:
 
     from zipline_dagster.lineage.backfill import model_partitions, plan_backfill
     from zipline_dagster.lineage.deployment import Deployment
-    from zipline_dagster.lineage.internals import daemon_running, drive_backfill, launch_backfill
+    from zipline_dagster.lineage.internals import (
+        daemon_running,
+        drive_backfill,
+        failed_runs,
+        launch_backfill,
+    )
     from zipline_dagster.lineage.ledger import Ledger
     from zipline_dagster.lineage.partitions import champion_asset_key, model_asset_key
     from zipline_dagster.rollout.assets import gate_judge
@@ -558,28 +560,6 @@ def _output_to(path: Path) -> Iterator[int]:
         for target, fd in enumerate(saved, start=1):
             os.dup2(fd, target)
             os.close(fd)
-
-
-def failed_runs(instance: object, backfill_id: str) -> list[str]:
-    """Each failed run of the backfill, with its failed steps' errors (first lines)."""
-    import dagster as dg
-
-    from zipline_dagster.errors import step_error
-
-    assert isinstance(instance, dg.DagsterInstance)
-    failed = dg.RunsFilter(
-        tags={"dagster/backfill": backfill_id}, statuses=[dg.DagsterRunStatus.FAILURE]
-    )
-    lines = []
-    for record in instance.get_run_records(failed):
-        run_id = record.dagster_run.run_id
-        why = [
-            f"{event.step_key}: {step_error(event.dagster_event.step_failure_data.error)}"
-            for event in instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_FAILURE)
-            if event.dagster_event and event.dagster_event.step_failure_data.error
-        ]
-        lines.append(f"run {run_id} failed: " + ("; ".join(why) or "see the run in the UI"))
-    return lines
 
 
 def champion_line(instance: object, champion: object) -> str:

@@ -116,6 +116,13 @@ class MlflowResource(dg.ConfigurableResource):
         return Tracker(self, warn, store) if self.tracking_uri else None
 
 
+def mlflow_of(defs: dg.Definitions) -> MlflowResource:
+    """The code location's MLflow: its ``mlflow`` resource, as its runs use it (the CLI
+    moves the alias where the runs log); the settings' when it has none."""
+    found = (defs.resources or {}).get("mlflow")
+    return found if isinstance(found, MlflowResource) else MlflowResource.from_settings()
+
+
 @dataclass(frozen=True)
 class Partition:
     """One model partition attempt, as MLflow gets it."""

@@ -340,23 +340,17 @@ def test_the_tracking_server_runs_without_a_job_runner(mlflow_server: Any) -> No
     """The server `make demo-mlflow` and the tests start runs no job runner (MLflow's
     GenAI evaluation jobs, unused here): with it, `mlflow server` starts seven huey
     consumer processes and a /dev/shm folder per start that nothing removes."""
-    group = mlflow_server.identity.pid
+    from zipline_dagster.processes import descendants
+
+    server = mlflow_server.identity.pid
     # a job runner starts its consumers within seconds of the server: look once the
     # server has run for 10 s (at once in the suite, where it has run for minutes)
-    ticks = int(Path(f"/proc/{group}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    ticks = int(Path(f"/proc/{server}/stat").read_text().rsplit(")", 1)[1].split()[19])
     up = float(Path("/proc/uptime").read_text().split()[0]) - ticks / os.sysconf("SC_CLK_TCK")
     time.sleep(max(0.0, 10.0 - up))
     members = [
-        Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        for pid in (int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit())
-        if _pgid(pid) == group
+        Path(f"/proc/{p.pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        for p in descendants(server)
     ]
     assert any("uvicorn" in cmd for cmd in members), members  # the server itself
     assert not [cmd for cmd in members if "huey" in cmd]
-
-
-def _pgid(pid: int) -> int | None:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[2])
-    except (OSError, ValueError, IndexError):
-        return None

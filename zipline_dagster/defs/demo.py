@@ -50,7 +50,7 @@ def _main() -> int:
     from zipline_dagster.scoring.monitoring import monitoring_asset_key
     from zipline_dagster.storage.resources import warehouse_of
     from zipline_dagster.storage.tables import shift_day
-    from zipline_dagster.tracking import MlflowResource
+    from zipline_dagster.tracking import mlflow_of
     from zipline_dagster.training.archive import publish_trainer_archive
 
     t0 = time.monotonic()
@@ -101,7 +101,7 @@ def _main() -> int:
     print(f"[5/5] trained partitions ({time.monotonic() - t0:.0f}s):", flush=True)
     if summarize(instance, parts, scored):
         return 1
-    tracker = MlflowResource.from_settings().tracker(lambda m: print(f"warning: {m}"))
+    tracker = mlflow_of(defs).tracker(lambda m: print(f"warning: {m}"))
     if tracker is not None:  # `make demo-mlflow`
         for line in tracker.summary(model.name) or []:
             print(f"      MLflow: {line}")

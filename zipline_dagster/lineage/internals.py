@@ -12,7 +12,8 @@ fails when one moves; nothing else in the project imports a private Dagster modu
 * running the backfill and run-queue daemons' iterations in-process
   (``drive_backfill``, for ``zipline-dagster backfill --wait`` without a daemon), and
   telling whether a daemon is heartbeating (``daemon_running``);
-* the run tags of a range run and of a re-execution from failure, the error of an unset
+* the run tags of a range run, of a backfill's runs (``failed_runs``) and of a
+  re-execution from failure, the error of an unset
   ``DAGSTER_HOME``, a check evaluation's target materialization, the asset graph type.
 """
 
@@ -28,6 +29,7 @@ from dagster._core.storage.tags import (
     ASSET_PARTITION_RANGE_END_TAG,
     ASSET_PARTITION_RANGE_START_TAG,
     ASSET_RESUME_RETRY_TAG,
+    BACKFILL_ID_TAG,
     RESUME_RETRY_TAG,
 )
 
@@ -44,6 +46,7 @@ __all__ = [
     "daemon_running",
     "drive_backfill",
     "execute_plan_in_process",
+    "failed_runs",
     "launch_backfill",
 ]
 
@@ -196,6 +199,8 @@ def drive_backfill(
     queue = QueuedRunCoordinatorDaemon(interval_seconds=poll_s)
     deadline = time.monotonic() + timeout_s
     last, following, ctx = "", None, None
+    made: set[tuple[dg.AssetKey | None, str | None]] = set()  # by the successful runs read
+    read: set[str] = set()
     with contextlib.ExitStack() as stack:
         while True:
             daemon = daemon_running(instance)
@@ -222,7 +227,7 @@ def drive_backfill(
             backfill = instance.get_backfill(backfill_id)
             if backfill is None:
                 raise BackfillError(f"backfill {backfill_id} disappeared")
-            runs = instance.get_run_records(dg.RunsFilter(tags={"dagster/backfill": backfill_id}))
+            runs = instance.get_run_records(dg.RunsFilter(tags={BACKFILL_ID_TAG: backfill_id}))
             states = sorted(str(r.dagster_run.status.value) for r in runs)
             summary = f"{backfill.status.value}: {len(runs)} runs " + ", ".join(
                 f"{states.count(s)} {s.lower()}" for s in sorted(set(states))
@@ -237,14 +242,15 @@ def drive_backfill(
             if backfill.status != BulkActionStatus.REQUESTED:
                 return str(backfill.status.value)
             if targets and states and set(states) == {"SUCCESS"}:
-                made = {
-                    (event.dagster_event.asset_key, event.dagster_event.partition)
-                    for run in runs
-                    for event in instance.all_logs(
-                        run.dagster_run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION
-                    )
-                    if event.dagster_event is not None
-                }
+                for run_id in {r.dagster_run.run_id for r in runs} - read:  # each run once
+                    read.add(run_id)
+                    made |= {
+                        (event.dagster_event.asset_key, event.dagster_event.partition)
+                        for event in instance.all_logs(
+                            run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION
+                        )
+                        if event.dagster_event is not None
+                    }
                 if targets <= made:
                     log("COMPLETED_SUCCESS: every partition materialized")
                     return "COMPLETED_SUCCESS"
@@ -263,3 +269,20 @@ def _what(run: dg.DagsterRun) -> str:
     )
     keys = ", ".join(sorted(k.to_user_string() for k in run.asset_selection or ()))
     return f"{keys} {span}".strip()
+
+
+def failed_runs(instance: dg.DagsterInstance, backfill_id: str) -> list[str]:
+    """Each failed run of the backfill, with its failed steps' errors (first lines)."""
+    failed = dg.RunsFilter(
+        tags={BACKFILL_ID_TAG: backfill_id}, statuses=[dg.DagsterRunStatus.FAILURE]
+    )
+    lines = []
+    for record in instance.get_run_records(failed):
+        run_id = record.dagster_run.run_id
+        why = [
+            f"{event.step_key}: {step_error(event.dagster_event.step_failure_data.error)}"
+            for event in instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_FAILURE)
+            if event.dagster_event and event.dagster_event.step_failure_data.error
+        ]
+        lines.append(f"run {run_id} failed: " + ("; ".join(why) or "see the run in the UI"))
+    return lines
