@@ -161,6 +161,36 @@ def test_the_champion_follows_every_model_materialization_whatever_ran_it() -> N
     assert again.run_key == f"listing_ctr_model-{newest(MODEL)}" != first.run_key
 
 
+def test_the_champion_a_backfill_targets_is_left_to_that_backfill() -> None:
+    """While a backfill that targets the champion is in progress (the UI's or
+    `zipline-dagster backfill`'s: models, then their champion), model partitions it
+    materialized do not make the sensor evaluate the champion too (a second run, whose
+    "stays at ..." would be the backfill's last word on it); once the backfill has ended,
+    a model materialized meanwhile is seen at the next tick."""
+    from dagster._core.execution.backfill import BulkActionStatus  # no public way to end one
+
+    from zipline_dagster.lineage.backfill import Plan
+    from zipline_dagster.lineage.internals import launch_backfill
+
+    instance = seeded_instance()
+    defs = demo_defs()
+    champion = dg.AssetKey(["champions", "listing_ctr_model"])
+    sensor = defs.resolve_sensor_def("zipline_champions")
+
+    def requests() -> list[dg.RunRequest]:
+        context = dg.build_sensor_context(instance=instance, definitions=defs)
+        return list(sensor.evaluate_tick(context).run_requests or [])
+
+    plan = Plan(steps=[(MODEL, ["2026-07-15"])], reasons={(MODEL, "2026-07-15"): "missing"})
+    backfill_id = launch_backfill(defs, instance, plan, title="models", also=[champion])
+    assert requests() == []
+    instance.update_backfill(
+        instance.get_backfill(backfill_id).with_status(BulkActionStatus.COMPLETED_SUCCESS)
+    )
+    (after,) = requests()
+    assert after.asset_selection == [champion]
+
+
 def test_a_partition_updated_after_its_input_in_the_same_tick_is_not_requested() -> None:
     """An input and the partitions reading it updated between two ticks, the partitions
     last (one run computed both, as a scores day and its monitoring): nothing to redo."""

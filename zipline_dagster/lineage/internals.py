@@ -11,7 +11,8 @@ fails when one moves; nothing else in the project imports a private Dagster modu
   for ``make demo`` and the benchmarks);
 * running the backfill and run-queue daemons' iterations in-process
   (``drive_backfill``, for ``zipline-dagster backfill --wait`` without a daemon), and
-  telling whether a daemon is heartbeating (``daemon_running``);
+  telling whether a daemon is heartbeating (``daemon_running``) and which assets a
+  backfill in progress targets (``backfilling``);
 * the run tags of a range run, of a backfill's runs (``failed_runs``) and of a
   re-execution from failure, the error of an unset
   ``DAGSTER_HOME``, a check evaluation's target materialization, the asset graph type.
@@ -42,6 +43,7 @@ __all__ = [
     "ASSET_RESUME_RETRY_TAG",
     "RESUME_RETRY_TAG",
     "AssetGraph",
+    "backfilling",
     "check_target",
     "daemon_running",
     "drive_backfill",
@@ -160,6 +162,18 @@ def daemon_running(instance: dg.DagsterInstance) -> bool:
         return bool(all_daemons_live(instance, heartbeat_tolerance_seconds=60))
     except Exception:
         return False
+
+
+def backfilling(instance: dg.DagsterInstance) -> dict[dg.AssetKey, str]:
+    """Each asset a backfill still in progress targets, with that backfill's id."""
+    from dagster._core.execution.backfill import BulkActionsFilter, BulkActionStatus
+
+    requested = BulkActionsFilter(statuses=[BulkActionStatus.REQUESTED])
+    return {
+        key: backfill.backfill_id
+        for backfill in instance.get_backfills(filters=requested)
+        for key in backfill.asset_selection or ()
+    }
 
 
 def drive_backfill(

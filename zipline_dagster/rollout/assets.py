@@ -19,7 +19,7 @@ from typing import Any
 import dagster as dg
 
 from zipline_dagster.declarations.model import Model
-from zipline_dagster.lineage.internals import check_target
+from zipline_dagster.lineage.internals import backfilling, check_target
 from zipline_dagster.lineage.ledger import Judge, Ledger, State
 from zipline_dagster.lineage.partitions import (
     champion_asset_key,
@@ -415,7 +415,9 @@ def build_champion_sensor(models: list[Model]) -> dg.SensorDefinition:
     after the champion's last evaluation, by any path (the UI, a CLI backfill, a sensor,
     ``make demo``), whether or not a daemon ran then: it compares what the instance holds
     (the model's newest materialization against the champion's), not ticks. One run per
-    new model materialization (its storage id is the run key)."""
+    new model materialization (its storage id is the run key). A champion that a backfill
+    in progress targets is left to that backfill, which evaluates it once its model
+    partitions are done; a model materialized meanwhile is seen once the backfill ends."""
 
     @dg.sensor(
         name="zipline_champions",
@@ -425,14 +427,19 @@ def build_champion_sensor(models: list[Model]) -> dg.SensorDefinition:
         description="Moves each model's champion after its partitions were materialized.",
     )
     def _champions(context: dg.SensorEvaluationContext) -> Iterator[dg.RunRequest]:
+        busy = backfilling(context.instance)
         for model in models:
+            champion = champion_asset_key(model.name)
             trained = latest_storage_id(context.instance, model_asset_key(model.name))
-            judged = latest_storage_id(context.instance, champion_asset_key(model.name))
-            if trained > judged:
-                yield dg.RunRequest(
-                    run_key=f"{model.name}-{trained}",
-                    asset_selection=[champion_asset_key(model.name)],
-                    tags={"zipline/champion": model.name},
-                )
+            if trained <= latest_storage_id(context.instance, champion):
+                continue
+            if champion in busy:
+                context.log.info(f"{model.name}: its champion is left to backfill {busy[champion]}")
+                continue
+            yield dg.RunRequest(
+                run_key=f"{model.name}-{trained}",
+                asset_selection=[champion],
+                tags={"zipline/champion": model.name},
+            )
 
     return _champions
