@@ -10,7 +10,6 @@ champion, and the realized AUC per scored day. A second run finds everything fre
 does nothing.
 """
 
-import json
 import os
 import sys
 import time
@@ -122,25 +121,24 @@ def summarize(instance: object, parts: list[str], scored: list[str]) -> list[str
     from zipline_dagster.rollout import champion as ch
     from zipline_dagster.rollout import gates
     from zipline_dagster.scoring.monitoring import monitoring_asset_key
-    from zipline_dagster.storage.artifacts import is_committed
+    from zipline_dagster.storage.artifacts import is_committed, read_report
     from zipline_dagster.storage.blobs import blob_store
-    from zipline_dagster.storage.paths import MANIFEST_NAME, join_uri, model_partition_uri
+    from zipline_dagster.storage.paths import MANIFEST_NAME, model_partition_uri
 
     assert isinstance(instance, dg.DagsterInstance)
     unfinished = []
+    store = blob_store(model.model_artifact_base_uri)
     for ds in parts:
         model_dir = model_partition_uri(model, ds)
-        store = blob_store(model_dir)
         # Trained means a manifest on storage whose every checksum matches, whatever
         # Dagster recorded.
         if not is_committed(store, model_dir):
             print(f"      {ds}  NOT FINISHED: no complete {MANIFEST_NAME} in {model_dir}")
             unfinished.append(ds)
             continue
-        report = json.loads(store.read_bytes(join_uri(model_dir, "metrics.json")))
+        report = read_report(store, model_dir)
         auc = report["holdout"]["metrics"]["auc"]
         auc_text = f"{auc:.3f}" if auc is not None else report["status"].get("holdout.auc", "n/a")
-        store = blob_store(model.model_artifact_base_uri)
         verdicts = gates.evaluate(model, store, ds)
         failed = [n for n, r in verdicts.items() if not r.passed]
         checks = "checks passed" if not failed else "checks FAILED: " + ", ".join(failed)
@@ -148,7 +146,6 @@ def summarize(instance: object, parts: list[str], scored: list[str]) -> list[str
             f"      {ds}  holdout AUC {auc_text}  {checks}  rows "
             f"{report['train']['rows']}+{report['holdout']['rows']}  {model_dir}"
         )
-    store = blob_store(model.model_artifact_base_uri)
     champion = ch.read_champion(store, model)
     if champion is None:
         print("      champion: none (no partition passes every gate)")
