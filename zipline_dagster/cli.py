@@ -225,7 +225,8 @@ def load_definitions(module: str) -> object:
     import dagster as dg
 
     # the drift the code location warns of at load: each command says what it means for it
-    logging.getLogger("zipline_dagster").disabled = True
+    drift_warning = logging.getLogger("zipline_dagster.definitions")
+    drift_warning.disabled = True
     try:
         loaded = importlib.import_module(module)
     except ModuleNotFoundError as exc:
@@ -236,7 +237,7 @@ def load_definitions(module: str) -> object:
             ) from exc
         raise
     finally:
-        logging.getLogger("zipline_dagster").disabled = False
+        drift_warning.disabled = False
     defs = getattr(loaded, "defs", None)
     if not isinstance(defs, dg.Definitions):
         found = type(defs).__name__ if defs is not None else "nothing"

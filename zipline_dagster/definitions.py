@@ -44,7 +44,7 @@ from zipline_dagster.training.assets import build_model_asset, trainable_partiti
 from zipline_dagster.training.pins import find_drift
 from zipline_dagster.training.resources import TrainingLauncher
 
-log = logging.getLogger("zipline_dagster")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
