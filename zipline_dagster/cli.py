@@ -98,11 +98,15 @@ FEATURES = {features!r}
 
 
 def _new_model(args: argparse.Namespace) -> int:
+    import importlib
     import importlib.util
     import re
     import shutil
 
+    import dagster as dg
+
     from zipline_dagster.declarations.model import MODEL_NAME_ACCEPTED, MODEL_NAME_RE
+    from zipline_dagster.lineage.partitions import model_asset_key
     from zipline_dagster.settings import artifact_base_uri
     from zipline_dagster.training.archive import build_trainer_archive, publish_trainer_archive
     from zipline_dagster.training.pins import TRAINERS_DIR, find_lock, record_pin
@@ -126,26 +130,52 @@ def _new_model(args: argparse.Namespace) -> int:
             raise CliError(f"new-model {name!r}: {path} already exists; nothing was written")
     if not (template / "setup.py").is_file():
         raise CliError(f"new-model: the template trainer {template} has no setup.py")
-    shutil.copytree(template, trainer, ignore=shutil.ignore_patterns("__pycache__"))
-    setup = trainer / "setup.py"
-    setup.write_text(re.sub(r'name="[^"]*"', f'name="{name}"', setup.read_text(), count=1))
-    base = artifact_base_uri()
-    published = publish_trainer_archive(trainer, model_name=name, base=base)
-    record_pin(lock, name, build_trainer_archive(trainer), trainer)
-    features = tuple(f for f in args.features.split(",") if f)
-    defs_file.write_text(
-        MODEL_TEMPLATE.format(
-            name=name,
-            table=args.table,
-            features=features,
-            window=args.window,
-            threshold=args.threshold,
+    lock_before = lock.read_text() if lock.is_file() else None
+    try:
+        shutil.copytree(template, trainer, ignore=shutil.ignore_patterns("__pycache__"))
+        setup = trainer / "setup.py"
+        setup.write_text(re.sub(r'name="[^"]*"', f'name="{name}"', setup.read_text(), count=1))
+        record_pin(lock, name, build_trainer_archive(trainer), trainer)
+        features = tuple(f for f in args.features.split(",") if f)
+        defs_file.write_text(
+            MODEL_TEMPLATE.format(
+                name=name,
+                table=args.table,
+                features=features,
+                window=args.window,
+                threshold=args.threshold,
+            )
         )
-    )
+        # the declaration, then the code location with it: a bad --table, --features,
+        # --window or --threshold is refused now, with nothing left behind
+        importlib.import_module(f"{module}.{name}")
+        defs = load_definitions(module)
+    except BaseException as exc:
+        shutil.rmtree(trainer, ignore_errors=True)
+        defs_file.unlink(missing_ok=True)
+        if lock_before is None:
+            lock.unlink(missing_ok=True)
+        else:
+            lock.write_text(lock_before)
+        if not isinstance(exc, Exception):
+            raise
+        raise CliError(
+            f"new-model {name!r}: the code location {module} does not load with it "
+            f"(--table, --features, --window and --threshold are its declaration's), so "
+            f"nothing was written: {type(exc).__name__}: {exc}"
+        ) from exc
+    published = publish_trainer_archive(trainer, model_name=name, base=artifact_base_uri())
     print(f"wrote {trainer}/ (from {template}) and {defs_file}", file=sys.stderr)
     print(
         f"pinned {name} to {published.version} in {lock}; uploaded {published.uri}", file=sys.stderr
     )
+    assert isinstance(defs, dg.Definitions)
+    if model_asset_key(name) not in defs.resolve_asset_graph().get_all_asset_keys():
+        print(
+            f"note: the defs of {module} do not include {name}: its package does not collect "
+            f"its modules; add {name} to the models of its build_definitions(...)",
+            file=sys.stderr,
+        )
     print(
         f"next: `dg check defs`, then `zipline-dagster backfill {name} --start-ds D1 "
         "--end-ds D2 --wait` trains it and moves its champion",

@@ -66,6 +66,11 @@ def trained(store: BlobStore, model: Model, ds: str, rep: dict[str, Any]) -> str
             "Model 'listing_ctr_model': deployment_conf: Metric name='valid_auc' is invalid; "
             "expected {split}_{metric} with split train or holdout",
         ),
+        (  # a gate no partition can pass (`new-model --threshold 1.5`)
+            Metric("holdout_auc", 1.5),
+            "Model 'listing_ctr_model': deployment_conf: Metric 'holdout_auc': threshold=1.5 "
+            "is invalid; auc lies between 0 and 1, so expected a threshold from 0 to 1.",
+        ),
     ],
 )
 def test_a_metric_that_cannot_be_judged_is_refused_naming_the_model(

@@ -157,8 +157,23 @@ def test_new_model_scaffolds_a_pinned_trainer_and_its_declaration(
     )
     env = {"PYTHONPATH": f"{ROOT}:{root}", "ZIPLINE_ARTIFACT_BASE": file_base}
 
+    # a declaration that does not load is refused before anything is written or uploaded
+    refused = run_cli("new-model", "churn_model", "--window", "0", "--module", "proj_defs",
+                      env=env)  # fmt: skip
+    assert refused.returncode == 1
+    assert (
+        "error: new-model 'churn_model': the code location proj_defs does not load with it "
+        "(--table, --features, --window and --threshold are its declaration's), so nothing was "
+        "written: ModelSpecError: Window.length=0 is invalid; expected a whole number >= 1"
+    ) in refused.stderr
+    assert sorted(p.name for p in root.rglob("*") if "churn" in p.name) == []
+    assert not (root / LOCK_NAME).exists()
+    assert not list(Path(file_base[len("file://") :]).rglob("churn_model-*"))
+
     made = run_cli("new-model", "churn_model", "--window", "7", "--module", "proj_defs", env=env)
     assert made.returncode == 0, made.stderr
+    # a code location that lists its models by hand is told to add it
+    assert "note: the defs of proj_defs do not include churn_model" in made.stderr
     trainer = root / "trainers" / "churn_model"
     assert 'name="churn_model"' in (trainer / "setup.py").read_text()
     version = build_trainer_archive(trainer).version

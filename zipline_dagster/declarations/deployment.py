@@ -21,6 +21,8 @@ from zipline_dagster.declarations.errors import ModelSpecError
 SPLITS = ("train", "holdout")
 #: Metric keys whose direction is known: True where higher is better (the threshold is a
 #: minimum), False for losses and errors (a maximum). Any other key declares its own.
+#: report keys whose values lie between 0 and 1
+FRACTIONS = frozenset({"auc", "accuracy", "precision", "recall", "f1"})
 DIRECTIONS = {
     "auc": True,
     "accuracy": True,
@@ -90,6 +92,11 @@ class Metric:
                 f"Metric name={self.name!r} is invalid; expected {{split}}_{{metric}} with "
                 "split train or holdout and a metric the trainer reports (holdout_auc, "
                 "holdout_rmse, train_r2 ...; holdout/auc is accepted too)"
+            )
+        if self.key in FRACTIONS and not 0 <= self.threshold <= 1:
+            return (
+                f"Metric {self.name!r}: threshold={self.threshold!r} is invalid; "
+                f"{self.key} lies between 0 and 1, so expected a threshold from 0 to 1"
             )
         if self.higher_is_better is None and self.key not in DIRECTIONS:
             return (
