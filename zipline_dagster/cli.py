@@ -608,7 +608,9 @@ def champion_line(instance: object, champion: object) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="zipline-dagster", description=(__doc__ or "").replace("``", ""))
+    parser = argparse.ArgumentParser(
+        prog="zipline-dagster", description=(__doc__ or "").replace("``", "")
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser(
