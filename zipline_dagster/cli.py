@@ -362,19 +362,18 @@ def _moved(
 def _ledger_check(model: object, warehouse: object) -> object:
     """The ledger's rule for the partition being promoted (``why_in_flight``: recorded
     into Dagster from storage when its run ended without recording it, refused while a
-    run is still writing it), on the instance at DAGSTER_HOME; None (said on stderr)
-    when it is not set."""
+    run is still writing it), on the instance at DAGSTER_HOME; when it is not set, no
+    check (said on stderr once a trained partition is found)."""
     from zipline_dagster.lineage.ledger import Ledger
     from zipline_dagster.rollout.assets import gate_judge, why_in_flight
 
     instance = instance_at_dagster_home()
     if instance is None:
-        print(
+        note = (
             "note: DAGSTER_HOME is not set, so the partition is not checked against what "
-            "Dagster recorded for it",
-            file=sys.stderr,
+            "Dagster recorded for it"
         )
-        return None
+        return lambda ds, manifest: print(note, file=sys.stderr)
     ledger = Ledger(instance, judge=gate_judge(model, store=warehouse.store))  # type: ignore[arg-type, attr-defined]
     warn = lambda text: print(f"warning: {text}", file=sys.stderr)  # noqa: E731
     return lambda ds, manifest: why_in_flight(ledger, model, ds, manifest, warn)  # type: ignore[arg-type]

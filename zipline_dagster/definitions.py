@@ -14,6 +14,7 @@ partitions are then observed in the warehouse, never assumed fresh.
 import difflib
 import hashlib
 import logging
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,6 +144,11 @@ def observed_versions(store: BlobStore, warehouse: str, table: str) -> dict[str,
         f"external table {table}: commit markers list {len(gone)} file(s) the warehouse does "
         f"not hold ({', '.join(gone[:3])}); their writer must commit only files it wrote"
     )
+
+
+# An ExternalTable is observed per partition by an observable source asset, marked beta;
+# we rely on it deliberately and say so once here instead of at every load.
+warnings.filterwarnings("ignore", category=dg.BetaWarning, message=".*observable_source_asset.*")
 
 
 def build_external_table_asset(ext: ExternalTable) -> dg.SourceAsset:

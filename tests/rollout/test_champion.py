@@ -225,11 +225,13 @@ def test_champion_moves_only_to_partitions_passing_every_gate(
 
 
 def test_promote_refuses_an_untrained_partition_even_forced(file_base: str, tmp_path: Path) -> None:
-    env = write_code_location(tmp_path, "0123456789ab", file_base)
+    # no DAGSTER_HOME: its note is for a trained partition only, not before these errors
+    env = {**write_code_location(tmp_path, "0123456789ab", file_base), "DAGSTER_HOME": ""}
     res = run_cli(
         "promote", "listing_ctr_model", "--ds", DS1, "--force", "--module", "champ_defs", env=env
     )
     assert res.returncode == 1
+    assert res.stderr.startswith("error: cannot promote"), res.stderr
     assert "no _MANIFEST.json" in res.stderr and "even --force" in res.stderr
     unknown = run_cli("promote", "nope", "--ds", DS1, "--module", "champ_defs", env=env)
     assert unknown.returncode == 1
@@ -245,7 +247,7 @@ def test_promote_refuses_an_untrained_partition_even_forced(file_base: str, tmp_
         args = ["--ds", DS1, flag, value] if flag == "--version" else [flag, value]
         bad = run_cli("promote", "listing_ctr_model", *args, "--module", "champ_defs", env=env)
         assert bad.returncode == 1 and said in bad.stderr, bad.stderr
-        assert "_MANIFEST" not in bad.stderr
+        assert "_MANIFEST" not in bad.stderr and "DAGSTER_HOME" not in bad.stderr
 
 
 def test_promote_by_hand_applies_the_ledgers_rule(file_base: str, tmp_path: Path) -> None:
