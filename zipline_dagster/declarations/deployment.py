@@ -21,8 +21,6 @@ from zipline_dagster.declarations.errors import ModelSpecError
 SPLITS = ("train", "holdout")
 #: Metric keys whose direction is known: True where higher is better (the threshold is a
 #: minimum), False for losses and errors (a maximum). Any other key declares its own.
-#: report keys whose values lie between 0 and 1
-FRACTIONS = frozenset({"auc", "accuracy", "precision", "recall", "f1"})
 DIRECTIONS = {
     "auc": True,
     "accuracy": True,
@@ -36,6 +34,8 @@ DIRECTIONS = {
     "mae": False,
     "mse": False,
 }
+#: Metric keys whose values lie between 0 and 1 (a threshold outside is refused).
+FRACTIONS = frozenset({"auc", "accuracy", "precision", "recall", "f1"})
 _NAME_RE = re.compile(r"^(train|holdout)_([a-z0-9][a-z0-9_]*)$")
 
 
@@ -47,7 +47,8 @@ class Metric:
         name: ``{split}_{key}``: ``split`` train or holdout, ``key`` any metric the
             trainer reports for it, or ``rows`` (``holdout_auc``, ``holdout_rmse``,
             ``train_r2``). The metadata's spelling, ``holdout/auc``, is the same metric.
-        threshold: a minimum where higher is better, a maximum where lower is.
+        threshold: a minimum where higher is better, a maximum where lower is (from 0
+            to 1 for auc, accuracy, precision, recall and f1).
         higher_is_better: the direction; None takes it from the known keys (auc,
             accuracy, precision, recall, f1, r2, rows higher; logloss, rmse, mae, mse
             lower), and another key must declare it.
