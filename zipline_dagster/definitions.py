@@ -34,7 +34,11 @@ from zipline_dagster.rollout.assets import (
     build_model_checks,
 )
 from zipline_dagster.scoring.assets import build_scores_asset
-from zipline_dagster.scoring.monitoring import build_monitoring_asset, build_monitoring_checks
+from zipline_dagster.scoring.monitoring import (
+    build_monitoring_asset,
+    build_monitoring_checks,
+    build_rescoring_sensor,
+)
 from zipline_dagster.settings import settings
 from zipline_dagster.storage.blobs import BlobStore
 from zipline_dagster.storage.paths import model_archive_uri, table_uri
@@ -292,7 +296,11 @@ def build_definitions(
         assets=assets,
         asset_checks=checks,
         sensors=(
-            [automation_sensor(), *([build_champion_sensor(list(models))] if models else [])]
+            [
+                automation_sensor(),
+                *([build_champion_sensor(list(models))] if models else []),
+                *([build_rescoring_sensor(list(transforms))] if transforms else []),
+            ]
             if automation
             else []
         ),

@@ -191,6 +191,58 @@ def test_the_champion_a_backfill_targets_is_left_to_that_backfill() -> None:
     assert after.asset_selection == [champion]
 
 
+def test_a_day_an_older_partition_scored_is_scored_again_when_that_partition_is_retrained() -> None:
+    """Day ds is scored by the newest partition at or before ds-1 passing its gates, so
+    when ds-1 failed them an older partition d0 scored it. Dagster's lineage maps ds to
+    ds-1 only: retraining d0 makes its automation re-request day d0+1, and the
+    `zipline_rescoring` sensor the later days d0 scored, with their monitoring; once."""
+    from zipline_dagster.scoring.monitoring import monitoring_asset_key
+
+    instance = seeded_instance()
+    defs = build_definitions(
+        sources=[demo.listing_views],
+        producers=[demo.listing_features, demo.ctr_labels, demo.training_table],
+        models=[demo.listing_ctr_model],
+        transforms=[demo.listing_scores],
+        resources=resources(),
+    )
+    scores = dg.AssetKey(["ctr", "listing_ctr_model_scores"])
+    sensor = defs.resolve_sensor_def("zipline_rescoring")
+    assert sensor.default_status == dg.DefaultSensorStatus.RUNNING
+    cursor: list[str | None] = [None]
+
+    def requests() -> list[dg.RunRequest]:
+        context = dg.build_sensor_context(instance=instance, definitions=defs, cursor=cursor[0])
+        tick = sensor.evaluate_tick(context)
+        cursor[0] = tick.cursor
+        return list(tick.run_requests or [])
+
+    # 07-12 failed its gates: 07-13 was scored by 07-11, as 07-12 was; 07-14 by 07-13
+    for day, used in [("2026-07-12", "2026-07-11"), ("2026-07-13", "2026-07-11"),
+                      ("2026-07-14", "2026-07-13")]:  # fmt: skip
+        instance.report_runless_asset_event(
+            dg.AssetMaterialization(asset_key=scores, partition=day, metadata={"model_ds": used})
+        )
+    assert requests() == []  # every day was scored after the partition that scored it
+    materialize_report(instance, MODEL, ["2026-07-11"], demo.LISTING_CTR_MODEL_VERSION)
+    # while a backfill of the scores is in progress, it is left to score what it planned
+    from dagster._core.execution.backfill import BulkActionStatus  # no public way to end one
+
+    from zipline_dagster.lineage.backfill import Plan
+    from zipline_dagster.lineage.internals import launch_backfill
+
+    plan = Plan(steps=[(scores, ["2026-07-15"])], reasons={(scores, "2026-07-15"): "missing"})
+    backfill_id = launch_backfill(defs, instance, plan, title="scores")
+    assert requests() == []
+    instance.update_backfill(
+        instance.get_backfill(backfill_id).with_status(BulkActionStatus.COMPLETED_SUCCESS)
+    )
+    (again,) = requests()
+    assert again.partition_key == "2026-07-13"
+    assert again.asset_selection == [scores, monitoring_asset_key(demo.listing_scores)]
+    assert requests() == []
+
+
 def test_a_partition_updated_after_its_input_in_the_same_tick_is_not_requested() -> None:
     """An input and the partitions reading it updated between two ticks, the partitions
     last (one run computed both, as a scores day and its monitoring): nothing to redo."""

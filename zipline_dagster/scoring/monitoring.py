@@ -15,11 +15,13 @@ from typing import Any
 
 import dagster as dg
 
-from zipline_dagster.declarations.transforms import ModelTransforms
+from zipline_dagster.declarations.transforms import ModelTransforms, ScoreWith
+from zipline_dagster.lineage.internals import backfilling
 from zipline_dagster.lineage.ledger import Ledger, State
 from zipline_dagster.lineage.partitions import (
     PARTITIONS_PER_RUN,
     latest_materialization,
+    model_asset_key,
     record_range,
     table_asset_key,
 )
@@ -33,6 +35,7 @@ from zipline_dagster.storage.resources import WarehouseResource
 from zipline_dagster.storage.tables import (
     committed_partitions,
     committed_scan,
+    shift_day,
 )
 
 REALIZED_CHECK = "realized_auc"
@@ -309,3 +312,59 @@ def realized_check(
             "summary": dg.MetadataValue.text(summary),
         },
     )
+
+
+def build_rescoring_sensor(transforms: list[ModelTransforms]) -> dg.SensorDefinition:
+    """Scores a day again when the older model partition that scored it (its ds-1 had
+    failed its gates) is materialized again. Dagster's lineage maps day ds to partition
+    ds-1 only: its automation re-requests day d0+1 when d0 is retrained, this sensor the
+    later days d0 scored in their place (each day whose latest materialization names
+    ``model_ds`` d0 and is older than d0's), with their monitoring. While a backfill that
+    targets the scores is in progress it waits: that backfill scores what it planned."""
+    fallback = [t for t in transforms if ScoreWith(t.score_with) is ScoreWith.NEWEST_PASSING]
+    keys = {t.table: [table_asset_key(t.table)] for t in fallback}
+    for t in fallback:
+        keys[t.table] += [monitoring_asset_key(t)] if t.labels is not None else []
+
+    @dg.sensor(
+        name="zipline_rescoring",
+        asset_selection=dg.AssetSelection.assets(*(k for ks in keys.values() for k in ks)),
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        minimum_interval_seconds=30,
+        description="Scores again the days an older model partition scored once it is retrained.",
+    )
+    def _rescoring(context: dg.SensorEvaluationContext) -> Iterator[dg.RunRequest]:
+        instance, seen = context.instance, int(context.cursor or 0)
+        busy = backfilling(instance)
+        if any(table_asset_key(t.table) in busy for t in fallback):
+            return
+        newest = seen
+        for t in fallback:
+            scores, days = table_asset_key(t.table), scoring_partitions(t)
+            retrained = instance.fetch_materializations(
+                dg.AssetRecordsFilter(
+                    asset_key=model_asset_key(t.model.name), after_storage_id=seen
+                ),
+                limit=10_000,
+                ascending=True,
+            ).records
+            for model in retrained:
+                newest = max(newest, model.storage_id)
+                d0, day = str(model.partition_key), shift_day(str(model.partition_key), 2)
+                while days.has_partition_key(day):
+                    record = latest_materialization(instance, scores, day)
+                    mat = record.asset_materialization if record is not None else None
+                    used = mat.metadata.get("model_ds") if mat is not None else None
+                    if record is None or used is None or used.value != d0:
+                        break
+                    if record.storage_id < model.storage_id:
+                        yield dg.RunRequest(
+                            run_key=f"{t.table}-{day}-{model.storage_id}",
+                            asset_selection=keys[t.table],
+                            partition_key=day,
+                            tags={"zipline/rescored": f"{t.model.name} {d0} was retrained"},
+                        )
+                    day = shift_day(day, 1)
+        context.update_cursor(str(newest))
+
+    return _rescoring
