@@ -535,9 +535,15 @@ def _backfill(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         return 0
+    targets: set[tuple[dg.AssetKey, str | None]] = {
+        (k, p) for k, parts in plan.steps for p in parts
+    }
+    targets |= {(k, None) for k in also}
     try:
         if deployment is not None:
-            status = deployment.wait(backfill_id, log=lambda m: print(f"  {m}", file=sys.stderr))
+            status = deployment.wait(
+                backfill_id, log=lambda m: print(f"  {m}", file=sys.stderr), targets=targets
+            )
         else:
             output = Path(instance.root_directory) / "logs" / f"backfill-{backfill_id}.log"
             if driving:  # else the instance's daemon runs them, with its own output
@@ -547,8 +553,7 @@ def _backfill(args: argparse.Namespace) -> int:
                     instance,
                     backfill_id,
                     workspace_file=args.workspace,
-                    targets={(k, p) for k, parts in plan.steps for p in parts}
-                    | {(k, None) for k in also},
+                    targets=targets,
                     log=lambda m: os.write(stderr, f"  {m}\n".encode()),
                 )
     except KeyboardInterrupt:

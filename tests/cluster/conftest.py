@@ -53,7 +53,10 @@ def topology(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Topology]:
         os.environ.update(cluster.env())  # this process is a client of the deployment
         warehouse = cluster.env()["ZIPLINE_WAREHOUSE"]
         write_table(warehouse, TABLE, days_ending(LAST_DAY, 16), rows=50)
-        yield Topology(cluster)
+        topology = Topology(cluster)
+        yield topology
+        # what the tests' waits (as the CLI's) concluded, the daemon concluded too
+        topology.assert_daemon_agreed()
     finally:
         cluster.down()
         os.environ.clear()

@@ -29,16 +29,42 @@ class Topology:
         # the deployment's code location, loaded here too (its environment is set)
         location = importlib.import_module("tests.cluster.topology_defs")
         self.defs, self.model = location.defs, location.model
+        #: each backfill's planned partitions (the UI's are not known here)
+        self.targets: dict[str, set[tuple[dg.AssetKey, str | None]]] = {}
+        #: the status ``wait`` returned for each backfill
+        self.ended: dict[str, str] = {}
 
     def backfill(self, days: list[str], title: str) -> str:
         from zipline_dagster.lineage.backfill import plan_backfill
 
         plan = plan_backfill(self.defs, self.instance, MODEL_KEY, days)
         assert [(k, p) for k, p in plan.steps] == [(MODEL_KEY, days)], plan.describe()
-        return self.web.launch(plan, title=title)
+        backfill_id = self.web.launch(plan, title=title)
+        self.targets[backfill_id] = {(MODEL_KEY, d) for d in days}
+        return backfill_id
 
     def wait(self, backfill_id: str, timeout_s: float = 300) -> str:
-        return self.web.wait(backfill_id, timeout_s=timeout_s, poll_s=1.0, log=lambda _: None)
+        """As `zipline-dagster backfill --url --wait` waits (with the plan's targets): it
+        may end before the daemon's next pass marks the backfill, which
+        ``assert_daemon_agreed`` checks once the package's tests are done."""
+        status = self.web.wait(
+            backfill_id,
+            timeout_s=timeout_s,
+            poll_s=1.0,
+            log=lambda _: None,
+            targets=self.targets.get(backfill_id),
+        )
+        self.ended[backfill_id] = status
+        return status
+
+    def assert_daemon_agreed(self, timeout_s: float = 90) -> None:
+        """Each backfill ``wait`` saw end ended so in Dagster too, as the daemon marked it."""
+        deadline = time.monotonic() + timeout_s
+        for backfill_id, seen in self.ended.items():
+            while (marked := self.instance.get_backfill(backfill_id)).status.value == "REQUESTED":  # type: ignore[union-attr]
+                assert time.monotonic() < deadline, f"backfill {backfill_id} still REQUESTED"
+                time.sleep(1.0)
+            assert marked.status.value == seen, (backfill_id, marked.status.value, seen)  # type: ignore[union-attr]
 
     def runs(self, backfill_id: str) -> list[dg.DagsterRun]:
         return list(

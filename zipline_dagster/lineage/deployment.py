@@ -50,6 +50,18 @@ query Backfill($id: String!) {
 }
 """
 
+MADE = """
+query Made($id: String!) {
+  partitionBackfillOrError(backfillId: $id) {
+    ... on PartitionBackfill {
+      runs(limit: 1000) { assetMaterializations { assetKey { path } partition } }
+    }
+  }
+}
+"""
+
+#: a run in one of these is still going
+IN_PROGRESS = frozenset({"QUEUED", "NOT_STARTED", "MANAGED", "STARTING", "STARTED", "CANCELING"})
 #: a backfill in one of these has ended
 ENDED = frozenset({"COMPLETED", "COMPLETED_SUCCESS", "COMPLETED_FAILED", "FAILED", "CANCELED"})
 
@@ -129,12 +141,16 @@ class Deployment:
             )
         return str(found["backfillId"])
 
-    def status(self, backfill_id: str) -> tuple[str, list[str]]:
+    def status(
+        self, backfill_id: str, targets: set[tuple[dg.AssetKey, str | None]] | None = None
+    ) -> tuple[str, list[str]]:
         """The backfill's status and its runs' statuses. A backfill whose every targeted
         partition has been requested and whose runs have all succeeded is
         ``COMPLETED_SUCCESS`` already: the daemon marks it so only at its next pass (every
         30 s), and records a run's partitions in the counts only then too; a run's
-        partitions are counted as requested only once the run exists."""
+        partitions are counted as requested only once the run exists. So is one whose
+        every target (``targets``: each asset partition it holds) a run of it has
+        materialized, with none of its runs still going (a failed one retried, say)."""
         found = self.query(STATUS, {"id": backfill_id})["partitionBackfillOrError"]
         if found["__typename"] != "PartitionBackfill":
             raise BackfillError(
@@ -151,6 +167,13 @@ class Deployment:
             for a in assets
         )
         done = bool(assets and runs) and requested and set(runs) == {"SUCCESS"}
+        if not done and targets and runs and not set(runs) & IN_PROGRESS:
+            made = self.query(MADE, {"id": backfill_id})["partitionBackfillOrError"]
+            done = targets <= {
+                (dg.AssetKey(m["assetKey"]["path"]), m["partition"])
+                for run in made.get("runs") or []
+                for m in run["assetMaterializations"]
+            }
         return ("COMPLETED_SUCCESS" if done else str(found["status"])), runs
 
     def wait(
@@ -160,8 +183,10 @@ class Deployment:
         timeout_s: float = 3600,
         poll_s: float = 2.0,
         log: Callable[[str], None] = print,
+        targets: set[tuple[dg.AssetKey, str | None]] | None = None,
     ) -> str:
-        """Follow the backfill until it ends (its final status), logging each change.
+        """Follow the backfill until it ends (its final status), logging each change;
+        ``targets``: as for ``status``.
 
         Raises:
             BackfillError: it has not ended after ``timeout_s`` (it keeps running), or the
@@ -171,7 +196,7 @@ class Deployment:
         last, failing_since = "", None
         while True:
             try:
-                status, runs = self.status(backfill_id)
+                status, runs = self.status(backfill_id, targets)
                 failing_since = None
             except BackfillError as exc:  # a restarted webserver or database: ask again
                 failing_since = failing_since or time.monotonic()

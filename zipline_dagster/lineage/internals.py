@@ -52,6 +52,8 @@ __all__ = [
     "launch_backfill",
 ]
 
+#: a run in one of these is still going
+IN_PROGRESS = frozenset({"QUEUED", "NOT_STARTED", "MANAGED", "STARTING", "STARTED", "CANCELING"})
 #: a step's error when the run was interrupted (Ctrl-C, SIGTERM)
 _INTERRUPTED = ("KeyboardInterrupt", "DagsterExecutionInterruptedError")
 
@@ -193,9 +195,9 @@ def drive_backfill(
     daemon heartbeats for the instance, it runs the backfill and this only follows it
     (one daemon per instance: a second driver would race it); if it stops, this takes
     over, from the code locations ``workspace_file`` names. With its ``targets`` (each
-    asset partition it holds), a backfill whose every target a successful run of it has
-    materialized, and whose runs all succeeded, has ended: the daemon marks it so only at
-    its next pass, up to 30 s later.
+    asset partition it holds), a backfill whose every target a run of it has
+    materialized, with none of its runs still going (a failed one retried, say), has
+    ended: the daemon marks it so only at its next pass, up to 30 s later.
     """
     import contextlib
     import logging
@@ -255,7 +257,7 @@ def drive_backfill(
                 last = summary
             if backfill.status != BulkActionStatus.REQUESTED:
                 return str(backfill.status.value)
-            if targets and states and set(states) == {"SUCCESS"}:
+            if targets and states and not set(states) & IN_PROGRESS:  # e.g. one retried
                 for run_id in {r.dagster_run.run_id for r in runs} - read:  # each run once
                     read.add(run_id)
                     made |= {
