@@ -344,8 +344,9 @@ def test_the_tracking_server_runs_without_a_job_runner(mlflow_server: Any) -> No
 
     server = mlflow_server.identity.pid
     # a job runner starts its consumers within seconds of the server: look once the
-    # server has run for 10 s (at once in the suite, where it has run for minutes)
-    ticks = int(Path(f"/proc/{server}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    # server has run for 10 s (at once in the suite, where it has run for minutes); its
+    # identity's start is "{boot id}:{start time in clock ticks}"
+    ticks = int(str(mlflow_server.identity.start).rsplit(":", 1)[1])
     up = float(Path("/proc/uptime").read_text().split()[0]) - ticks / os.sysconf("SC_CLK_TCK")
     time.sleep(max(0.0, 10.0 - up))
     members = [

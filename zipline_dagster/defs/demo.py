@@ -118,6 +118,7 @@ def summarize(instance: object, parts: list[str], scored: list[str]) -> list[str
 
     from zipline_dagster.defs.listing_ctr import listing_ctr_model as model
     from zipline_dagster.defs.listing_ctr import listing_scores
+    from zipline_dagster.lineage.partitions import scored_by
     from zipline_dagster.rollout import champion as ch
     from zipline_dagster.rollout import gates
     from zipline_dagster.scoring.monitoring import monitoring_asset_key
@@ -166,7 +167,7 @@ def summarize(instance: object, parts: list[str], scored: list[str]) -> list[str
         auc_text = f"{auc:.3f}" if auc is not None else "n/a"
         print(
             f"      {ds}  realized AUC {auc_text}  on {realized.get('rows_joined')} labelled rows, "
-            f"scored by {model.name} {realized.get('model_ds')}"
+            f"scored by {model.name} {scored_by(realized)}"
         )
     if unfinished:
         print(f"error: {len(unfinished)} partitions have no finished model", file=sys.stderr)

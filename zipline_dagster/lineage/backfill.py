@@ -24,13 +24,15 @@ from zipline_dagster.lineage.ledger import (
     Ledger,
     State,
 )
-from zipline_dagster.lineage.partitions import model_asset_key
+from zipline_dagster.lineage.partitions import model_asset_key, scored_by
 from zipline_dagster.storage.blobs import BlobStore, blob_store
 from zipline_dagster.storage.commits import Commit
 from zipline_dagster.storage.resources import warehouse_of
 from zipline_dagster.storage.tables import TABLE_URI, WRITE_ID, committed_scan
 
 DATA_VERSION_TAG = "dagster/data_version"
+#: a run in one of these (``DagsterRunStatus`` values, GraphQL's names too) is still going
+IN_PROGRESS = frozenset({"QUEUED", "NOT_STARTED", "MANAGED", "STARTING", "STARTED", "CANCELING"})
 
 
 class BackfillError(ValueError):
@@ -149,7 +151,7 @@ class FreshnessResolver:
             versions: dict[str, str] = {}
             artifacts: dict[str, str] = {}
             writes: dict[str, tuple[str, str]] = {}
-            scored_by: dict[str, str] = {}
+            scored: dict[str, str] = {}
             if ids:
                 records = self.instance.fetch_materializations(
                     dg.AssetRecordsFilter(asset_key=key, storage_ids=list(ids.values())),
@@ -167,10 +169,10 @@ class FreshnessResolver:
                         path, table = md.get("path"), md.get(TABLE_URI)
                         if path is not None and table is not None and WRITE_ID in md:
                             writes[mat.partition] = (str(path.value), str(table.value))
-                        if "model_ds" in md:  # a scores day: the model partition it used
-                            scored_by[mat.partition] = str(md["model_ds"].value)
+                        if (used := scored_by(md)) is not None:  # a scores day
+                            scored[mat.partition] = used
             self._versions[key] = versions
-            self._scored_by[key] = scored_by
+            self._scored_by[key] = scored
             self._artifacts[key] = artifacts
             self._writes[key] = writes
         return self._versions[key]

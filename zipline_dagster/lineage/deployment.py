@@ -16,7 +16,7 @@ from typing import Any
 
 import dagster as dg
 
-from zipline_dagster.lineage.backfill import BackfillError, Plan, contiguous_runs
+from zipline_dagster.lineage.backfill import IN_PROGRESS, BackfillError, Plan, contiguous_runs
 
 LAUNCH = """
 mutation Launch($params: LaunchBackfillParams!) {
@@ -60,8 +60,6 @@ query Made($id: String!) {
 }
 """
 
-#: a run in one of these is still going
-IN_PROGRESS = frozenset({"QUEUED", "NOT_STARTED", "MANAGED", "STARTING", "STARTED", "CANCELING"})
 #: a backfill in one of these has ended
 ENDED = frozenset({"COMPLETED", "COMPLETED_SUCCESS", "COMPLETED_FAILED", "FAILED", "CANCELED"})
 

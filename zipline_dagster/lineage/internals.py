@@ -35,7 +35,13 @@ from dagster._core.storage.tags import (
 )
 
 from zipline_dagster.errors import step_error
-from zipline_dagster.lineage.backfill import BackfillError, Plan, contiguous_runs, span_text
+from zipline_dagster.lineage.backfill import (
+    IN_PROGRESS,
+    BackfillError,
+    Plan,
+    contiguous_runs,
+    span_text,
+)
 
 __all__ = [
     "ASSET_PARTITION_RANGE_END_TAG",
@@ -52,8 +58,6 @@ __all__ = [
     "launch_backfill",
 ]
 
-#: a run in one of these is still going
-IN_PROGRESS = frozenset({"QUEUED", "NOT_STARTED", "MANAGED", "STARTING", "STARTED", "CANCELING"})
 #: a step's error when the run was interrupted (Ctrl-C, SIGTERM)
 _INTERRUPTED = ("KeyboardInterrupt", "DagsterExecutionInterruptedError")
 
@@ -215,7 +219,7 @@ def drive_backfill(
     queue = QueuedRunCoordinatorDaemon(interval_seconds=poll_s)
     deadline = time.monotonic() + timeout_s
     last, following, ctx = "", None, None
-    made: set[tuple[dg.AssetKey | None, str | None]] = set()  # by the successful runs read
+    made: set[tuple[dg.AssetKey | None, str | None]] = set()  # by the ended runs read
     read: set[str] = set()
     with contextlib.ExitStack() as stack:
         while True:

@@ -4,12 +4,23 @@ records each of them, and a partition's latest materialization."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import dagster as dg
 
 PARTITIONS_START = "2026-07-01"
+
+#: The metadata key of a scores day (and of its monitoring) naming the model partition
+#: that scored it: ds-1, or an older one when ds-1 failed its gates.
+SCORED_BY = "model_ds"
+
+
+def scored_by(metadata: Mapping[str, Any]) -> str | None:
+    """The model partition a scores day's metadata says scored it (None: not said)."""
+    value = metadata.get(SCORED_BY)
+    return None if value is None else str(getattr(value, "value", value))
+
 
 daily_partitions = dg.DailyPartitionsDefinition(start_date=PARTITIONS_START)
 

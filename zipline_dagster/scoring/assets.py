@@ -24,6 +24,7 @@ from zipline_dagster.errors import failure
 from zipline_dagster.lineage.ledger import Ledger, State
 from zipline_dagster.lineage.partitions import (
     PARTITIONS_PER_RUN,
+    SCORED_BY,
     champion_asset_key,
     daily_partitions,
     model_asset_key,
@@ -361,7 +362,7 @@ def commit_day(
         "rows": dg.MetadataValue.int(rows),
         "model_dir": dg.MetadataValue.path(chosen.uri),
         "model_version": dg.MetadataValue.text(chosen.version),
-        "model_ds": dg.MetadataValue.text(chosen.ds),
+        SCORED_BY: dg.MetadataValue.text(chosen.ds),
         "model_age_days": dg.MetadataValue.int(
             (dt.date.fromisoformat(ds) - dt.date.fromisoformat(chosen.ds)).days
         ),

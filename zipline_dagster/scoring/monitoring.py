@@ -20,9 +20,11 @@ from zipline_dagster.lineage.internals import backfilling
 from zipline_dagster.lineage.ledger import Ledger, State
 from zipline_dagster.lineage.partitions import (
     PARTITIONS_PER_RUN,
+    SCORED_BY,
     latest_materialization,
     model_asset_key,
     record_range,
+    scored_by,
     table_asset_key,
 )
 from zipline_dagster.rollout import gates as g
@@ -207,7 +209,7 @@ def monitor_day(
         model = transforms.model
         version, model_ds = used[0]
         md["model_version"] = dg.MetadataValue.text(version)
-        md["model_ds"] = dg.MetadataValue.text(model_ds)
+        md[SCORED_BY] = dg.MetadataValue.text(model_ds)
         report = g.read_partition_report(
             warehouse.store(model.model_artifact_base_uri),
             model_dir_uri(model.model_artifact_base_uri, model.name, version, model_ds),
@@ -321,10 +323,11 @@ def build_rescoring_sensor(transforms: list[ModelTransforms]) -> dg.SensorDefini
     later days d0 scored in their place (each day whose latest materialization names
     ``model_ds`` d0 and is older than d0's), with their monitoring. While a backfill that
     targets the scores is in progress it waits: that backfill scores what it planned."""
-    fallback = [t for t in transforms if ScoreWith(t.score_with) is ScoreWith.NEWEST_PASSING]
-    keys = {t.table: [table_asset_key(t.table)] for t in fallback}
-    for t in fallback:
-        keys[t.table] += [monitoring_asset_key(t)] if t.labels is not None else []
+    fallback = [t for t in transforms if t.score_with is ScoreWith.NEWEST_PASSING]
+    keys = {
+        t.table: [table_asset_key(t.table), *([monitoring_asset_key(t)] if t.labels else [])]
+        for t in fallback
+    }
 
     @dg.sensor(
         name="zipline_rescoring",
@@ -354,8 +357,7 @@ def build_rescoring_sensor(transforms: list[ModelTransforms]) -> dg.SensorDefini
                 while days.has_partition_key(day):
                     record = latest_materialization(instance, scores, day)
                     mat = record.asset_materialization if record is not None else None
-                    used = mat.metadata.get("model_ds") if mat is not None else None
-                    if record is None or used is None or used.value != d0:
+                    if record is None or mat is None or scored_by(mat.metadata) != d0:
                         break
                     if record.storage_id < model.storage_id:
                         yield dg.RunRequest(
