@@ -14,6 +14,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 MODEL_START = os.environ.get("ZIPLINE_DEMO_START", "2026-07-11")
 MODEL_END = os.environ.get("ZIPLINE_DEMO_END", "2026-07-14")
@@ -70,7 +71,8 @@ def _main() -> int:
     instance = dg.DagsterInstance.get()
     key = model_asset_key(model.name)
     parts = model_partitions(defs, key, MODEL_START, MODEL_END)
-    ledger = Ledger(instance, judge=gate_judge(model, store=warehouse_of(defs).store))
+    store = warehouse_of(defs).store
+    ledger = Ledger(instance, judge=gate_judge(model, store=store))
     plan = plan_backfill(defs, instance, key, parts, ledger=ledger)
     for diff in ledger.recorded:
         print(f"note: {diff.key.to_user_string()} {diff.partition}: {diff.describe()}")
@@ -98,7 +100,7 @@ def _main() -> int:
         execute_plan_in_process(defs, instance, step, log=log)
 
     print(f"[5/5] trained partitions ({time.monotonic() - t0:.0f}s):", flush=True)
-    if summarize(instance, parts, scored):
+    if summarize(instance, store, parts, scored):
         return 1
     tracker = mlflow_of(defs).tracker(lambda m: print(f"warning: {m}"))
     if tracker is not None:  # `make demo-mlflow`
@@ -110,9 +112,10 @@ def _main() -> int:
     return 0
 
 
-def summarize(instance: object, parts: list[str], scored: list[str]) -> list[str]:
+def summarize(instance: object, store: Any, parts: list[str], scored: list[str]) -> list[str]:
     """Print each trained partition (its holdout AUC and checks), the champion and each
-    scored day's realized AUC; the partitions and days that are not finished."""
+    scored day's realized AUC, read from the code location's warehouse ``store``; the
+    partitions and days that are not finished."""
 
     import dagster as dg
 
@@ -123,12 +126,10 @@ def summarize(instance: object, parts: list[str], scored: list[str]) -> list[str
     from zipline_dagster.rollout import gates
     from zipline_dagster.scoring.monitoring import monitoring_asset_key
     from zipline_dagster.storage.artifacts import is_committed, read_report
-    from zipline_dagster.storage.blobs import blob_store
     from zipline_dagster.storage.paths import MANIFEST_NAME, model_partition_uri
 
     assert isinstance(instance, dg.DagsterInstance)
     unfinished = []
-    store = blob_store(model.model_artifact_base_uri)
     for ds in parts:
         model_dir = model_partition_uri(model, ds)
         # Trained means a manifest on storage whose every checksum matches, whatever
@@ -183,9 +184,11 @@ def cluster_main(web_url: str) -> int:
 
     import dagster as dg
 
+    from zipline_dagster.defs import defs
     from zipline_dagster.defs.listing_ctr import listing_ctr_model as model
     from zipline_dagster.defs.listing_ctr import listing_scores
     from zipline_dagster.scoring.monitoring import monitoring_asset_key
+    from zipline_dagster.storage.resources import warehouse_of
     from zipline_dagster.storage.tables import days_between, shift_day
     from zipline_dagster.training.archive import publish_trainer_archive
 
@@ -215,7 +218,8 @@ def cluster_main(web_url: str) -> int:
         return 1
     print(f"[3/3] trained partitions ({time.monotonic() - t0:.0f}s):", flush=True)
     instance = dg.DagsterInstance.get()
-    return 1 if summarize(instance, days_between(*parts), days_between(*scored)) else 0
+    store = warehouse_of(defs).store
+    return 1 if summarize(instance, store, days_between(*parts), days_between(*scored)) else 0
 
 
 def _latest_metadata(instance: object, key: object, ds: str) -> dict[str, object] | None:
