@@ -14,7 +14,10 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from zipline_dagster.storage.blobs import BlobStore
 
 MODEL_START = os.environ.get("ZIPLINE_DEMO_START", "2026-07-11")
 MODEL_END = os.environ.get("ZIPLINE_DEMO_END", "2026-07-14")
@@ -71,8 +74,8 @@ def _main() -> int:
     instance = dg.DagsterInstance.get()
     key = model_asset_key(model.name)
     parts = model_partitions(defs, key, MODEL_START, MODEL_END)
-    store = warehouse_of(defs).store
-    ledger = Ledger(instance, judge=gate_judge(model, store=store))
+    warehouse = warehouse_of(defs)
+    ledger = Ledger(instance, judge=gate_judge(model, store=warehouse.store))
     plan = plan_backfill(defs, instance, key, parts, ledger=ledger)
     for diff in ledger.recorded:
         print(f"note: {diff.key.to_user_string()} {diff.partition}: {diff.describe()}")
@@ -100,7 +103,7 @@ def _main() -> int:
         execute_plan_in_process(defs, instance, step, log=log)
 
     print(f"[5/5] trained partitions ({time.monotonic() - t0:.0f}s):", flush=True)
-    if summarize(instance, store, parts, scored):
+    if summarize(instance, warehouse.store(model.model_artifact_base_uri), parts, scored):
         return 1
     tracker = mlflow_of(defs).tracker(lambda m: print(f"warning: {m}"))
     if tracker is not None:  # `make demo-mlflow`
@@ -112,7 +115,9 @@ def _main() -> int:
     return 0
 
 
-def summarize(instance: object, store: Any, parts: list[str], scored: list[str]) -> list[str]:
+def summarize(
+    instance: object, store: "BlobStore", parts: list[str], scored: list[str]
+) -> list[str]:
     """Print each trained partition (its holdout AUC and checks), the champion and each
     scored day's realized AUC, read from the code location's warehouse ``store``; the
     partitions and days that are not finished."""
@@ -218,7 +223,7 @@ def cluster_main(web_url: str) -> int:
         return 1
     print(f"[3/3] trained partitions ({time.monotonic() - t0:.0f}s):", flush=True)
     instance = dg.DagsterInstance.get()
-    store = warehouse_of(defs).store
+    store = warehouse_of(defs).store(model.model_artifact_base_uri)
     return 1 if summarize(instance, store, days_between(*parts), days_between(*scored)) else 0
 
 
