@@ -109,7 +109,7 @@ def _new_model(args: argparse.Namespace) -> int:
     from zipline_dagster.lineage.partitions import model_asset_key
     from zipline_dagster.settings import artifact_base_uri
     from zipline_dagster.training.archive import build_trainer_archive, publish_trainer_archive
-    from zipline_dagster.training.pins import TRAINERS_DIR, find_lock, record_pin
+    from zipline_dagster.training.pins import TRAINERS_DIR, find_lock, record_pin, write_lock
 
     name = args.name
     if not MODEL_NAME_RE.match(name) or not name.isidentifier():
@@ -156,7 +156,7 @@ def _new_model(args: argparse.Namespace) -> int:
         if lock_before is None:
             lock.unlink(missing_ok=True)
         else:
-            lock.write_text(lock_before)
+            write_lock(lock, lock_before)
         if not isinstance(exc, Exception):
             raise
         raise CliError(

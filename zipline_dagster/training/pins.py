@@ -64,8 +64,13 @@ def record_pin(lock: Path, model_name: str, archive: TrainerArchive, source: Pat
         where = str(source)
     pins[model_name] = {"version": archive.version, "sha256": archive.sha256, "source": where}
     body = {"models": dict(sorted(pins.items()))}
+    write_lock(lock, json.dumps(body, indent=2, sort_keys=True) + "\n")
+
+
+def write_lock(lock: Path, text: str) -> None:
+    """Replace ``lock`` by ``text`` at once: a reader sees the old lock or the new one."""
     tmp = lock.with_name(lock.name + ".tmp")
-    tmp.write_text(json.dumps(body, indent=2, sort_keys=True) + "\n")
+    tmp.write_text(text)
     tmp.replace(lock)
 
 
