@@ -53,6 +53,7 @@ sys.path.insert(0, str(ROOT))
 from zipline_dagster.processes import (  # noqa: E402
     ProcessIdentity,
     descendants,
+    free_ports,
     group_alive,
     terminate,
 )
@@ -96,15 +97,14 @@ def workspace() -> str:
     return os.environ.get("ZIPLINE_CLUSTER_WORKSPACE") or str(ROOT / "workspace.yaml")
 
 
-def free_port(preferred: int | None = None) -> int:
-    for port in ([preferred] if preferred else []) + [0]:
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return int(s.getsockname()[1])
-    raise ClusterError("no free port on 127.0.0.1")
+def free_port(preferred: int | None = None, *, avoid: Any = ()) -> int:
+    """``preferred`` if it is free, else a free port that is none of ``avoid`` (the
+    ports given to services that may not listen yet: they start in parallel)."""
+    if preferred:
+        with socket.socket() as s, contextlib.suppress(OSError):
+            s.bind(("127.0.0.1", preferred))
+            return preferred
+    return free_ports(1, avoid=avoid)[0]
 
 
 class Cluster:
@@ -139,6 +139,12 @@ class Cluster:
     @property
     def ports(self) -> dict[str, int]:
         return self.state["ports"]  # type: ignore[no-any-return]
+
+    def port(self, name: str, preferred: int | None = None) -> int:
+        """The port recorded for ``name`` (``up`` records them all), else a new free one."""
+        if name not in self.ports:
+            self.ports[name] = free_port(preferred, avoid=self.ports.values())
+        return self.ports[name]
 
     def password(self) -> str:
         return (self.dir / "secrets" / "pg_password").read_text().strip()
@@ -325,7 +331,7 @@ class Cluster:
                 raise ClusterError(f"initdb failed: {exc.stderr[-1500:]}") from exc
             finally:
                 pwfile.unlink(missing_ok=True)
-        port = self.ports.setdefault("postgres", free_port())
+        port = self.port("postgres")
         sockets = self.dir / "postgres" / "run"
         sockets.mkdir(exist_ok=True)
         _chown_postgres(sockets)
@@ -351,7 +357,7 @@ class Cluster:
             )  # fmt: skip
 
     def _start_s3(self, name: str) -> None:
-        port = self.ports.setdefault("s3", free_port())
+        port = self.port("s3")
         # moto keeps its buckets in memory: a restart starts empty (so does ``up``)
         self._spawn(name, [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)])
 
@@ -379,15 +385,16 @@ class Cluster:
 
     def _start_ray_head(self, name: str) -> None:
         ports = self.ports
-        ports.setdefault("ray_gcs", free_port())
-        ports.setdefault("ray_dashboard", free_port())
+        # all four at once: picked one at a time, two could be the same port
+        gcs, dashboard, client, agent = free_ports(4, avoid=ports.values())
+        ports.setdefault("ray_gcs", gcs)
+        ports.setdefault("ray_dashboard", dashboard)
         self._spawn(
             name,
             [str(BIN / "ray"), "start", "--head", "--block", "--num-cpus=0",
              "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1",
              f"--port={ports['ray_gcs']}", f"--dashboard-port={ports['ray_dashboard']}",
-             f"--ray-client-server-port={free_port()}",
-             f"--dashboard-agent-listen-port={free_port()}",
+             f"--ray-client-server-port={client}", f"--dashboard-agent-listen-port={agent}",
              f"--temp-dir={self.ray_temp}", "--disable-usage-stats"],
             env=self._ray_env(),
         )  # fmt: skip
@@ -409,7 +416,8 @@ class Cluster:
             [str(BIN / "ray"), "start", "--block", f"--address=127.0.0.1:{self.ports['ray_gcs']}",
              "--node-ip-address=127.0.0.1", "--num-cpus=1",
              '--resources={"zipline_worker": 1}', f"--labels=zipline-service={name}",
-             f"--dashboard-agent-listen-port={free_port()}", "--disable-usage-stats"],
+             f"--dashboard-agent-listen-port={free_port(avoid=self.ports.values())}",
+             "--disable-usage-stats"],
             env=self._ray_env(),
         )  # fmt: skip
         want = 1 + sum(1 for n in self.running() if n.startswith("ray-worker"))
@@ -453,8 +461,8 @@ class Cluster:
 
     def _start_spark_master(self, name: str) -> None:
         self._spark_conf()
-        port = self.ports.setdefault("spark", free_port(7077))
-        ui = self.ports.setdefault("spark_ui", free_port())
+        port = self.port("spark", 7077)
+        ui = self.port("spark_ui")
         self._spark_class(
             name, "org.apache.spark.deploy.master.Master",
             "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(ui),
@@ -462,7 +470,7 @@ class Cluster:
         self._wait(name, lambda: _listening(port))
 
     def _start_spark_worker(self, name: str) -> None:
-        ui = self.ports.setdefault("spark_worker_ui", free_port())
+        ui = self.port("spark_worker_ui")
         log = self._log_path(name)
         since = log.stat().st_size if log.exists() else 0  # a restart appends to it
         self._spark_class(
@@ -530,7 +538,7 @@ concurrency:
         self._wait(name, lambda: _daemon_heartbeating(env), timeout=180)
 
     def _start_dagster_webserver(self, name: str) -> None:
-        port = self.ports.setdefault("webserver", free_port())
+        port = self.port("webserver")
         self._spawn(
             name,
             [str(BIN / "dagster-webserver"), "-w", workspace(), "-h", "127.0.0.1",
@@ -566,9 +574,9 @@ concurrency:
         from concurrent.futures import ThreadPoolExecutor
 
         ports = {"spark": free_port(7077)}
-        for name in ("postgres", "s3", "ray_gcs", "ray_dashboard", "spark_ui", "spark_worker_ui",
-                     "webserver"):  # fmt: skip
-            ports[name] = free_port()
+        names = ("postgres", "s3", "ray_gcs", "ray_dashboard", "spark_ui", "spark_worker_ui",
+                 "webserver")  # fmt: skip
+        ports.update(zip(names, free_ports(len(names), avoid=ports.values()), strict=True))
         self.state = {"services": {}, "ports": ports}
         self._save()
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from tests.cleanup import stop_recorded
-from zipline_dagster.processes import ProcessIdentity, terminate
+from zipline_dagster.processes import ProcessIdentity, free_ports, terminate
 
 
 def test_identity_changes_with_the_process() -> None:
@@ -84,3 +84,18 @@ def test_descendants_include_a_child_in_a_session_of_its_own() -> None:
         os.kill(grandchild, signal.SIGKILL)
         parent.kill()
         parent.wait()
+
+
+def test_ports_chosen_together_are_distinct_free_and_not_the_ones_to_avoid() -> None:
+    """A Ray head (embedded, or the cluster's) is given four ports at once. Picked one at
+    a time, the kernel handed out one port twice in a `make test` run and the head refused
+    to start ("dashboard is trying to use a port number ... used by other components"); of
+    500 ports picked one at a time, some repeat on every try here."""
+    import socket
+
+    avoid = set(free_ports(20))
+    ports = free_ports(500, avoid=avoid)
+    assert len(set(ports)) == 500 and not avoid & set(ports)
+    for port in ports[:50]:  # free: each can be bound now
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))

@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -156,6 +157,23 @@ def terminate(identity: ProcessIdentity, *, group: bool, timeout: float = 8.0) -
     with contextlib.suppress(ChildProcessError):
         os.waitpid(identity.pid, os.WNOHANG)
     return True
+
+
+def free_ports(count: int, *, avoid: Iterable[int] = ()) -> list[int]:
+    """``count`` distinct TCP ports free on 127.0.0.1 now, none of ``avoid`` (ports
+    already given to a service that may not listen yet). Every socket stays bound until
+    all are chosen: picked one at a time, the kernel can hand out one port twice (a Ray
+    head given it for two of its components refuses to start)."""
+    taken = set(avoid)
+    ports: list[int] = []
+    with contextlib.ExitStack() as held:
+        while len(ports) < count:
+            sock = held.enter_context(socket.socket())
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+            if port not in taken:
+                ports.append(port)
+    return ports
 
 
 def group_alive(pgid: int) -> bool:

@@ -12,7 +12,6 @@ import contextlib
 import fcntl
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -21,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from zipline_dagster.processes import ProcessIdentity, terminate
+from zipline_dagster.processes import ProcessIdentity, free_ports, terminate
 from zipline_dagster.settings import zipline_home
 
 #: The embedded head binds to loopback only and runs without token auth. It is set
@@ -73,12 +72,6 @@ class HeadInfo:
     @property
     def process(self) -> ProcessIdentity:
         return ProcessIdentity(pid=self.pid, start=self.pid_start)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _version_at(dashboard_url: str, timeout: float = 2.0) -> str | None:
@@ -193,7 +186,7 @@ class LocalRayHead:
     def _start(self, timeout: float) -> HeadInfo:
         import ray
 
-        gcs_port, dash_port = _free_port(), _free_port()
+        gcs_port, dash_port, client_port, agent_port = free_ports(4)
         log_path = self.state_dir / "head.log"
         cmd = [
             str(Path(sys.executable).parent / "ray"),
@@ -204,8 +197,8 @@ class LocalRayHead:
             "--dashboard-host=127.0.0.1",
             f"--port={gcs_port}",
             f"--dashboard-port={dash_port}",
-            f"--ray-client-server-port={_free_port()}",
-            f"--dashboard-agent-listen-port={_free_port()}",
+            f"--ray-client-server-port={client_port}",
+            f"--dashboard-agent-listen-port={agent_port}",
             f"--temp-dir={self.temp_dir}",
             "--disable-usage-stats",
         ]
