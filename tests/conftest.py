@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -59,9 +58,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    from zipline_dagster.processes import free_ports
+
+    return free_ports(1)[0]
 
 
 def wait_http(url: str, timeout: float = 30.0, *, any_status: bool = False) -> None:
