@@ -35,6 +35,19 @@ DATA_VERSION_TAG = "dagster/data_version"
 IN_PROGRESS = frozenset({"QUEUED", "NOT_STARTED", "MANAGED", "STARTING", "STARTED", "CANCELING"})
 
 
+def plan_done(
+    targets: set[tuple[dg.AssetKey, str | None]] | None,
+    statuses: list[str],
+    made: Callable[[], Iterable[tuple[dg.AssetKey | None, str | None]]],
+) -> bool:
+    """Whether a backfill has ended with its plan done: a run of it has materialized each
+    of its ``targets`` (asset partitions) and none of its runs (``statuses``) is still
+    going, e.g. after a failed run's retry; the daemon marks it so only at its next pass,
+    up to 30 s later. ``made`` (what its runs materialized) is read only then. The one
+    rule of ``backfill --wait``, run here or through a deployment's webserver."""
+    return bool(targets and statuses and not set(statuses) & IN_PROGRESS and targets <= set(made()))
+
+
 class BackfillError(ValueError):
     """The backfill request is invalid (unknown asset, partition out of range ...)."""
 

@@ -11,12 +11,12 @@ queue and launcher, and ``partitionBackfillOrError`` tells how it stands.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import dagster as dg
 
-from zipline_dagster.lineage.backfill import IN_PROGRESS, BackfillError, Plan, contiguous_runs
+from zipline_dagster.lineage.backfill import BackfillError, Plan, contiguous_runs, plan_done
 
 LAUNCH = """
 mutation Launch($params: LaunchBackfillParams!) {
@@ -164,14 +164,15 @@ class Deployment:
             == a["numPartitionsTargeted"]
             for a in assets
         )
+
+        def made() -> Iterator[tuple[dg.AssetKey, str | None]]:
+            found = self.query(MADE, {"id": backfill_id})["partitionBackfillOrError"]
+            for run in found.get("runs") or []:
+                for m in run["assetMaterializations"]:
+                    yield dg.AssetKey(m["assetKey"]["path"]), m["partition"]
+
         done = bool(assets and runs) and requested and set(runs) == {"SUCCESS"}
-        if not done and targets and runs and not set(runs) & IN_PROGRESS:
-            made = self.query(MADE, {"id": backfill_id})["partitionBackfillOrError"]
-            done = targets <= {
-                (dg.AssetKey(m["assetKey"]["path"]), m["partition"])
-                for run in made.get("runs") or []
-                for m in run["assetMaterializations"]
-            }
+        done = done or plan_done(targets, runs, made)
         return ("COMPLETED_SUCCESS" if done else str(found["status"])), runs
 
     def wait(

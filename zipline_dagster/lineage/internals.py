@@ -36,10 +36,10 @@ from dagster._core.storage.tags import (
 
 from zipline_dagster.errors import step_error
 from zipline_dagster.lineage.backfill import (
-    IN_PROGRESS,
     BackfillError,
     Plan,
     contiguous_runs,
+    plan_done,
     span_text,
 )
 
@@ -261,19 +261,22 @@ def drive_backfill(
                 last = summary
             if backfill.status != BulkActionStatus.REQUESTED:
                 return str(backfill.status.value)
-            if targets and states and not set(states) & IN_PROGRESS:  # e.g. one retried
+
+            def materialized(runs: Sequence[Any] = runs) -> set[Any]:
                 for run_id in {r.dagster_run.run_id for r in runs} - read:  # each run once
                     read.add(run_id)
-                    made |= {
+                    made.update(
                         (event.dagster_event.asset_key, event.dagster_event.partition)
                         for event in instance.all_logs(
                             run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION
                         )
                         if event.dagster_event is not None
-                    }
-                if targets <= made:
-                    log("COMPLETED_SUCCESS: every partition materialized")
-                    return "COMPLETED_SUCCESS"
+                    )
+                return made
+
+            if plan_done(targets, states, materialized):
+                log("COMPLETED_SUCCESS: every partition materialized")
+                return "COMPLETED_SUCCESS"
             if time.monotonic() > deadline:
                 raise BackfillError(f"backfill {backfill_id} still running after {timeout_s:.0f}s")
             time.sleep(poll_s)
