@@ -11,7 +11,7 @@ queue and launcher, and ``partitionBackfillOrError`` tells how it stands.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import dagster as dg
@@ -82,6 +82,8 @@ class Deployment:
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
         self.tolerance_s = tolerance_s
+        #: what a backfill's ended runs materialized, by the runs' statuses when read
+        self._made: dict[str, tuple[list[str], set[tuple[dg.AssetKey, str | None]]]] = {}
 
     def query(self, text: str, variables: dict[str, Any]) -> dict[str, Any]:
         """The ``data`` of one GraphQL request.
@@ -165,11 +167,18 @@ class Deployment:
             for a in assets
         )
 
-        def made() -> Iterator[tuple[dg.AssetKey, str | None]]:
-            found = self.query(MADE, {"id": backfill_id})["partitionBackfillOrError"]
-            for run in found.get("runs") or []:
-                for m in run["assetMaterializations"]:
-                    yield dg.AssetKey(m["assetKey"]["path"]), m["partition"]
+        def made() -> set[tuple[dg.AssetKey, str | None]]:
+            # ended runs made what they made: read again only when a run was added (a
+            # retry), not at every poll until the daemon marks a failed backfill
+            if self._made.get(backfill_id, ([], set()))[0] != runs:
+                found = self.query(MADE, {"id": backfill_id})["partitionBackfillOrError"]
+                read = {
+                    (dg.AssetKey(m["assetKey"]["path"]), m["partition"])
+                    for run in found.get("runs") or []
+                    for m in run["assetMaterializations"]
+                }
+                self._made[backfill_id] = (runs, read)
+            return self._made[backfill_id][1]
 
         done = bool(assets and runs) and requested and set(runs) == {"SUCCESS"}
         done = done or plan_done(targets, runs, made)
