@@ -381,7 +381,10 @@ class Cluster:
 
         env = {**EMBEDDED_HEAD_ENV, **self.env(secret=False), "RAY_USAGE_STATS_ENABLED": "0"}
         env.pop("RAY_ADDRESS")
-        return env
+        # its processes' temporary files (a killed dashboard's pymp-* folder) go where
+        # `down` removes them
+        self.ray_temp.mkdir(parents=True, exist_ok=True)
+        return {**env, "TMPDIR": str(self.ray_temp)}
 
     def _start_ray_head(self, name: str) -> None:
         ports = self.ports

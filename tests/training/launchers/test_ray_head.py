@@ -50,10 +50,17 @@ def test_ray_up_is_shared_and_down_stops_it(tmp_path: Path) -> None:
         assert head["dashboard_url"] == dashboard
         # the state file names the process by PID *and* start time
         assert ProcessIdentity(pid=head["pid"], start=head["pid_start"]).alive()
+        # its processes' temporary files are in its own folder, which `down` removes: the
+        # dashboard's forkserver, killed, left a /tmp/pymp-* folder at every head's end
+        deadline = time.monotonic() + 10
+        while not list(Path(head["temp_dir"]).glob("pymp-*")):
+            assert time.monotonic() < deadline, "no pymp-* folder in the head's own folder"
+            time.sleep(0.2)
     finally:
         down = run_cli("ray", "down", "--state-dir", state)
         unregister(head["pid"])
     assert down.returncode == 0 and "stopped" in down.stdout
+    assert not Path(head["temp_dir"]).exists()
     status = run_cli("ray", "status", "--state-dir", state)
     assert status.returncode == 3 and "no embedded ray head" in status.stdout
 

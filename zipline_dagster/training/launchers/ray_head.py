@@ -211,11 +211,15 @@ class LocalRayHead:
             **self.env,
             "RAY_AUTH_MODE": EMBEDDED_AUTH_MODE,
             "RAY_USAGE_STATS_ENABLED": "0",
+            # the temporary files of its processes (the dashboard's forkserver leaves a
+            # pymp-* folder behind when killed) and jobs go where `stop` removes them
+            "TMPDIR": str(self.temp_dir),
             # Job entrypoints run `python -m ...` through a shell: it must be this
             # environment's python, where the platform's packages are installed.
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{inherited.get('PATH', '')}",
         }
         env.pop("RAY_ADDRESS", None)
+        self.temp_dir.mkdir(parents=True, exist_ok=True)
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
                 cmd,
