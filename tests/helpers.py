@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from zipline_dagster.storage.blobs import blob_store
-from zipline_dagster.storage.tables import write_partition_frame
+from zipline_dagster.storage.tables import committed_scan, write_partition_frame
 
 
 def days_ending(ds: str, n: int) -> list[str]:
@@ -51,6 +51,12 @@ def write_partition(warehouse: str, table: str, ds: str, df: pd.DataFrame) -> st
 def write_table(warehouse: str, table: str, days: list[str], rows: int = 400, **kw: object) -> None:
     for ds in days:
         write_partition(warehouse, table, ds, ctr_rows(ds, rows, **kw))  # type: ignore[arg-type]
+
+
+def partition_writes(store: Any, table_root: str) -> dict[str, str | None]:
+    """{ds: the write (``write_id``) that committed it} for every complete partition of
+    the table at ``table_root``, as its markers on storage say."""
+    return {ds: c.write for ds, (_, c) in committed_scan(store, table_root).items()}
 
 
 def local(uri: str) -> Path:

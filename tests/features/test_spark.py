@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.helpers import write_partition
+from tests.helpers import partition_writes, write_partition
 from zipline_dagster.declarations.features import (
     Aggregation,
     EventTable,
@@ -345,7 +345,7 @@ def test_a_day_that_cannot_be_committed_fails_alone(spark_resource: Any, tmp_pat
     from zipline_dagster.features.spark import write_days
     from zipline_dagster.lineage.backfill import FreshnessResolver
     from zipline_dagster.storage.resources import WarehouseResource
-    from zipline_dagster.storage.tables import STAGING_DIR, committed_partitions, partition_writes
+    from zipline_dagster.storage.tables import STAGING_DIR, committed_partitions
 
     base = (tmp_path / "wh").as_uri()
     write_events(base)
@@ -450,7 +450,6 @@ def test_a_model_trains_on_a_table_day_recorded_from_storage(
     from zipline_dagster.definitions import ExternalTable, build_definitions
     from zipline_dagster.features.spark import write_days
     from zipline_dagster.lineage.partitions import latest_materialization
-    from zipline_dagster.storage.tables import partition_writes
     from zipline_dagster.training.archive import publish_trainer_archive
 
     raw, ds = "ctr.raw_views", "2026-07-10"

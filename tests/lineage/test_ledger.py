@@ -43,14 +43,14 @@ def test_each_state_of_the_rule_and_what_it_records() -> None:
 
     # the same write: they agree
     same = ledger.settle(KEY, DS, _commit(recorded, first.run_id))
-    assert same.state is State.AGREE and same.usable
+    assert same.state is State.AGREE and same.commit is not None
 
     # committed by a run still going (a real run's record, started, in our instance):
     # left to that run, nothing written
     going = dg.materialize([_table], partition_key=DS, instance=elsewhere)
     copy_run_as_failed(elsewhere, ours, going.run_id, dg.DagsterRunStatus.STARTED)
     in_flight = ledger.settle(KEY, DS, _commit("w-going", going.run_id))
-    assert in_flight.state is State.IN_FLIGHT and not in_flight.usable
+    assert in_flight.state is State.IN_FLIGHT
     assert in_flight.describe() == (
         f"storage holds write w-going, committed by run {going.run_id} (STARTED), which has "
         "not recorded it yet"
@@ -61,7 +61,7 @@ def test_each_state_of_the_rule_and_what_it_records() -> None:
     other = dg.materialize([_table], partition_key=DS, instance=elsewhere)
     held = _write(other)
     diff = ledger.settle(KEY, DS, _commit(held, other.run_id))
-    assert diff.state is State.RECORDED and diff.usable
+    assert diff.state is State.RECORDED and diff.commit is not None
     assert diff.describe() == (
         f"storage holds write {held}, committed by run {other.run_id}, which ended without "
         f"recording it (Dagster had write {recorded} (run {first.run_id})): recorded from "

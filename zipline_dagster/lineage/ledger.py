@@ -78,11 +78,6 @@ class Difference:
     #: the status of the run that made the commit, when the instance knows it
     run_status: str | None = None
 
-    @property
-    def usable(self) -> bool:
-        """Storage and Dagster agree on a committed partition (recorded, or now)."""
-        return self.state in (State.AGREE, State.RECORDED) and self.commit is not None
-
     def describe(self) -> str:
         """One line for a message or the metadata: what storage held, what Dagster had."""
         c, r = self.commit, self.record

@@ -133,12 +133,6 @@ def _text(value: object) -> str | None:
     return str(value) if value else None
 
 
-def partition_writes(store: BlobStore, table_root: str) -> dict[str, str | None]:
-    """{ds: the write (``write_id``) that committed it} for every complete partition of
-    the table at ``table_root`` (None: one whose marker names none), from one listing."""
-    return {ds: c.write for ds, (_, c) in committed_scan(store, table_root).items()}
-
-
 def _read_all(store: BlobStore, uris: list[str]) -> list[bytes]:
     """The objects at ``uris``, in order: ``CONCURRENT_READS`` at a time on an object
     store, one after another on a local one. An error is the first, in order, to fail."""
