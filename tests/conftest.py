@@ -381,7 +381,8 @@ def ray_two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     head = LocalRayHead(tmp_path_factory.mktemp("ray2"), num_cpus=2)
     info = head.ensure_running()
     register(info.pid, group=True, what="Ray head (two-node cluster)")
-    log = open(tmp_path_factory.mktemp("ray2node") / "node.log", "wb")  # noqa: SIM115
+    node_dir = tmp_path_factory.mktemp("ray2node")
+    log = open(node_dir / "node.log", "wb")  # noqa: SIM115
     node = subprocess.Popen(
         [
             str(BIN / "ray"),
@@ -393,7 +394,12 @@ def ray_two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
             f"--dashboard-agent-listen-port={free_port()}",
             "--disable-usage-stats",
         ],
-        env={**os.environ, "RAY_AUTH_MODE": "disabled", "PATH": f"{BIN}:{os.environ['PATH']}"},
+        env={
+            **os.environ,
+            "RAY_AUTH_MODE": "disabled",
+            "PATH": f"{BIN}:{os.environ['PATH']}",
+            "TMPDIR": str(node_dir),  # a killed node's pymp-* folder stays out of /tmp
+        },
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
