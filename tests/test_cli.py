@@ -221,6 +221,12 @@ def _tiny_project(tmp_path: Path, module: str, source: str) -> tuple[Path, Path]
     home = tmp_path / "dagster"
     home.mkdir()
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    # its SQLite storage is created here, before a daemon and this test open it at once:
+    # two processes creating a fresh instance can stamp its schema twice, and every later
+    # open then fails ("alembic_version has more than one head present", seen in CI)
+    import dagster as dg
+
+    dg.DagsterInstance.from_config(str(home)).dispose()
     return workspace, home
 
 
