@@ -3,7 +3,8 @@
 inputs first, trains it and evaluates the champion; backfilled again, nothing is fresh
 to redo, a wider range plans only what is new, and a model lost on storage is planned
 again -> an edit of the trainer without a new pin, which `dg check defs` and
-`zipline-dagster check` name and training refuses. Real processes throughout (the CLI,
+`zipline-dagster check` name and training refuses -> `make demo`'s own path (its
+summary included) for one day on that project. Real processes throughout (the CLI,
 `dg`, Spark, the shared local Ray head, a Dagster instance on disk)."""
 
 from __future__ import annotations
@@ -119,3 +120,21 @@ def test_a_new_model_goes_from_scaffold_to_champion_and_cannot_drift(
     )
     assert again.returncode != 0
     assert f"refusing to train {NAME}: {drift}" in again.stdout + again.stderr
+
+    # `make demo`'s path on the same project, for one day: the demo's model trains on the
+    # inputs computed above, the champion moves, the next day is scored and monitored,
+    # and the summary reads it all back (no other test runs the demo's own code)
+    demo_env = {**env, "ZIPLINE_DEMO_START": DS, "ZIPLINE_DEMO_END": DS}
+    demo = [str(BIN / "python"), "-c", "import sys; from zipline_dagster.defs.demo import main; sys.exit(main())"]  # fmt: skip
+    shown = subprocess.run(demo, cwd=project, env=demo_env, capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert shown.returncode == 0, shown.stdout[-5000:] + shown.stderr[-5000:]
+    summary = shown.stdout.split("[5/5]", 1)[1]
+    assert f"{DS}  holdout AUC 0." in summary and "checks passed" in summary, summary
+    assert "champion: " in summary and f"/{DS} (holdout AUC 0." in summary, summary
+    assert "2026-07-12  realized AUC 0." in summary, summary
+    assert f"scored by listing_ctr_model {DS}" in summary, summary
+    # a second run finds everything fresh, runs nothing and says the same
+    rerun = subprocess.run(demo, cwd=project, env=demo_env, capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert rerun.returncode == 0, rerun.stdout[-5000:] + rerun.stderr[-5000:]
+    assert "every requested partition is fresh" in rerun.stdout, rerun.stdout
+    assert rerun.stdout.split("[5/5]", 1)[1].split(":", 1)[1] == summary.split(":", 1)[1]
