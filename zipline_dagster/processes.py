@@ -176,6 +176,26 @@ def free_ports(count: int, *, avoid: Iterable[int] = ()) -> list[int]:
     return ports
 
 
+def group_listens(pgid: int, ports: Iterable[int]) -> bool:
+    """Whether processes of group ``pgid`` listen on every TCP port of ``ports`` (not
+    another program); True where ``/proc/net/tcp`` is not there to say (not Linux)."""
+    sockets: dict[str, int] = {}  # a listening socket's inode -> its port
+    try:
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            for row in Path(table).read_text().splitlines()[1:]:
+                local, state, inode = row.split()[1], row.split()[3], row.split()[9]
+                if state == "0A":  # LISTEN
+                    sockets[f"socket:[{inode}]"] = int(local.rsplit(":", 1)[1], 16)
+    except OSError:
+        return True
+    held: set[int] = set()
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, IndexError):
+            if entry.name.isdigit() and int(_stat_fields((entry / "stat").read_text())[2]) == pgid:
+                held |= {sockets.get(os.readlink(fd), 0) for fd in (entry / "fd").iterdir()}
+    return set(ports) <= held
+
+
 def group_alive(pgid: int) -> bool:
     """True while a process group with this id has a member."""
     try:

@@ -219,3 +219,67 @@ def test_the_embedded_head_keeps_no_idle_worker_after_a_job(tmp_path: Path) -> N
         titles = head_processes(head.pid).values()
         assert any("raylet" in t for t in titles)  # the head's session, as expected
         assert not [t for t in titles if t.startswith("ray::IDLE")], sorted(titles)
+
+
+@pytest.mark.ray
+def test_ports_another_program_holds_are_given_up_for_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A port chosen free can be taken by another program before Ray binds it. Each of the
+    head's four ports is held here, one per start, by a listening socket (only the choice
+    of ports is steered: `free_ports` hands out a held one; Ray's bind really fails).
+    Before, a taken GCS port failed the start after 42 s, a taken dashboard port at the
+    timeout, a taken agent port gave a head that refused every job ("No available
+    agent"), and a taken client server port a head that died once it had answered."""
+    import contextlib
+    import re
+    import socket
+
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    from zipline_dagster.processes import free_ports
+    from zipline_dagster.training.launchers import ray_head
+
+    held: list[socket.socket] = []
+    given: list[list[int]] = []
+
+    def ports_with_one_held(count: int, avoid: list[int]) -> list[int]:
+        ports = free_ports(count, avoid=avoid)
+        if len(given) < 4:  # GCS, dashboard, client server, agent: one a start
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            sock.listen()
+            held.append(sock)
+            ports[len(given)] = sock.getsockname()[1]
+        given.append(ports)
+        return ports
+
+    monkeypatch.setattr(ray_head, "free_ports", ports_with_one_held)
+    head = ray_head.LocalRayHead(tmp_path / "ray", num_cpus=1)
+    info = None
+    try:
+        info = head.ensure_running(timeout=60)  # a start waited out raises RayHeadError
+        register(info.pid, group=True, what="Ray head (held ports test)")
+        # four starts given up, one on each held port, and the fifth on free ones
+        assert len(given) == 5 and info.gcs_address == f"127.0.0.1:{given[-1][0]}"
+        # the head takes jobs, and no process of the given-up starts is left
+        client = JobSubmissionClient(info.dashboard_url)
+        job = client.submit_job(entrypoint="echo ok")
+        deadline = time.monotonic() + 60
+        while not client.get_job_status(job).is_terminal():
+            assert time.monotonic() < deadline
+            time.sleep(0.3)
+        assert client.get_job_status(job) == JobStatus.SUCCEEDED
+        earlier = re.compile(
+            rb"[=:](%s)\b" % "|".join(str(p) for ps in given[:4] for p in ps).encode()
+        )
+        for proc in Path("/proc").iterdir():
+            with contextlib.suppress(OSError):
+                command = (proc / "cmdline").read_bytes()
+                assert not earlier.search(command), command.replace(b"\0", b" ")
+    finally:
+        head.stop()
+        for sock in held:
+            sock.close()
+        if info is not None:
+            unregister(info.pid)

@@ -12,6 +12,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -20,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from zipline_dagster.processes import ProcessIdentity, free_ports, terminate
+from zipline_dagster.processes import ProcessIdentity, free_ports, group_listens, terminate
 from zipline_dagster.settings import zipline_home
 
 #: The embedded head binds to loopback only and runs without token auth. It is set
@@ -72,6 +73,14 @@ class HeadInfo:
     @property
     def process(self) -> ProcessIdentity:
         return ProcessIdentity(pid=self.pid, start=self.pid_start)
+
+
+#: Starts of the head on new ports after a Ray process found one taken.
+START_ATTEMPTS = 5
+
+#: What the GCS, the dashboard, its agent and the client server log when another
+#: program holds their port (measured on Ray 2.60 with a listening socket on each).
+_PORT_TAKEN = ("already occupied", "already in use", "Failed to start the grpc server")
 
 
 def _version_at(dashboard_url: str, timeout: float = 2.0) -> str | None:
@@ -184,9 +193,28 @@ class LocalRayHead:
             return self._start(timeout)
 
     def _start(self, timeout: float) -> HeadInfo:
+        """Start the head on four new ports; on ports another program took meanwhile,
+        again on others (before, a taken GCS port failed the start after 42 s, a taken
+        dashboard port at the timeout, a taken agent port gave a head that refused every
+        job, and a taken client server port a head that died once it had answered)."""
+        given: list[int] = []
+        for _ in range(START_ATTEMPTS):
+            ports = free_ports(4, avoid=given)
+            given += ports
+            info = self._start_on(ports, timeout)
+            if info is not None:
+                return info
+        raise RayHeadError(
+            f"the embedded Ray head found one of its ports taken by another program "
+            f"{START_ATTEMPTS} times in a row (ports {given}; log {self.state_dir / 'head.log'})"
+        )
+
+    def _start_on(self, ports: list[int], timeout: float) -> HeadInfo | None:
+        """The head on ``ports`` once it answers and its processes listen on all four;
+        None when a Ray process said another program holds one (the head then stopped)."""
         import ray
 
-        gcs_port, dash_port, client_port, agent_port = free_ports(4)
+        gcs_port, dash_port, client_port, agent_port = ports
         log_path = self.state_dir / "head.log"
         cmd = [
             str(Path(sys.executable).parent / "ray"),
@@ -233,6 +261,9 @@ class LocalRayHead:
         identity = ProcessIdentity.of(proc.pid)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            if self._port_taken(log_path, ports):
+                terminate(identity, group=True, timeout=1.0)
+                return None
             if proc.poll() is not None:
                 tail = log_path.read_text(errors="replace")[-3000:]
                 raise RayHeadError(
@@ -240,7 +271,7 @@ class LocalRayHead:
                     f"(command: {' '.join(cmd[1:])}; log {log_path}); last lines:\n{tail}"
                 )
             version = _version_at(dashboard_url, timeout=1.0)
-            if version:
+            if version and group_listens(proc.pid, ports):  # the client server's too
                 info = HeadInfo(
                     pid=proc.pid,
                     dashboard_url=dashboard_url,
@@ -262,6 +293,18 @@ class LocalRayHead:
         raise RayHeadError(
             f"the embedded Ray head did not answer within {timeout:.0f}s (log {log_path})"
         )
+
+    def _port_taken(self, log_path: Path, ports: list[int]) -> bool:
+        """Whether the head's log or a log of its Ray processes says one of ``ports`` is
+        held by another program (each component words it its own way)."""
+        taken = re.compile(rf"\b({'|'.join(map(str, ports))})\b")
+        logs = [log_path, *(self.temp_dir / "session_latest" / "logs").glob("*")]
+        for path in logs:
+            with contextlib.suppress(OSError):
+                for line in path.read_text(errors="replace").splitlines():
+                    if any(m in line for m in _PORT_TAKEN) and taken.search(line):
+                        return True
+        return False
 
     def stop(self, timeout: float = 3.0) -> bool:
         """Stop the head this state dir started; True when one was running. Its group is
