@@ -25,6 +25,7 @@ from tests.ui.browser import (
     reload_until,
     require_chromium,
 )
+from zipline_dagster.lineage.deployment import Deployment
 
 pytestmark = [pytest.mark.ui, pytest.mark.ray, pytest.mark.spark]
 DS = "2026-07-11"
@@ -174,6 +175,13 @@ def test_a_backfill_launched_and_followed_through_the_webserver(
     # the progress the deployment reported: the model's run, then the champion's
     assert re.search(r"COMPLETED_SUCCESS: 2 runs 2 success", run.stderr), run.stderr
     assert re.search(r"^champion=\w{12}/2026-07-1[01] \(", run.stdout, re.M), run.stdout
+    # the runs are read page by page (a backfill can have more than one page of runs)
+    backfill_id = run.stdout.split("backfill_id=", 1)[1].split()[0]
+    paged = Deployment(dagster_dev["url"], page=1)
+    ids = [r["runId"] for r in paged.runs(backfill_id, "status")]
+    assert len(set(ids)) == 2
+    assert ids == [r["runId"] for r in Deployment(dagster_dev["url"]).runs(backfill_id, "status")]
+    assert paged.status(backfill_id) == ("COMPLETED_SUCCESS", ["SUCCESS", "SUCCESS"])
 
     again = subprocess.run(
         command, cwd=ROOT, env=dagster_dev["env"], capture_output=True, text=True, timeout=600

@@ -34,7 +34,6 @@ query Backfill($id: String!) {
     __typename
     ... on PartitionBackfill {
       status
-      runs(limit: 1000) { status }
       assetBackfillData {
         assetBackfillStatuses {
           ... on AssetPartitionsStatusCounts {
@@ -50,12 +49,14 @@ query Backfill($id: String!) {
 }
 """
 
-MADE = """
-query Made($id: String!) {
-  partitionBackfillOrError(backfillId: $id) {
-    ... on PartitionBackfill {
-      runs(limit: 1000) { assetMaterializations { assetKey { path } partition } }
-    }
+#: a page of a backfill's runs, newest first (``PartitionBackfill.runs`` has a limit and
+#: no cursor); ``%s``: the fields read of each run besides its id
+RUNS = """
+query Runs($filter: RunsFilter!, $cursor: String, $limit: Int!) {
+  runsOrError(filter: $filter, cursor: $cursor, limit: $limit) {
+    __typename
+    ... on Runs { results { runId %s } }
+    ... on Error { message }
   }
 }
 """
@@ -72,9 +73,12 @@ class Deployment:
         timeout_s: longest wait for one answer.
         tolerance_s: how long ``wait`` goes on asking a webserver that does not answer
             (restarted, or its database is).
+        page: runs read per request.
     """
 
-    def __init__(self, url: str, *, timeout_s: float = 30.0, tolerance_s: float = 120.0) -> None:
+    def __init__(
+        self, url: str, *, timeout_s: float = 30.0, tolerance_s: float = 120.0, page: int = 1000
+    ) -> None:
         if not url.startswith(("http://", "https://")):
             raise BackfillError(
                 f"--url={url!r} is not a Dagster webserver address; expected http(s)://host:port"
@@ -82,6 +86,7 @@ class Deployment:
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
         self.tolerance_s = tolerance_s
+        self.page = page
         #: what a backfill's ended runs materialized, by the runs' statuses when read
         self._made: dict[str, tuple[list[str], set[tuple[dg.AssetKey, str | None]]]] = {}
 
@@ -110,6 +115,21 @@ class Deployment:
             messages = "; ".join(str(e.get("message")) for e in body["errors"])
             raise BackfillError(f"the Dagster webserver at {self.url} refused: {messages}")
         return dict(body["data"])
+
+    def runs(self, backfill_id: str, fields: str) -> list[dict[str, Any]]:
+        """Every run of the backfill, newest first, with ``fields`` (GraphQL) of each."""
+        tags = [{"key": "dagster/backfill", "value": backfill_id}]
+        found: list[dict[str, Any]] = []
+        while True:
+            variables = {"filter": {"tags": tags}, "limit": self.page}
+            if found:
+                variables["cursor"] = found[-1]["runId"]
+            answer = self.query(RUNS % fields, variables)["runsOrError"]
+            if answer["__typename"] != "Runs":
+                raise BackfillError(f"backfill {backfill_id}'s runs: {answer.get('message')}")
+            found += answer["results"]
+            if len(answer["results"]) < self.page:
+                return found
 
     def launch(self, plan: Plan, *, title: str, also: Sequence[dg.AssetKey] = ()) -> str:
         """Submit the plan's partitions (and the unpartitioned assets ``also``, run once
@@ -156,7 +176,7 @@ class Deployment:
             raise BackfillError(
                 f"backfill {backfill_id}: {found['__typename']}: {found.get('message', '')}"
             )
-        runs = [str(r["status"]) for r in found["runs"] or []]
+        runs = [str(r["status"]) for r in self.runs(backfill_id, "status")]
         assets = (found.get("assetBackfillData") or {}).get("assetBackfillStatuses") or []
         requested = all(
             a.get("inProgress") or a.get("materialized")
@@ -171,10 +191,10 @@ class Deployment:
             # ended runs made what they made: read again only when a run was added (a
             # retry), not at every poll until the daemon marks a failed backfill
             if self._made.get(backfill_id, ([], set()))[0] != runs:
-                found = self.query(MADE, {"id": backfill_id})["partitionBackfillOrError"]
+                fields = "assetMaterializations { assetKey { path } partition }"
                 read = {
                     (dg.AssetKey(m["assetKey"]["path"]), m["partition"])
-                    for run in found.get("runs") or []
+                    for run in self.runs(backfill_id, fields)
                     for m in run["assetMaterializations"]
                 }
                 self._made[backfill_id] = (runs, read)
