@@ -43,6 +43,7 @@ import threading
 import time
 import urllib.request
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +98,7 @@ def workspace() -> str:
     return os.environ.get("ZIPLINE_CLUSTER_WORKSPACE") or str(ROOT / "workspace.yaml")
 
 
-def free_port(preferred: int | None = None, *, avoid: Any = ()) -> int:
+def free_port(preferred: int | None = None, *, avoid: Iterable[int] = ()) -> int:
     """``preferred`` if it is free, else a free port that is none of ``avoid`` (the
     ports given to services that may not listen yet: they start in parallel)."""
     if preferred:
