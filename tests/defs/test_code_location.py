@@ -130,6 +130,7 @@ def test_the_wheel_holds_the_library_and_not_the_demo(tmp_path: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     assert "zipline_dagster/training/launchers/ray_job.py" in names
     assert "zipline_dagster/declarations/model.py" in names
+    assert "zipline_dagster/features/log4j2.properties" in names  # the Spark driver's logs
     assert not [n for n in names if n.startswith("zipline_dagster/defs/")]
 
 

@@ -133,6 +133,9 @@ def test_a_new_model_goes_from_scaffold_to_champion_and_cannot_drift(
     assert "champion: " in summary and f"/{DS} (holdout AUC 0." in summary, summary
     assert "2026-07-12  realized AUC 0." in summary, summary
     assert f"scored by listing_ctr_model {DS}" in summary, summary
+    # Spark's start-up banner and Hadoop's native-library note stay out of the output
+    for noise in ("default log4j profile", "setLogLevel", "NativeCodeLoader"):
+        assert noise not in shown.stdout + shown.stderr, noise
     # a second run finds everything fresh, runs nothing and says the same
     rerun = subprocess.run(demo, cwd=project, env=demo_env, capture_output=True, text=True, timeout=900)  # fmt: skip
     assert rerun.returncode == 0, rerun.stdout[-5000:] + rerun.stderr[-5000:]

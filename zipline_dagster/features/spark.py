@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+from pathlib import Path
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -47,6 +48,9 @@ DEFAULT_SPARK_CONFIG = {
     "spark.sql.parquet.compression.codec": "snappy",
     "spark.sql.ansi.enabled": "false",
     "spark.log.level": "WARN",
+    # warnings and errors only, without Spark's start-up banner and Hadoop's notes
+    "spark.driver.extraJavaOptions": "-Dlog4j2.configurationFile="
+    + (Path(__file__).parent / "log4j2.properties").as_uri(),
 }
 
 _sessions: dict[tuple[tuple[str, str], ...], Any] = {}
