@@ -9,8 +9,8 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from pathlib import Path
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
