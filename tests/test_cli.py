@@ -239,10 +239,18 @@ def test_backfill_wait_shows_progress_keeps_the_runs_output_and_names_what_faile
 
     workspace, _ = _tiny_project(tmp_path, "tiny_location", TINY_LOCATION)
     home = in_process_dagster_home(tmp_path)
+    env = {"DAGSTER_HOME": str(home), "PYTHONPATH": str(tmp_path)}
+    # a backfill launched without --wait, left requested on the instance (no daemon)
+    left = run_cli(
+        *("backfill", "tiny/numbers", "--start-ds", "2026-07-10", "--end-ds", "2026-07-10"),
+        *("--module", "tiny_location"),
+        env=env,
+    )
+    assert left.returncode == 0 and "no dagster-daemon is running" in left.stderr, left.stderr
     res = run_cli(
         *("backfill", "tiny/numbers", "--start-ds", "2026-07-11", "--end-ds", "2026-07-12"),
         *("--wait", "--workspace", str(workspace), "--module", "tiny_location"),
-        env={"DAGSTER_HOME": str(home), "PYTHONPATH": str(tmp_path)},
+        env=env,
     )
     assert res.returncode == 1, res.stderr
     assert [line.partition("=")[0] for line in res.stdout.splitlines()] == [
@@ -257,6 +265,13 @@ def test_backfill_wait_shows_progress_keeps_the_runs_output_and_names_what_faile
     assert "2 runs 1 failure, 1 success" in res.stderr, res.stderr
     failed = [line for line in res.stderr.splitlines() if "failed:" in line]
     assert len(failed) == 1 and "no numbers arrived for this day" in failed[0], res.stderr
+    # --wait ran its own backfill only: the one left requested was not its to run
+    import dagster as dg
+
+    left_id = left.stdout.split("backfill_id=", 1)[1].split()[0]
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        assert instance.get_backfill(left_id).status.value == "REQUESTED"  # type: ignore[union-attr]
+        assert instance.get_run_records(dg.RunsFilter(tags={"dagster/backfill": left_id})) == []
 
 
 def test_backfill_wait_follows_the_instances_daemon_instead_of_racing_it(

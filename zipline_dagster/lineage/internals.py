@@ -192,7 +192,8 @@ def drive_backfill(
     poll_s: float = 1.0,
     log=print,  # type: ignore[no-untyped-def]
 ) -> str:
-    """Run the daemon's backfill and run-queue iterations here until the backfill ends.
+    """Run the daemon's backfill pass (for this backfill) and run-queue pass here until
+    the backfill ends.
 
     What ``dagster-daemon`` does every 30 s, done every ``poll_s``: the runs are launched
     by the instance's run launcher exactly as the daemon would launch them. While a
@@ -210,7 +211,7 @@ def drive_backfill(
     from dagster._core.execution.backfill import BulkActionStatus
     from dagster._core.workspace.context import WorkspaceProcessContext
     from dagster._core.workspace.load_target import WorkspaceFileTarget
-    from dagster._daemon.backfill import execute_backfill_iteration
+    from dagster._daemon.backfill import execute_backfill_jobs
     from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import (
         QueuedRunCoordinatorDaemon,
     )
@@ -240,7 +241,11 @@ def drive_backfill(
                         )
                     target = WorkspaceFileTarget(paths=[workspace_file])
                     ctx = stack.enter_context(WorkspaceProcessContext(instance, target))
-                for _ in execute_backfill_iteration(ctx, logger):
+                # this backfill only: the daemon's own pass runs every requested one, and
+                # one left requested on the instance (launched without --wait, say) is
+                # not this command's to run
+                mine = instance.get_backfill(backfill_id)
+                for _ in execute_backfill_jobs(ctx, logger, [mine] if mine else []):
                     pass
                 for _ in queue.run_iteration(ctx):
                     pass
