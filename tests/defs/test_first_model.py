@@ -126,6 +126,14 @@ def test_a_new_model_goes_from_scaffold_to_champion_and_cannot_drift(
     # and the summary reads it all back (no other test runs the demo's own code)
     demo_env = {**env, "ZIPLINE_DEMO_START": DS, "ZIPLINE_DEMO_END": DS}
     demo = [str(BIN / "python"), "-c", "import sys; from zipline_dagster.defs.demo import main; sys.exit(main())"]  # fmt: skip
+    # a step that fails ends the demo with one error line naming it and its run, not
+    # with the demo's own traceback (here: no Ray cluster where RAY_ADDRESS points)
+    no_ray = {**demo_env, "RAY_ADDRESS": "http://127.0.0.1:1"}
+    failed = subprocess.run(demo, cwd=project, env=no_ray, capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert failed.returncode == 1, failed.stdout[-3000:] + failed.stderr[-3000:]
+    last = failed.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: models/listing_ctr_model {DS} failed: Failure: no Ray cluster answers at http://127.0.0.1:1"), last  # fmt: skip
+    assert " (run " in last and "Traceback (most recent call last)" not in failed.stderr
     shown = subprocess.run(demo, cwd=project, env=demo_env, capture_output=True, text=True, timeout=900)  # fmt: skip
     assert shown.returncode == 0, shown.stdout[-5000:] + shown.stderr[-5000:]
     summary = shown.stdout.split("[5/5]", 1)[1]

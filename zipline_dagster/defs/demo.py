@@ -25,8 +25,13 @@ TRAINER = Path(__file__).resolve().parents[2] / "trainers" / "listing_ctr_model"
 
 
 def main() -> int:
+    from zipline_dagster.lineage.backfill import RunFailed
+
     try:
         return _main()
+    except RunFailed as exc:  # Dagster's log of the step is above; the demo ends here
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(
             "\ninterrupted: every partition committed so far stays, recorded or not (the next "

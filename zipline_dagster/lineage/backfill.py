@@ -52,6 +52,11 @@ class BackfillError(ValueError):
     """The backfill request is invalid (unknown asset, partition out of range ...)."""
 
 
+class RunFailed(RuntimeError):
+    """A run of a plan, run in this process, failed: names its asset and partitions, the
+    step's error and the run (whose whole log is in the Dagster UI)."""
+
+
 @dataclass
 class Plan:
     """Asset partitions to materialize, in dependency order, and why each is included."""

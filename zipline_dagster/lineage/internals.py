@@ -38,6 +38,7 @@ from zipline_dagster.errors import step_error
 from zipline_dagster.lineage.backfill import (
     BackfillError,
     Plan,
+    RunFailed,
     contiguous_runs,
     plan_done,
     span_text,
@@ -156,7 +157,10 @@ def execute_plan_in_process(
                 if error is not None and error.cls_name in _INTERRUPTED:  # Ctrl-C
                     raise KeyboardInterrupt(f"{key.to_user_string()} {span_text(batch)}")
                 text = step_error(error) if error is not None else "see the run log"
-                raise RuntimeError(f"{key.to_user_string()} {span_text(batch)} failed: {text}")
+                raise RunFailed(
+                    f"{key.to_user_string()} {span_text(batch)} failed: {text} (run "
+                    f"{result.run_id}, its whole log in the Dagster UI)"
+                )
     return results
 
 
