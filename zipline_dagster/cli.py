@@ -715,31 +715,39 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def user_errors() -> tuple[type[Exception], ...]:
+    """The library's errors about what a user gave or has (each message names the thing,
+    the value and what is accepted): said as one ``error:`` line, not a traceback."""
     from zipline_dagster.declarations.model import ModelSpecError
-    from zipline_dagster.errors import describe
-    from zipline_dagster.lineage.backfill import BackfillError
+    from zipline_dagster.lineage.backfill import BackfillError, RunFailed
     from zipline_dagster.rollout.champion import ChampionError
     from zipline_dagster.settings import SettingsError
     from zipline_dagster.storage.blobs import BlobStorageError
     from zipline_dagster.training.archive import ArchiveVerificationError, TrainerArchiveError
     from zipline_dagster.training.launchers.ray_head import RayHeadError
 
-    args = build_parser().parse_args(argv)
-    func: Callable[[argparse.Namespace], int] = args.func
-    try:
-        return func(args)
-    except (
+    return (
         ArchiveVerificationError,
         TrainerArchiveError,
         BlobStorageError,
         RayHeadError,
         BackfillError,
+        RunFailed,
         ModelSpecError,
         SettingsError,
         CliError,
         ChampionError,
-    ) as exc:
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from zipline_dagster.errors import describe
+
+    args = build_parser().parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except user_errors() as exc:
         print(f"error: {describe(exc)}", file=sys.stderr)
         return 1
 

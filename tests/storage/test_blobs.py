@@ -191,6 +191,42 @@ def test_unknown_scheme_is_named_with_the_accepted_ones() -> None:
     assert "file://, s3://, gs://, abfss://" in str(exc.value)
 
 
+def test_a_local_write_the_disk_refuses_names_the_uri_and_why(
+    tmp_path: Path, trainer_copy: Path
+) -> None:
+    """A file where a folder must go (a ZIPLINE_HOME or warehouse that cannot hold the
+    store's folders; as root, permissions refuse nothing): each kind of write raises the
+    store's error naming the URI and the disk's reason, and `build-trainer` says it in
+    one line instead of a traceback."""
+    from tests.conftest import run_cli
+
+    (tmp_path / "blocker").write_text("a file, not a folder")
+    base = f"file://{tmp_path}/blocker/warehouse"
+    src = f"file://{tmp_path}/src.bin"
+    blob_store(src).write_bytes(src, b"x")
+    store = blob_store(base)
+    for name, write in [
+        ("write_bytes", lambda uri: store.write_bytes(uri, b"x")),
+        ("create_exclusive", lambda uri: store.create_exclusive(uri, b"x")),
+        ("copy", lambda uri: store.copy(src, uri)),
+        ("move", lambda uri: store.move(src, uri)),
+    ]:
+        uri = f"{base}/{name}.bin"
+        with pytest.raises(BlobStorageError) as exc:
+            write(uri)
+        assert (
+            str(exc.value)
+            == f"could not write {uri}: Not a directory ({tmp_path}/blocker/warehouse)"
+        )
+    assert blob_store(src).exists(src)  # the move refused moves nothing
+    built = run_cli("build-trainer", str(trainer_copy), "--model-name", "m", "--base", base)
+    assert built.returncode == 1
+    assert (
+        built.stderr.strip().splitlines()[-1].startswith(f"error: could not write {base}/builds/")
+    )
+    assert "Traceback" not in built.stderr
+
+
 def test_local_write_is_atomic_no_temp_files_left(file_base: str) -> None:
     uri = f"{file_base}/x/y.bin"
     blob_store(uri).write_bytes(uri, b"1")

@@ -25,12 +25,13 @@ TRAINER = Path(__file__).resolve().parents[2] / "trainers" / "listing_ctr_model"
 
 
 def main() -> int:
-    from zipline_dagster.lineage.backfill import RunFailed
+    from zipline_dagster.cli import user_errors
+    from zipline_dagster.errors import describe
 
     try:
         return _main()
-    except RunFailed as exc:  # Dagster's log of the step is above; the demo ends here
-        print(f"error: {exc}", file=sys.stderr)
+    except user_errors() as exc:  # a failed step: Dagster's log of it is above
+        print(f"error: {describe(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(

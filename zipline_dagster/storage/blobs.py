@@ -125,20 +125,34 @@ def _written(chunks: Any, out: Any) -> Any:
         yield chunk
 
 
+@contextlib.contextmanager
+def _local_write(uri: str) -> Iterator[None]:
+    """The disk's refusal of a write inside (a folder that cannot be made, no permission,
+    no space) as this module's error, naming the URI and the reason."""
+    try:
+        yield
+    except BlobStorageError:
+        raise
+    except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise BlobStorageError(f"could not write {uri}: {exc.strerror or exc}{where}") from None
+
+
 class LocalStore:
     """``file://`` URIs on the local disk; writes are atomic (temp file + rename)."""
 
     def write_bytes(self, uri: str, data: bytes) -> None:
         path = local_path(uri)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with _local_write(uri):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                os.replace(tmp, path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
 
     def read_bytes(self, uri: str) -> bytes:
         path = local_path(uri)
@@ -172,11 +186,12 @@ class LocalStore:
 
     def move(self, src: str, dst: str) -> None:
         target = local_path(dst)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.replace(local_path(src), target)
-        except FileNotFoundError as exc:
-            raise BlobNotFoundError(f"no object at {src}") from exc
+        with _local_write(dst):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.replace(local_path(src), target)
+            except FileNotFoundError as exc:
+                raise BlobNotFoundError(f"no object at {src}") from exc
 
     def copy(self, src: str, dst: str) -> tuple[str, int]:
         source, target = local_path(src), local_path(dst)
@@ -184,7 +199,7 @@ class LocalStore:
             fin = source.open("rb")
         except FileNotFoundError as exc:  # before any folder is made for the copy
             raise BlobNotFoundError(f"no object at {src} (no such file {source})") from exc
-        with fin:
+        with fin, _local_write(dst):
             target.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
             try:
@@ -206,13 +221,14 @@ class LocalStore:
 
     def create_exclusive(self, uri: str, data: bytes) -> bool:
         path = local_path(uri)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            return False
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        with _local_write(uri):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
         return True
 
 
