@@ -40,6 +40,26 @@ def test_bad_launcher_is_named() -> None:
         Settings.from_env({"ZIPLINE_LAUNCHER": "k8s"})
 
 
+def test_a_spark_master_spark_does_not_take_is_named_before_any_session() -> None:
+    """Spark refuses such a master only in its JVM's stderr; the step said "Java gateway
+    process exited before sending its port number"."""
+    from zipline_dagster.features.spark import SparkResource
+
+    for ok in ("local", "local[2]", "local[*]", "local[*,3]", "spark://a:7077,b:7077", "yarn"):
+        assert Settings.from_env({"SPARK_MASTER": ok}).spark_master == ok
+    assert Settings.from_env({"SPARK_MASTER": "k8s://https://api:443"}).spark_master
+    accepted = "local, local[N], local[*], spark://host:port, yarn, k8s://https://host:port"
+    for bad in ("bogus://x", "local[", "spark:/m:7077", "mesos://m:5050"):
+        with pytest.raises(SettingsError) as exc:
+            Settings.from_env({"SPARK_MASTER": bad})
+        assert (
+            str(exc.value)
+            == f"SPARK_MASTER={bad!r} is not a Spark master URL; accepted: {accepted}"
+        )
+    with pytest.raises(SettingsError, match="the spark resource's master='localhost' is not"):
+        SparkResource(master="localhost").config()
+
+
 def test_only_settings_reads_the_environment() -> None:
     """Other modules pass the environment on to child processes, never read settings from it."""
     readers = []

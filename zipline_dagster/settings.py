@@ -32,6 +32,7 @@ is the exception the Azure SDK imposes (it holds the account key): it is never s
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +50,12 @@ class StorageOptions:
 
 
 LAUNCHERS = ("ray", "local")
+
+#: The Spark master URLs spark-submit takes (a session on any other fails to start, with
+#: Spark's reason only on the JVM's stderr: "Java gateway process exited").
+_SPARK_MASTER = re.compile(
+    r"^(yarn|local|local\[[^\]]+\]|local-cluster\[[^\]]+\]|(spark|k8s)://\S+)$"
+)
 
 
 class SettingsError(ValueError):
@@ -114,7 +121,7 @@ class Settings:
             ray_auth_mode=get("RAY_AUTH_MODE"),
             ray_entrypoint_resources=_resources(resources) if resources else None,
             ray_install_requirements=install,
-            spark_master=get("SPARK_MASTER"),
+            spark_master=spark_master(get("SPARK_MASTER"), "SPARK_MASTER"),
             s3_endpoint_url=get("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"),
             aws_region=get("AWS_REGION", "AWS_DEFAULT_REGION"),
             gcs_endpoint_url=get("STORAGE_EMULATOR_HOST"),
@@ -136,6 +143,16 @@ class Settings:
             gcs_endpoint_url=self.gcs_endpoint_url,
             azure_connection_string=self.azure_connection_string,
         )
+
+
+def spark_master(value: str | None, name: str) -> str | None:
+    """``value`` when it is a Spark master URL (or None); else an error naming ``name``."""
+    if value is not None and not _SPARK_MASTER.match(value):
+        raise SettingsError(
+            f"{name}={value!r} is not a Spark master URL; accepted: local, local[N], "
+            "local[*], spark://host:port, yarn, k8s://https://host:port"
+        )
+    return value
 
 
 def _flag(value: str | None, name: str, default: bool) -> bool:

@@ -18,7 +18,7 @@ from pydantic import Field
 
 from zipline_dagster.declarations.features import GroupBy, Join, Operation, StagingQuery
 from zipline_dagster.errors import describe
-from zipline_dagster.settings import settings
+from zipline_dagster.settings import settings, spark_master
 from zipline_dagster.storage.blobs import BlobStorageError, BlobStore
 from zipline_dagster.storage.paths import join_uri, table_partition_uri, table_uri
 from zipline_dagster.storage.tables import (
@@ -116,7 +116,11 @@ class SparkResource(dg.ConfigurableResource):
     )
 
     def config(self) -> dict[str, str]:
-        master = self.master or settings().spark_master or "local[*]"
+        master = (
+            spark_master(self.master, "the spark resource's master")
+            or settings().spark_master
+            or "local[*]"
+        )
         return {
             **DEFAULT_SPARK_CONFIG,
             # a session in this process only: it listens on loopback, as the embedded Ray
