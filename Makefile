@@ -54,10 +54,8 @@ $(DAGSTER_HOME)/dagster.yaml:
 	@mkdir -p $(DAGSTER_HOME)
 	@printf 'telemetry:\n  enabled: false\n' > $@
 
-# not `python -m zipline_dagster.defs.demo`: the package (the code location) imports every
-# module of it first, so runpy would run the demo module a second time, with a warning
 demo: system-deps $(SYNCED) $(DAGSTER_HOME)/dagster.yaml
-	$(VENV)/bin/python -c 'import sys; from zipline_dagster.defs.demo import main; sys.exit(main())'
+	$(VENV)/bin/python scripts/demo.py
 
 # The demo with MLflow on: a local tracking server (left running, `make mlflow-down` stops
 # it), every model partition an MLflow run, the champion the registry's @champion alias.
@@ -66,7 +64,7 @@ demo-mlflow: system-deps $(SYNCED) $(MLFLOW_SERVER) $(DAGSTER_HOME)/dagster.yaml
 	MLFLOW_TRACKING_URI=$$($(VENV)/bin/python scripts/mlflow_server.py url) \
 		ZIPLINE_MLFLOW_COPY_ARTIFACTS=$${ZIPLINE_MLFLOW_COPY_ARTIFACTS:-true} \
 		ZIPLINE_DAGSTER_URL=$${ZIPLINE_DAGSTER_URL:-http://127.0.0.1:3000} \
-		$(VENV)/bin/python -c 'import sys; from zipline_dagster.defs.demo import main; sys.exit(main())'
+		$(VENV)/bin/python scripts/demo.py
 
 mlflow-down: $(SYNCED)
 	$(VENV)/bin/python scripts/mlflow_server.py down

@@ -752,7 +752,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def demo(cluster: Cluster) -> int:
-    """``make demo-cluster``: the demo through the deployment (``defs.demo.cluster_main``),
+    """``make demo-cluster``: the demo through the deployment (``scripts/demo.py --cluster``),
     then where each piece ran."""
     missing = sorted(set(SERVICES) - set(cluster.running()))
     if missing:
@@ -762,9 +762,7 @@ def demo(cluster: Cluster) -> int:
         )
     t0 = time.monotonic()
     code = subprocess.run(
-        [str(BIN / "python"), "-c",
-         "import sys; from zipline_dagster.defs.demo import cluster_main; "
-         f"sys.exit(cluster_main({cluster.web_url!r}))"],
+        [str(BIN / "python"), str(ROOT / "scripts" / "demo.py"), "--cluster", cluster.web_url],
         env={**os.environ, **cluster.env()}, cwd=ROOT,
     ).returncode  # fmt: skip
     if code == 0:

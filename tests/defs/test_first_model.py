@@ -125,7 +125,7 @@ def test_a_new_model_goes_from_scaffold_to_champion_and_cannot_drift(
     # inputs computed above, the champion moves, the next day is scored and monitored,
     # and the summary reads it all back (no other test runs the demo's own code)
     demo_env = {**env, "ZIPLINE_DEMO_START": DS, "ZIPLINE_DEMO_END": DS}
-    demo = [str(BIN / "python"), "-c", "import sys; from zipline_dagster.defs.demo import main; sys.exit(main())"]  # fmt: skip
+    demo = [str(BIN / "python"), str(project / "scripts" / "demo.py")]
     # a step that fails ends the demo with one error line naming it and its run, not
     # with the demo's own traceback (here: no Ray cluster where RAY_ADDRESS points)
     no_ray = {**demo_env, "RAY_ADDRESS": "http://127.0.0.1:1"}
@@ -134,6 +134,12 @@ def test_a_new_model_goes_from_scaffold_to_champion_and_cannot_drift(
     last = failed.stderr.strip().splitlines()[-1]
     assert last.startswith(f"error: models/listing_ctr_model {DS} failed: Failure: no Ray cluster answers at http://127.0.0.1:1"), last  # fmt: skip
     assert " (run " in last and "Traceback (most recent call last)" not in failed.stderr
+    # a setting the code location refuses at load is one line too
+    bad = {**demo_env, "SPARK_MASTER": "spark:/m:7077"}
+    refused = subprocess.run(demo, cwd=project, env=bad, capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert refused.returncode == 1
+    assert refused.stderr.startswith("error: SPARK_MASTER='spark:/m:7077' is not a Spark master URL"), refused.stderr  # fmt: skip
+    assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
     shown = subprocess.run(demo, cwd=project, env=demo_env, capture_output=True, text=True, timeout=900)  # fmt: skip
     assert shown.returncode == 0, shown.stdout[-5000:] + shown.stderr[-5000:]
     summary = shown.stdout.split("[5/5]", 1)[1]

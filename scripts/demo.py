@@ -8,6 +8,11 @@ the day after each trained partition with it (one Ray Job for those days) and mo
 those scores against the day's labels. It prints each trained partition's holdout AUC and checks, the
 champion, and the realized AUC per scored day. A second run finds everything fresh and
 does nothing.
+
+``scripts/demo.py`` runs it; ``scripts/demo.py --cluster WEB_URL`` runs ``make
+demo-cluster``'s (``scripts/cluster.py demo``). It is not a module of the code location
+(``zipline_dagster.defs``) so that a code location that does not load (a bad setting) is
+said in one ``error:`` line, as every error a user can fix is.
 """
 
 import os
@@ -21,14 +26,19 @@ if TYPE_CHECKING:
 
 MODEL_START = os.environ.get("ZIPLINE_DEMO_START", "2026-07-11")
 MODEL_END = os.environ.get("ZIPLINE_DEMO_END", "2026-07-14")
-TRAINER = Path(__file__).resolve().parents[2] / "trainers" / "listing_ctr_model"
+TRAINER = Path(__file__).resolve().parents[1] / "trainers" / "listing_ctr_model"
 
 
-def main() -> int:
+def main(argv: list[str]) -> int:
     from zipline_dagster.cli import user_errors
     from zipline_dagster.errors import describe
 
     try:
+        if argv[:1] == ["--cluster"] and len(argv) == 2:
+            return cluster_main(argv[1])
+        if argv:
+            print("usage: scripts/demo.py [--cluster WEB_URL]", file=sys.stderr)
+            return 2
         return _main()
     except user_errors() as exc:  # a failed step: Dagster's log of it is above
         print(f"error: {describe(exc)}", file=sys.stderr)
@@ -246,4 +256,4 @@ def _latest_metadata(instance: object, key: object, ds: str) -> dict[str, object
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
