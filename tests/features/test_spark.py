@@ -372,9 +372,11 @@ def test_a_day_that_cannot_be_committed_fails_alone(spark_resource: Any, tmp_pat
     assert err is not None and err.cls_name == "Failure"
     assert "1 of 3 partitions of ctr.labels failed (2 committed and materialized)" in err.message
     assert "- 2026-07-03: committing file:///" in err.message, err.message
-    assert (
-        "ds=2026-07-03 failed, so the partition is left as it was (FileExistsError" in err.message
+    assert (  # the store names the file it could not write and the disk's reason
+        "ds=2026-07-03 failed, so the partition is left as it was (BlobStorageError: could "
+        "not write file:///" in err.message
     )
+    assert f"File exists ({blocked})" in err.message, err.message
 
     def recorded(what: str = "rows") -> dict[str, Any]:
         records = instance.fetch_materializations(
