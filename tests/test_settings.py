@@ -60,6 +60,21 @@ def test_a_spark_master_spark_does_not_take_is_named_before_any_session() -> Non
         SparkResource(master="localhost").config()
 
 
+def test_a_warehouse_or_artifact_base_that_is_no_storage_uri_is_named(tmp_path: Path) -> None:
+    """Named as the variable that was set, not as the model's model_artifact_base_uri
+    that it becomes."""
+    accepted = "expected a URI with a path: file://..., s3://..., gs://..., abfss://..."
+    for name in ("ZIPLINE_WAREHOUSE", "ZIPLINE_ARTIFACT_BASE"):
+        for bad in ("./wh", "s3:/b/wh", "s3://", "ftp://h/wh"):
+            with pytest.raises(SettingsError) as exc:
+                Settings.from_env({"ZIPLINE_HOME": str(tmp_path), name: bad})
+            assert str(exc.value) == f"{name}={bad!r} is invalid; {accepted}"
+        with pytest.raises(SettingsError, match=f"{name}='file://wh' is invalid; expected an absolute file:///path"):  # fmt: skip
+            Settings.from_env({"ZIPLINE_HOME": str(tmp_path), name: "file://wh"})
+    ok = Settings.from_env({"ZIPLINE_WAREHOUSE": "abfss://c@a.dfs.core.windows.net/wh"})
+    assert ok.artifact_base == "abfss://c@a.dfs.core.windows.net/wh"
+
+
 def test_only_settings_reads_the_environment() -> None:
     """Other modules pass the environment on to child processes, never read settings from it."""
     readers = []

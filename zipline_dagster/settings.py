@@ -51,6 +51,9 @@ class StorageOptions:
 
 LAUNCHERS = ("ray", "local")
 
+#: The storage URI schemes (``storage.blobs`` serves them), as users write them.
+SCHEMES = ("file", "s3", "gs", "abfss")
+
 #: The Spark master URLs spark-submit takes (a session on any other fails to start, with
 #: Spark's reason only on the JVM's stderr: "Java gateway process exited").
 _SPARK_MASTER = re.compile(
@@ -94,7 +97,8 @@ class Settings:
             return None
 
         home = Path(get("ZIPLINE_HOME") or Path.cwd() / ".zipline").resolve()
-        warehouse = get("ZIPLINE_WAREHOUSE") or (home / "warehouse").as_uri()
+        warehouse = _storage_uri(get("ZIPLINE_WAREHOUSE"), "ZIPLINE_WAREHOUSE")
+        warehouse = warehouse or (home / "warehouse").as_uri()
         launcher = get("ZIPLINE_LAUNCHER") or "ray"
         if launcher not in LAUNCHERS:
             raise SettingsError(
@@ -115,7 +119,8 @@ class Settings:
         return cls(
             home=home,
             warehouse=warehouse,
-            artifact_base=get("ZIPLINE_ARTIFACT_BASE") or warehouse,
+            artifact_base=_storage_uri(get("ZIPLINE_ARTIFACT_BASE"), "ZIPLINE_ARTIFACT_BASE")
+            or warehouse,
             launcher=launcher,
             ray_address=get("RAY_ADDRESS"),
             ray_auth_mode=get("RAY_AUTH_MODE"),
@@ -143,6 +148,22 @@ class Settings:
             gcs_endpoint_url=self.gcs_endpoint_url,
             azure_connection_string=self.azure_connection_string,
         )
+
+
+def _storage_uri(value: str | None, name: str) -> str | None:
+    """``value`` when it is a storage URI with a path (or None); else an error naming
+    ``name`` (a model declared on it would say its ``model_artifact_base_uri``)."""
+    if value is None:
+        return None
+    scheme, sep, rest = value.partition("://")
+    if not sep or scheme not in SCHEMES or not rest.strip("/"):
+        raise SettingsError(
+            f"{name}={value!r} is invalid; expected a URI with a path: "
+            + ", ".join(f"{s}://..." for s in SCHEMES)
+        )
+    if scheme == "file" and not value.startswith("file:///"):
+        raise SettingsError(f"{name}={value!r} is invalid; expected an absolute file:///path")
+    return value
 
 
 def spark_master(value: str | None, name: str) -> str | None:

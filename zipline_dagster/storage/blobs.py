@@ -24,10 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import unquote, urlparse
 
-from zipline_dagster.settings import StorageOptions, settings
-
-#: Schemes the store accepts, as users write them.
-SCHEMES = ("file", "s3", "gs", "abfss")
+from zipline_dagster.settings import SCHEMES, StorageOptions, settings
 
 
 class BlobStorageError(RuntimeError):
