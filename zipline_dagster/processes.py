@@ -183,9 +183,9 @@ def group_listens(pgid: int, ports: Iterable[int]) -> bool:
     try:
         for table in ("/proc/net/tcp", "/proc/net/tcp6"):
             for row in Path(table).read_text().splitlines()[1:]:
-                local, state, inode = row.split()[1], row.split()[3], row.split()[9]
-                if state == "0A":  # LISTEN
-                    sockets[f"socket:[{inode}]"] = int(local.rsplit(":", 1)[1], 16)
+                fields = row.split()  # local address, state and inode are 1, 3 and 9
+                if fields[3] == "0A":  # LISTEN
+                    sockets[f"socket:[{fields[9]}]"] = int(fields[1].rsplit(":", 1)[1], 16)
     except OSError:
         return True
     held: set[int] = set()
