@@ -11,6 +11,7 @@ from dagster._core.events import DagsterEventType
 import zipline_dagster.defs.listing_ctr as demo
 from zipline_dagster import EventSource, ModelSpecError
 from zipline_dagster.declarations.features import StagingQuery
+from zipline_dagster.declarations.versions import model_code_version
 from zipline_dagster.definitions import ExternalTable, build_definitions
 from zipline_dagster.defs import defs as code_location
 from zipline_dagster.defs.resources import resources
@@ -87,7 +88,9 @@ def test_model_window_mapping_and_code_version() -> None:
     graph = code_location.resolve_asset_graph()
     key = dg.AssetKey(["models", "listing_ctr_model"])
     node = graph.get(key)
-    assert node.code_version == demo.LISTING_CTR_MODEL_VERSION
+    # the trainer version, then the hash of the declaration (table, columns, window, flags)
+    assert node.code_version == model_code_version(demo.listing_ctr_model)
+    assert node.code_version.startswith(demo.LISTING_CTR_MODEL_VERSION + "-")
     # trainings share one Dagster pool, which a deployment limits (make cluster-up: 2)
     assert node.pools == {"zipline_training"}
     mapping = graph.get_partition_mapping(key, dg.AssetKey(["ctr", "training_v1"]))

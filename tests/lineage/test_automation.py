@@ -8,6 +8,7 @@ import datetime as dt
 import dagster as dg
 
 import zipline_dagster.defs.listing_ctr as demo
+from zipline_dagster.declarations.versions import model_code_version
 from zipline_dagster.definitions import build_definitions
 from zipline_dagster.defs import defs as code_location
 from zipline_dagster.defs.resources import resources
@@ -54,7 +55,10 @@ def seeded_instance() -> dg.DagsterInstance:
     ):
         materialize_report(instance, dg.AssetKey(key), days)
     materialize_report(
-        instance, MODEL, days_between("2026-07-11", "2026-07-14"), demo.LISTING_CTR_MODEL_VERSION
+        instance,
+        MODEL,
+        days_between("2026-07-11", "2026-07-14"),
+        model_code_version(demo.listing_ctr_model),
     )
     return instance
 

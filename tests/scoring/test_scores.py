@@ -40,6 +40,7 @@ from zipline_dagster import (
     ModelTransforms,
     RolloutStrategy,
 )
+from zipline_dagster.declarations.versions import scores_code_version
 from zipline_dagster.definitions import ExternalTable, build_definitions
 from zipline_dagster.lineage.backfill import FreshnessResolver, plan_backfill
 from zipline_dagster.lineage.partitions import (
@@ -576,7 +577,7 @@ def test_scores_storage_holds_but_dagster_never_recorded_are_recorded_from_stora
     marker = json.loads(Path(folder[len("file://") :], "_COMMITTED.json").read_text())
     held = marker["write_id"]
     assert held != write and marker["dagster_run_id"] == again.run_id
-    assert marker["code_version"] == model.version
+    assert marker["code_version"] == scores_code_version(t)
 
     plan = plan_backfill(defs, ours, monitoring_asset_key(t), [D2])
     assert plan.steps == [(monitoring_asset_key(t), [D2])]

@@ -17,6 +17,7 @@ from typing import Any
 from zipline_dagster.declarations.deployment import DeploymentSpec, RolloutStrategy
 from zipline_dagster.declarations.errors import ModelSpecError
 from zipline_dagster.declarations.secrets import check_job_configs
+from zipline_dagster.declarations.tasks import Task
 
 VERSION_RE = re.compile(r"^[0-9a-f]{12,64}$")
 #: What a version must be, for every message refusing one.
@@ -33,6 +34,7 @@ TABLE_RE = re.compile(r"^([A-Za-z0-9_]+\.)?[A-Za-z0-9_]+\.[A-Za-z0-9_]+$")
 DATE_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
 SUPPORTED_URI_SCHEMES = ("file", "s3", "gs", "abfss")
+
 
 def _fail(model: str | None, fld: str, value: object, accepted: str) -> ModelSpecError:
     who = f"Model {model!r}" if model else "Model"
@@ -249,6 +251,10 @@ class Model:
         inference_spec: backend and ``model_backend_params["model_name"]``.
         training_conf: training data, window, entrypoint, resources and job configs.
         deployment_conf: rollout thresholds the champion pointer honours (optional).
+        task: what it predicts (``Task`` or its value: ``"classification"``,
+            ``"regression"``); monitoring computes that task's realized metrics. None:
+            the trainer's report says (classification when it does not).
+        description: shown in the Dagster UI; it changes no output, so it stales nothing.
 
     Example:
         ``Model(version="ab614e666667", model_artifact_base_uri="s3://bucket/warehouse",
@@ -265,6 +271,8 @@ class Model:
     inference_spec: InferenceSpec
     training_conf: TrainingSpec
     deployment_conf: DeploymentSpec | None = None
+    task: Task | str | None = None
+    description: str = ""
 
     def __post_init__(self) -> None:
         params = dict(self.inference_spec.model_backend_params)
@@ -307,6 +315,18 @@ class Model:
         for metric in self.rollout.rollout_metric_thresholds:
             if (why := metric.problem()) is not None:
                 raise ModelSpecError(f"Model {name!r}: deployment_conf: {why}.")
+        if self.task is not None:
+            try:
+                object.__setattr__(self, "task", Task(self.task))
+            except ValueError:
+                raise _fail(
+                    name,
+                    "task",
+                    self.task,
+                    "expected one of " + ", ".join(repr(t.value) for t in Task),
+                ) from None
+        if not isinstance(self.description, str):
+            raise _fail(name, "description", self.description, "expected a string")
 
     @property
     def rollout(self) -> RolloutStrategy:

@@ -37,7 +37,6 @@ _SECRET_VALUE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
 )
 
 
-
 def describe_refused(value: object) -> str:
     """What a refused ``job_configs`` value is, without its content.
 

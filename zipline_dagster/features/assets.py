@@ -4,13 +4,13 @@ Each asset writes exactly its own partitions of its one table, in a single run f
 whole range (Spark starts once per run, not once per day).
 """
 
-import hashlib
 import warnings
 from collections.abc import Callable, Mapping
 
 import dagster as dg
 
 from zipline_dagster.declarations.features import GroupBy, Join, Producer, StagingQuery
+from zipline_dagster.declarations.versions import declaration_version
 from zipline_dagster.errors import failure
 from zipline_dagster.features.spark import (
     DaysNotCommitted,
@@ -43,11 +43,6 @@ warnings.filterwarnings(
     category=dg.BetaWarning,
     message=".*(backfill_policy|allow_nonexistent_upstream_partitions).*",
 )
-
-
-def declaration_version(obj: object) -> str:
-    """A code version that changes whenever the declaration changes."""
-    return hashlib.sha256(repr(obj).encode()).hexdigest()[:12]
 
 
 def _deps(producer: Producer) -> list[dg.AssetDep]:

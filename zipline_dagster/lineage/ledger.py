@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import dagster as dg
 
+from zipline_dagster.declarations.versions import trainer_version
 from zipline_dagster.lineage.partitions import latest_materialization
 from zipline_dagster.storage.commits import MODEL, Commit
 from zipline_dagster.storage.tables import TABLE_URI, WRITE_ID
@@ -178,7 +179,7 @@ class Ledger:
         if commit.table_uri:
             metadata[TABLE_URI] = dg.MetadataValue.path(commit.table_uri)
         if model and commit.code_version:
-            metadata["version"] = dg.MetadataValue.text(commit.code_version)
+            metadata["version"] = dg.MetadataValue.text(trainer_version(commit.code_version))
         tags = {CODE_VERSION_TAG: commit.code_version} if commit.code_version else None
         self.instance.report_runless_asset_event(
             dg.AssetMaterialization(

@@ -19,6 +19,7 @@ from typing import Any
 import dagster as dg
 
 from zipline_dagster.declarations.model import Model
+from zipline_dagster.declarations.versions import gates_version
 from zipline_dagster.lineage.internals import backfilling, check_target
 from zipline_dagster.lineage.ledger import Judge, Ledger, State
 from zipline_dagster.lineage.partitions import (
@@ -323,6 +324,9 @@ def build_champion_asset(
         key=champion_asset_key(model.name),
         group_name="champions",
         deps=[model_asset_key(model.name)],
+        # the gates it judges under: changed gates show it unsynced, and its next
+        # evaluation judges the champion under them
+        code_version=gates_version(model),
         kinds={"python"},
         description=(
             f"The {model.name} partition in use: {ch.champion_uri(model)}. Advances to the "

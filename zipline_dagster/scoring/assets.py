@@ -20,6 +20,7 @@ from typing import Any
 import dagster as dg
 
 from zipline_dagster.declarations.transforms import ModelTransforms, ScoreWith
+from zipline_dagster.declarations.versions import scores_code_version
 from zipline_dagster.errors import failure
 from zipline_dagster.lineage.ledger import Ledger, State
 from zipline_dagster.lineage.partitions import (
@@ -351,7 +352,7 @@ def commit_day(
             write_id=job_id,
             rows=rows,
             run_id=run_id,
-            code_version=transforms.model.version,
+            code_version=scores_code_version(transforms),
         )
     except (BlobStorageError, OSError) as exc:
         raise dg.Failure(
@@ -414,7 +415,7 @@ def build_scores_asset(
         # job (``score_range``), each still its own materialization and commit.
         backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=PARTITIONS_PER_RUN),
         kinds={"ray", "parquet"},
-        code_version=model.version,
+        code_version=scores_code_version(transforms),
         automation_condition=automation_condition,
         description=(
             f"{transforms.source.table} rows of day ds scored by {model.name} "

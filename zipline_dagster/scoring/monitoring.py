@@ -16,6 +16,7 @@ from typing import Any
 import dagster as dg
 
 from zipline_dagster.declarations.transforms import ModelTransforms, ScoreWith
+from zipline_dagster.declarations.versions import monitoring_code_version
 from zipline_dagster.lineage.internals import backfilling
 from zipline_dagster.lineage.ledger import Ledger, State
 from zipline_dagster.lineage.partitions import (
@@ -123,6 +124,7 @@ def build_monitoring_asset(
         ],
         backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=PARTITIONS_PER_RUN),
         kinds={"python"},
+        code_version=monitoring_code_version(transforms),
         automation_condition=automation_condition,
         description=(
             f"Realized metrics of {transforms.table} against the labels in {labels_table} "

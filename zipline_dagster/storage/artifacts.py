@@ -296,7 +296,9 @@ def model_commit(manifest: dict[str, Any] | None, model_dir: str, ds: str) -> Co
         named_attempt(manifest),
         run_id=str(run) if run else None,
         at=float(at) if isinstance(at, (int, float)) else None,
-        code_version=str(manifest["version"]) if manifest.get("version") else None,
+        # the model's code version (trainer version and declaration hash); a manifest
+        # written before declarations were versioned names the trainer version only
+        code_version=str(manifest.get("code_version") or manifest.get("version") or "") or None,
     )
 
 

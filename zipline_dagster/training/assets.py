@@ -6,6 +6,11 @@ from typing import Any
 import dagster as dg
 
 from zipline_dagster.declarations.model import Model
+from zipline_dagster.declarations.versions import (
+    model_code_version,
+    model_declaration,
+    model_declaration_hash,
+)
 from zipline_dagster.errors import failure
 from zipline_dagster.lineage.ledger import ARTIFACT_ROOT, Ledger, State
 from zipline_dagster.lineage.partitions import (
@@ -71,7 +76,9 @@ def build_model_asset(
     """A daily-partitioned asset whose partition ``ds`` trains ``model`` on Ray.
 
     Partition ``ds`` depends on exactly the N training-table partitions ``ds-(N-1)..ds``;
-    its ``code_version`` is the trainer version, so a new version shows it unsynced. With
+    its ``code_version`` is the trainer version and the hash of its declaration
+    (``versions.model_code_version``), so a new version or a changed declaration shows it
+    unsynced. With
     ``trainers`` (the project's trainer folders), a partition refuses to train while the
     model's source there builds to another version than it pins (``drift``, found at
     load, is shown in the asset's description).
@@ -87,7 +94,7 @@ def build_model_asset(
         # A backfill hands a run up to this many partitions; on Ray they train together
         # in one job (``train_range``), each still its own materialization.
         backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=partitions_per_run),
-        code_version=model.version,
+        code_version=model_code_version(model),
         kinds={"ray", "python"},
         deps=[
             dg.AssetDep(
@@ -239,6 +246,10 @@ def finish_partition(
             extra={
                 "model": model.name,
                 "version": model.version,
+                # what the partition was trained under: a retrain after the declaration
+                # changed is a new attempt of the same {version}/{ds}
+                "code_version": model_code_version(model),
+                "declaration": model_declaration(model),
                 "ds": ds,
                 "window": list(request.days),
                 "job_id": ran.job_id,
@@ -271,6 +282,7 @@ def finish_partition(
         )
     metadata: dict[str, Any] = {
         "version": model.version,
+        "declaration_hash": model_declaration_hash(model),
         "archive_uri": request.archive_uri,
         "artifact_uri": request.canonical_dir,
         "attempt": ran.job_id,

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import dagster as dg
 
 from zipline_dagster.declarations.model import Model
+from zipline_dagster.declarations.versions import model_code_version
 from zipline_dagster.errors import failure
 from zipline_dagster.lineage.partitions import record_range
 from zipline_dagster.storage.blobs import BlobStorageError
@@ -179,7 +180,7 @@ def run_days(
         {ds: exc.description or "failed" for ds, exc in errors.items()},
         name=work.name,
         verb=work.verb,
-        code_version=work.model.version,
+        code_version=model_code_version(work.model),
     )
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import dagster as dg
 
+from zipline_dagster.declarations.versions import model_code_version
 from zipline_dagster.lineage.backfill import FreshnessResolver
 from zipline_dagster.lineage.internals import ASSET_RESUME_RETRY_TAG, RESUME_RETRY_TAG
 from zipline_dagster.lineage.ledger import CODE_VERSION_TAG
@@ -100,7 +101,7 @@ def reusable_partitions(
         if mat is None or record.run_id not in runs:
             continue
         model = request.model
-        if (mat.tags or {}).get(CODE_VERSION_TAG) != model.version:
+        if (mat.tags or {}).get(CODE_VERSION_TAG) != model_code_version(model):
             continue
         status = resolver.status(key, request.ds)
         attempt = mat.metadata.get("attempt")

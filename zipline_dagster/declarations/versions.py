@@ -1,0 +1,110 @@
+"""Code versions of declarations: each covers exactly what changes what an asset writes.
+
+Dagster's own staleness ("unsynced" in the UI, ``code_version_changed`` in automation)
+then says which partitions a change affects. What changes no output (a description, a
+gate, where the artifacts live, the first partition) is left out, so it stales nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from zipline_dagster.declarations.model import Model
+    from zipline_dagster.declarations.transforms import ModelTransforms
+
+#: What monitoring computes for a task (``tasks.REALIZED_METRICS``); raised when that set
+#: or the way a metric is computed changes, so monitored days show unsynced.
+MONITORING_METRICS_VERSION = "realized-v2"
+
+
+def digest(value: Any) -> str:
+    """12 hex characters of the SHA-256 of ``value`` as canonical JSON."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def declaration_version(obj: object) -> str:
+    """A code version that changes whenever the declaration (its ``repr``) changes: a
+    feature producer's, every field of which shapes what it writes."""
+    return hashlib.sha256(repr(obj).encode()).hexdigest()[:12]
+
+
+def model_declaration(model: Model) -> dict[str, Any]:
+    """The fields of a model's declaration that change what a partition trains: the
+    table, its selected columns, the window, the entrypoint, the flags, the Ray Train
+    workers (data is split across them) and the task."""
+    tc = model.training_conf
+    return {
+        "table": model.table,
+        "selects": dict(tc.training_data_source.query.selects),
+        "window_days": model.window_days,
+        "python_module": tc.python_module,
+        "job_configs": dict(tc.job_configs),
+        "workers": tc.resource_config.workers,
+        "task": None if model.task is None else str(model.task),
+    }
+
+
+def model_declaration_hash(model: Model) -> str:
+    """The hash of ``model_declaration``; the manifest of every partition records it."""
+    return digest(model_declaration(model))
+
+
+def model_code_version(model: Model) -> str:
+    """A model asset's code version: ``{trainer version}-{declaration hash}``."""
+    return f"{model.version}-{model_declaration_hash(model)}"
+
+
+def trainer_version(code_version: str) -> str:
+    """The trainer version a model's code version (``model_code_version``) starts with."""
+    return code_version.partition("-")[0]
+
+
+def scores_code_version(transforms: ModelTransforms) -> str:
+    """A scores table's code version: the model's (what scores) and how a day is scored
+    (source, passthrough fields, which partition scores it, the inference entrypoint)."""
+    t = transforms
+    return (
+        model_code_version(t.model)
+        + "-"
+        + digest(
+            {
+                "source": t.source.table,
+                "selects": dict(t.source.query.selects),
+                "passthrough": list(t.passthrough_fields),
+                "score_with": str(t.score_with),
+                "inference_module": t.inference_module,
+            }
+        )
+    )
+
+
+def monitoring_code_version(transforms: ModelTransforms) -> str:
+    """A monitoring asset's code version: its labels, how they join, the task and the
+    metric set it computes (tolerances only judge, so they are left out)."""
+    t = transforms
+    return digest(
+        {
+            "labels": t.labels.table if t.labels is not None else None,
+            "label_column": t.label_column,
+            "label_keys": list(t.label_keys),
+            "task": None if t.model.task is None else str(t.model.task),
+            "metrics": MONITORING_METRICS_VERSION,
+        }
+    )
+
+
+def gates_version(model: Model) -> str:
+    """The champion's code version: the gates it judges under (thresholds, tolerance)."""
+    r = model.rollout
+    return digest(
+        {
+            "thresholds": [
+                [m.name, m.threshold, m.is_minimum] for m in r.rollout_metric_thresholds
+            ],
+            "tolerance": r.regression_tolerance,
+        }
+    )
