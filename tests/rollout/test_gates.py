@@ -235,3 +235,52 @@ def test_regression_is_the_champions_decision_never_a_partitions_gate(file_base:
         f"stays at {model.version}/2026-07-11: no newer partition passes every gate "
         "(2026-07-12 passed but regressed beyond the tolerance 0.02)"
     )
+
+
+def test_no_regression_against_a_champion_without_the_metric_says_not_compared(
+    file_base: str,
+) -> None:
+    """The gates gained holdout_logloss; the champion was judged before and never recorded
+    it: the comparison is not made, and the check says so instead of passing."""
+    model = model_with(file_base, Metric("holdout_auc", 0.6), Metric("holdout_logloss", 0.9))
+    store = blob_store(file_base)
+    trained(store, model, "2026-07-11", report(0.72, logloss=0.5))
+    champion = {"version": model.version, "ds": "2026-07-10", "metrics": {"holdout_auc": 0.7}}
+    result = g.compare_with_champion(model, store, "2026-07-11", champion)
+    assert not result.passed and not result.compared
+    assert result.summary == (
+        f"not compared: the champion {model.version}/2026-07-10 has no holdout_logloss "
+        "(1 other(s) not worse beyond 0)"
+    )
+
+
+def test_changed_gates_judge_the_champion_again(file_base: str) -> None:
+    """A gate the champion fails: its next evaluation moves to the newest partition that
+    passes the new gates; when none does, it keeps serving and says which gate it fails."""
+    store = blob_store(file_base)
+    old = model_with(file_base, Metric("holdout_auc", 0.6))
+    trained(store, old, "2026-07-10", report(0.70, logloss=0.30))
+    trained(store, old, "2026-07-11", report(0.75, logloss=0.60))
+    assert ch.advance(store, old, by="test").pointer["ds"] == "2026-07-11"  # type: ignore[index]
+    # under the old gates nothing changes
+    assert not ch.advance(store, old, by="test").moved
+    # a logloss gate the champion (0.60) fails and 07-10 (0.30) passes
+    stricter = model_with(file_base, Metric("holdout_auc", 0.6), Metric("holdout_logloss", 0.5))
+    moved = ch.advance(store, stricter, by="test")
+    assert moved.moved and moved.pointer and moved.pointer["ds"] == "2026-07-10"
+    assert moved.reason == (
+        f"the champion {old.version}/2026-07-11 fails the current gates (holdout_logloss="
+        "0.6000 fails holdout_logloss <= 0.5); newest partition passing them"
+    )
+    assert [r.gate for r in moved.rejected["2026-07-11"]] == [g.THRESHOLDS]
+    # a gate no partition passes: the champion stays, serving, and the decision names it
+    impossible = model_with(file_base, Metric("holdout_auc", 0.99))
+    stays = ch.advance(store, impossible, by="test")
+    assert not stays.moved and stays.pointer and stays.pointer["ds"] == "2026-07-10"
+    assert [r.summary for r in stays.failing] == ["holdout_auc=0.7000 fails holdout_auc >= 0.99"]
+    assert stays.reason.startswith(f"stays at {old.version}/2026-07-10, which fails the current")
+    assert ch.read_champion(store, impossible)["ds"] == "2026-07-10"  # type: ignore[index]
+    # a champion forced by hand under the gates in force is left as the person chose
+    forced = ch.promote(store, impossible, "2026-07-11", force=True, by="test")
+    assert forced["forced"] and not ch.advance(store, impossible, by="test").moved
+    assert not ch.advance(store, impossible, by="test").failing

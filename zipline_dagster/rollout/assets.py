@@ -335,6 +335,15 @@ def build_champion_asset(
         ),
         automation_condition=automation_condition,
         metadata={"zipline/champion_uri": ch.champion_uri(model)},
+        check_specs=[
+            dg.AssetCheckSpec(
+                CHAMPION_CHECK,
+                asset=champion_asset_key(model.name),
+                description="The champion passes the model's current gates (after the gates "
+                "change, it keeps serving until a partition passes them; this check names "
+                "the gates it fails).",
+            )
+        ],
     )
     def _champion(
         context: dg.AssetExecutionContext, warehouse: WarehouseResource, mlflow: MlflowResource
@@ -403,9 +412,31 @@ def build_champion_asset(
         if decision.left_behind:  # the pointer is written: recorded as it is on storage
             md["left_behind"] = dg.MetadataValue.json(decision.left_behind)
             context.log.warning(ch.lock_left_behind(model, decision.left_behind))
-        return dg.MaterializeResult(metadata=md)
+        return dg.MaterializeResult(metadata=md, check_results=[champion_check(decision)])
 
     return _champion
+
+
+#: The champion asset's check: the champion passes the current gates.
+CHAMPION_CHECK = "champion_passes_gates"
+
+
+def champion_check(decision: ch.Decision) -> dg.AssetCheckResult:
+    """Fails (error severity; the champion keeps serving) when the champion fails the
+    current gates, or when there is none, naming the gates and the numbers."""
+    if decision.pointer is None:
+        summary = f"no champion: {decision.reason}"
+    elif decision.failing:
+        summary = "the champion fails " + "; ".join(r.summary for r in decision.failing)
+    else:
+        summary = "passes every current gate"
+    return dg.AssetCheckResult(
+        check_name=CHAMPION_CHECK,
+        passed=decision.pointer is not None and not decision.failing,
+        severity=dg.AssetCheckSeverity.ERROR,
+        description=summary,
+        metadata={"summary": dg.MetadataValue.text(summary)},
+    )
 
 
 def latest_storage_id(instance: dg.DagsterInstance, key: dg.AssetKey) -> int:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from zipline_dagster.declarations.model import VERSION_ACCEPTED, VERSION_RE, Model, is_day
+from zipline_dagster.declarations.versions import gates_version
 from zipline_dagster.rollout import gates as g
 from zipline_dagster.storage.artifacts import (
     STALE_LOCK_S,
@@ -125,6 +126,9 @@ class Decision:
     #: the champion's lock, when it could not be deleted once the decision was made
     #: (``lock_left_behind`` says what that means)
     left_behind: list[str] = field(default_factory=list)
+    #: the current gates the champion that stays fails (it keeps serving: no trained
+    #: partition passes them); empty when it passes them
+    failing: list[g.GateResult] = field(default_factory=list)
 
 
 def lock_left_behind(model: Model, left: list[str]) -> str:
@@ -181,6 +185,9 @@ def _pointer(
         "checks_passed": [n for n, r in results.items() if r.passed],
         "checks_failed": {n: r.summary for n, r in results.items() if not r.passed},
         "forced": forced,
+        # the gates it was judged under: a champion forced by hand is judged again only
+        # once they change
+        "gates_version": gates_version(model),
         "moved_by": by,
         "why": why,
     }
@@ -266,6 +273,9 @@ def _advance(
 ) -> Decision:
     """``advance`` under the lock."""
     current = read_champion(store, model)
+    failing = fails_current_gates(model, current)
+    if current is not None and failing:
+        return _replace_failing(store, model, current, failing, by=by, in_flight=in_flight)
     # the champion's own partition trained again is judged again: it holds another attempt
     retrained = why_pinned_attempt_gone(store, current) if current is not None else None
     again = retrained is not None
@@ -292,7 +302,7 @@ def _advance(
         report = g.read_partition_report(store, model_dir) or {}
         # the champion's own decision: a newer partition may not be worse than it
         regression = g.check_no_regression(model, report, current)
-        if not regression.passed:
+        if not regression.passed and regression.compared:
             rejected[ds] = [regression]
             continue
         why = (
@@ -330,6 +340,62 @@ def _advance(
                 "promoted by hand"
             )
     return Decision(current, False, rejected, reason)
+
+
+def fails_current_gates(model: Model, pointer: dict[str, Any] | None) -> list[g.GateResult]:
+    """The model's current thresholds that the champion ``pointer`` fails, judged on the
+    metrics it recorded when it moved (empty when it passes, or when a person forced it
+    under the gates in force now)."""
+    if pointer is None:
+        return []
+    if pointer.get("forced") and pointer.get("gates_version") == gates_version(model):
+        return []
+    metrics = pointer.get("metrics") or {}
+    values: dict[str, float | None] = {
+        str(k): float(v) for k, v in metrics.items() if isinstance(v, (int, float))
+    }
+    result = g.check_thresholds(model, {}, values)
+    return [] if result.passed else [result]
+
+
+def _replace_failing(
+    store: BlobStore,
+    model: Model,
+    current: dict[str, Any],
+    failing: list[g.GateResult],
+    *,
+    by: str,
+    in_flight: Callable[[str, dict[str, Any] | None], str | None] | None,
+) -> Decision:
+    """The champion fails the current gates: move to the newest trained partition of the
+    model's version that passes them (no comparison with a champion that fails them), or
+    keep serving it, saying which gates it fails."""
+    where = f"{current.get('version')}/{current.get('ds')}"
+    fails = "; ".join(r.summary for r in failing)
+    rejected: dict[str, list[g.GateResult]] = {}
+    for ds in reversed(trained_partitions(store, model)):
+        model_dir = model_dir_uri(model.model_artifact_base_uri, model.name, model.version, ds)
+        manifest = read_json_object(store, join_uri(model_dir, MANIFEST_NAME))
+        why_not = in_flight(ds, manifest) if in_flight is not None else None
+        results, attempt = _judge(store, model, ds, manifest=manifest)
+        failed = [g.GateResult(RECORDED, False, why_not)] if why_not else []
+        failed += [r for r in results.values() if not r.passed]
+        if failed:
+            rejected[ds] = failed
+            continue
+        why = (
+            f"the champion {where} fails the current gates ({fails}); newest partition passing them"
+        )
+        report = g.read_partition_report(store, model_dir) or {}
+        pointer = _pointer(
+            model, model.version, ds, results, by=by, why=why, report=report, attempt=attempt
+        )
+        return Decision(_write(store, model, pointer, current), True, rejected, why)
+    reason = (
+        f"stays at {where}, which fails the current gates ({fails}): no trained partition "
+        "passes them; it keeps serving until one does or one is promoted by hand"
+    )
+    return Decision(current, False, rejected, reason, failing=failing)
 
 
 def promote(

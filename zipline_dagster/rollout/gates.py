@@ -57,6 +57,9 @@ class GateResult:
     #: One line naming the numbers that decided it.
     summary: str
     values: dict[str, Any] = field(default_factory=dict)
+    #: False when nothing could be compared (a comparison with a champion that lacks
+    #: the metric): not a pass, and not a reason to pass a partition over either.
+    compared: bool = True
 
 
 def _why_missing(report: dict[str, Any], name: str, values: dict[str, float | None]) -> str:
@@ -68,11 +71,15 @@ def _why_missing(report: dict[str, Any], name: str, values: dict[str, float | No
     return f"{name} is missing ({why})" if why else f"{name} is missing (no status given)"
 
 
-def check_thresholds(model: Model, report: dict[str, Any]) -> GateResult:
+def check_thresholds(
+    model: Model, report: dict[str, Any], values: dict[str, float | None] | None = None
+) -> GateResult:
+    """The declared thresholds on ``report``'s metrics (``values``: the metrics as a
+    champion pointer recorded them, instead of the report's)."""
     thresholds = model.rollout.rollout_metric_thresholds
     if not thresholds:
         return GateResult(THRESHOLDS, True, "no rollout thresholds declared")
-    values = report_metrics(report)
+    values = report_metrics(report) if values is None else values
     failed: list[str] = []
     shown: dict[str, Any] = {}
     for m in thresholds:
@@ -102,6 +109,7 @@ def check_no_regression(
     theirs = champion.get("metrics") or {}
     who = f"champion {champion.get('version')}/{champion.get('ds')}"
     failed: list[str] = []
+    uncompared: list[str] = []
     shown: dict[str, Any] = {"tolerance": tol}
     for m in thresholds:
         mine, best = values.get(m.name), theirs.get(m.name)
@@ -111,15 +119,27 @@ def check_no_regression(
             failed.append(_why_missing(report, m.name, values))
             continue
         if not isinstance(best, (int, float)):
-            continue  # the champion has no number to compare against
+            uncompared.append(m.name)  # the champion has no number to compare against
+            continue
         worse = (best - mine) if m.is_minimum else (mine - best)
         if worse > tol:
             failed.append(
                 f"{m.name}={mine:.4f} is {worse:.4f} worse than the {who} ({best:.4f}); "
                 f"tolerance {tol:g}"
             )
+    not_compared = f"not compared: the {who} has no {', '.join(uncompared)}" if uncompared else ""
     if failed:
-        return GateResult(NO_REGRESSION, False, "; ".join(failed), shown)
+        return GateResult(
+            NO_REGRESSION, False, "; ".join([*failed, *([not_compared] * bool(uncompared))]), shown
+        )
+    if uncompared:
+        compared = len(uncompared) < len(thresholds)
+        rest = (
+            f" ({len(thresholds) - len(uncompared)} other(s) not worse beyond {tol:g})"
+            if compared
+            else ""
+        )
+        return GateResult(NO_REGRESSION, False, not_compared + rest, shown, compared=False)
     return GateResult(NO_REGRESSION, True, f"not worse than the {who} beyond {tol:g}", shown)
 
 
