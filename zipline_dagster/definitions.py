@@ -98,21 +98,44 @@ def resolve_table(
     )
 
 
-def check_selected_columns(model: Model, producer: Producer | None) -> None:
-    """The model's selected columns must be columns its training table has, where the
-    producer's declaration fixes them (a GroupBy, a Join with left selects)."""
-    if producer is None or not model.columns:
+def check_columns(
+    who: str, fld: str, columns: Sequence[str], producer: Producer | None, table: str
+) -> None:
+    """``columns`` (named by ``who``'s ``fld``) must be columns of ``table``, where its
+    producer's declaration fixes them (``output_columns``); a miss names the closest."""
+    have = output_columns(producer) if producer is not None else None
+    missing = [c for c in columns if have is not None and c not in have]
+    if have is None or not missing:
         return
-    have = output_columns(producer)
-    if have is None:
+    close = sorted({c for m in missing for c in difflib.get_close_matches(m, have, n=3)})
+    raise ModelSpecError(
+        f"{who}: {fld} names {missing}, which {type(producer).__name__} "
+        f"{producer.name!r} does not emit into {table}"  # type: ignore[union-attr]
+        + (f" (closest: {', '.join(close)})" if close else "")
+        + f"; it emits: {', '.join(have)}"
+    )
+
+
+def check_model_columns(model: Model, producer: Producer | None) -> None:
+    """The model's selected columns and its ``label-column`` flag must be columns of its
+    training table, where the producer's declaration fixes them."""
+    who = f"Model {model.name!r}"
+    fld = "training_conf.training_data_source.query.selects"
+    check_columns(who, fld, model.columns, producer, model.table)
+    label = model.training_conf.job_configs.get("label-column")
+    if label is not None:
+        fld = "training_conf.job_configs['label-column']"
+        check_columns(who, fld, [label], producer, model.table)
+
+
+def check_transforms_columns(mt: ModelTransforms, producers: Mapping[str, Producer]) -> None:
+    """A monitored scores table's label column and join keys must be columns of its
+    labels table, where the producer's declaration fixes them."""
+    if mt.labels is None:
         return
-    missing = [c for c in model.columns if c not in have]
-    if missing:
-        raise ModelSpecError(
-            f"Model {model.name!r}: training_conf.training_data_source.query.selects names "
-            f"{missing}, which {type(producer).__name__} {producer.name!r} does not emit into "
-            f"{model.table}; it emits: {', '.join(have)}"
-        )
+    who, table = f"ModelTransforms of {mt.model.name!r}", mt.labels.table
+    check_columns(who, "label_column", [mt.label_column], producers.get(table), table)
+    check_columns(who, "label_keys", list(mt.label_keys), producers.get(table), table)
 
 
 def observed_versions(store: BlobStore, warehouse: str, table: str) -> dict[str, str]:
@@ -254,7 +277,7 @@ def build_definitions(
             who=f"Model {m.name!r}",
             field="training_conf.training_data_source.table",
         )
-        check_selected_columns(m, by_table.get(m.table))
+        check_model_columns(m, by_table.get(m.table))
         check_archive_reachable(m, resources or {})
 
     trained = {m.name: m for m in models}
@@ -268,6 +291,7 @@ def build_definitions(
         resolve_table(mt.source.table, known, who=who, field="sources[0].table")
         if mt.labels is not None:
             resolve_table(mt.labels.table, known, who=who, field="labels.table")
+        check_transforms_columns(mt, by_table)
 
     condition = retrain_condition() if automation else None
     assets: list[Any] = [s.asset for s in sources]

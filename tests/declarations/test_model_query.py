@@ -17,6 +17,7 @@ from tests.helpers import days_ending, write_table
 from tests.test_definitions import defs_with
 from tests.trainers.test_listing_ctr_model import run_trainer
 from zipline_dagster import EventSource, ModelSpecError, Query, selects
+from zipline_dagster.definitions import build_definitions
 from zipline_dagster.lineage.backfill import BackfillError, model_partitions
 from zipline_dagster.training.assets import build_model_asset
 from zipline_dagster.training.request import (
@@ -52,6 +53,42 @@ def test_selected_columns_must_be_what_the_producer_emits() -> None:
     msg = str(exc.value)
     assert "names ['lable']" in msg and "Join 'training_v1'" in msg
     assert "it emits: view_id, listing_id, inventory_count, label, price_log" in msg
+
+
+def test_a_label_column_flag_the_table_lacks_is_refused_at_load_with_the_closest() -> None:
+    """A typo in job_configs['label-column'] fails the code location's load, not a job."""
+    model = demo.listing_ctr_model
+    conf = dataclasses.replace(
+        model.training_conf,
+        job_configs={**model.training_conf.job_configs, "label-column": "lable"},
+        training_data_source=EventSource(table="ctr.training_v1"),
+    )
+    with pytest.raises(ModelSpecError) as exc:
+        defs_with(dataclasses.replace(model, training_conf=conf))
+    msg = str(exc.value)
+    assert msg.startswith(
+        "Model 'listing_ctr_model': training_conf.job_configs['label-column'] names ['lable'], "
+        "which Join 'training_v1' does not emit into ctr.training_v1 (closest: label)"
+    ), msg
+
+
+def test_a_monitoring_label_column_the_labels_table_lacks_is_refused_at_load() -> None:
+    """ModelTransforms(label_column=...) is checked against the labels table's columns:
+    here a StagingQuery's, read from its select list."""
+    scores = dataclasses.replace(demo.listing_scores, label_column="clicked")
+    with pytest.raises(ModelSpecError) as exc:
+        build_definitions(
+            sources=[demo.listing_views],
+            producers=[demo.listing_features, demo.ctr_labels, demo.training_table],
+            models=[demo.listing_ctr_model],
+            transforms=[scores],
+        )
+    msg = str(exc.value)
+    assert msg.startswith(
+        "ModelTransforms of 'listing_ctr_model': label_column names ['clicked'], which "
+        "StagingQuery 'labels_v1' does not emit into ctr.labels_v1"
+    ), msg
+    assert "it emits: view_id, listing_id, ts, price, inventory_count, label, ds" in msg
 
 
 def test_selects_become_the_trainers_columns_flag() -> None:

@@ -238,8 +238,9 @@ def output_columns(producer: Producer) -> list[str] | None:
     """The columns a producer's table has, where its declaration fixes them; else None.
 
     A GroupBy emits its keys and features; a Join its left selects and each part's
-    (prefixed) features; a StagingQuery's columns depend on its SQL and are not known
-    until it runs. ``ds`` is the partition column of every table.
+    (prefixed) features; a StagingQuery the columns and aliases of its select list
+    (``select_list_columns``; unknown for ``*`` or an unaliased expression). ``ds`` is
+    the partition column of every table.
     """
     if isinstance(producer, GroupBy):
         return [*producer.keys, *producer.feature_columns, "ds"]
@@ -249,4 +250,36 @@ def output_columns(producer: Producer) -> list[str] | None:
             return None  # every column of the left table: not known statically
         right = [f"{p.prefix}{c}" for p in producer.right_parts for c in p.group_by.feature_columns]
         return [*left, *right, *(["ds"] if "ds" not in left else [])]
-    return None
+    return select_list_columns(producer.query)
+
+
+_SELECT_RE = re.compile(r"^\s*SELECT\s+(?P<items>.*?)\s+FROM\s", re.IGNORECASE | re.DOTALL)
+_ITEM_RE = re.compile(
+    r"^(?:(?:[A-Za-z_][A-Za-z0-9_]*\.)?(?P<column>[A-Za-z_][A-Za-z0-9_]*)"
+    r"|.+?\s+AS\s+(?P<alias>[A-Za-z_][A-Za-z0-9_]*))$",
+    re.IGNORECASE | re.DOTALL,
+)
+
+
+def select_list_columns(sql: str) -> list[str] | None:
+    """The output columns of a StagingQuery's ``SELECT a, t.b, expr AS c ... FROM``, when
+    every item is a column or aliased; None when they are not known without Spark
+    (``*``, an unaliased expression, a ``WITH`` or ``DISTINCT`` query)."""
+    found = _SELECT_RE.match(sql)
+    if found is None:
+        return None
+    items, depth, start = [], 0, 0
+    text = found.group("items")
+    for i, ch in enumerate(text):  # top-level commas only: f(a, b) AS c is one item
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            items.append(text[start:i].strip())
+            start = i + 1
+    items.append(text[start:].strip())
+    out = []
+    for item in items:
+        m = _ITEM_RE.match(item)
+        if m is None or item.upper().startswith("DISTINCT "):
+            return None
+        out.append(m.group("alias") or m.group("column"))
+    return out
