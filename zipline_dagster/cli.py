@@ -464,7 +464,11 @@ def dagster_instance() -> object:
 def _backfill(args: argparse.Namespace) -> int:
     import dagster as dg
 
-    from zipline_dagster.lineage.backfill import model_partitions, plan_backfill
+    from zipline_dagster.lineage.backfill import (
+        code_version_changed,
+        model_partitions,
+        plan_backfill,
+    )
     from zipline_dagster.lineage.deployment import Deployment
     from zipline_dagster.lineage.internals import (
         daemon_running,
@@ -499,28 +503,37 @@ def _backfill(args: argparse.Namespace) -> int:
         print(f"note: {where}: {diff.describe()}", file=sys.stderr)
     print(f"plan for {key.to_user_string()} {args.start_ds}..{args.end_ds}:", file=sys.stderr)
     print(plan.describe(), file=sys.stderr)
-    if plan.empty:
-        going = " or left to the run writing it" if plan.in_flight else ""
-        print(f"backfill_id=none (every partition is fresh{going})")
-        return 0
     # a model whose trainer source moved past its pin refuses to train: say so before
-    # anything runs, rather than after its upstream partitions were computed
-    planned = {k for k, _ in plan.steps}
+    # anything runs (rather than after its upstream partitions were computed), and also
+    # when every partition is fresh (they were trained from the pinned archive, which the
+    # source no longer builds)
+    planned = {k for k, _ in plan.steps} | {key}
     trains = [m for m in models if model_asset_key(m.name) in planned]  # type: ignore[attr-defined]
     drifts: list = project_drift(module, trains)
     if drifts:
         raise CliError(
             "nothing was launched: "
             + "; ".join(d.describe() for d in drifts)
-            + ". Its partitions in this plan would refuse to train"
+            + ". Its partitions would refuse to train"
         )
-    # the champion of each model the plan trains judges the new partitions, in the backfill
+    # the champion of each model the plan trains judges the new partitions, in the
+    # backfill; the target model's champion whose gates changed judges itself again
     graph = defs.resolve_asset_graph()
-    also = [
-        champion_asset_key(k.path[-1])
-        for k, _ in plan.steps
-        if k == model_asset_key(k.path[-1]) and graph.has(champion_asset_key(k.path[-1]))
-    ]
+    trained = [k for k, _ in plan.steps if k == model_asset_key(k.path[-1])]
+    also = []
+    for model_key in dict.fromkeys([*trained, key]):
+        champion = champion_asset_key(model_key.path[-1])
+        if graph.has(champion) and (
+            model_key in trained or code_version_changed(instance, graph, champion)
+        ):
+            also.append(champion)
+    if plan.empty and not also:
+        going = " or left to the run writing it" if plan.in_flight else ""
+        print(f"backfill_id=none (every partition is fresh{going})")
+        return 0
+    for champion in also if plan.empty else []:
+        print(f"  {champion.to_user_string()}: its gates changed; it judges the champion again",
+              file=sys.stderr)  # fmt: skip
     title = f"{key.to_user_string()} {args.start_ds}..{args.end_ds}"
     if deployment is not None:
         backfill_id = deployment.launch(plan, title=title, also=also)

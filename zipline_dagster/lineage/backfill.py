@@ -398,6 +398,16 @@ def _checked_graph(defs: dg.Definitions, target: dg.AssetKey) -> Any:
     return graph
 
 
+def code_version_changed(instance: dg.DagsterInstance, graph: Any, key: dg.AssetKey) -> bool:
+    """Unpartitioned ``key`` was materialized under another code version than it has now
+    (a champion whose gates changed): Dagster shows it unsynced."""
+    event = instance.get_latest_materialization_event(key)
+    mat = event.asset_materialization if event is not None else None
+    if mat is None:
+        return False
+    return (mat.tags or {}).get(CODE_VERSION_TAG) != graph.get(key).code_version
+
+
 def model_partitions(defs: dg.Definitions, key: dg.AssetKey, start: str, end: str) -> list[str]:
     graph = _checked_graph(defs, key)
     pdef = graph.get(key).partitions_def
