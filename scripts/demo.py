@@ -22,11 +22,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+
+    from zipline_dagster.declarations.model import Model
+    from zipline_dagster.declarations.transforms import ModelTransforms
     from zipline_dagster.storage.blobs import BlobStore
 
 MODEL_START = os.environ.get("ZIPLINE_DEMO_START", "2026-07-11")
 MODEL_END = os.environ.get("ZIPLINE_DEMO_END", "2026-07-14")
-TRAINER = Path(__file__).resolve().parents[1] / "trainers" / "listing_ctr_model"
+TRAINERS = Path(__file__).resolve().parents[1] / "trainers"
 
 
 def main(argv: list[str]) -> int:
@@ -52,11 +56,39 @@ def main(argv: list[str]) -> int:
         return 130
 
 
+def demo_models() -> list[tuple["Model", "ModelTransforms"]]:
+    """The demo's models, each with its scores table: the CTR classifier and the price
+    regressor, on the same training table."""
+    from zipline_dagster.defs.listing_ctr import listing_ctr_model, listing_scores
+    from zipline_dagster.defs.listing_price import listing_price_model, listing_prices
+
+    return [(listing_ctr_model, listing_scores), (listing_price_model, listing_prices)]
+
+
+def publish(models: list["Model"]) -> str | None:
+    """Build and upload each model's trainer archive; why not, when its source no longer
+    builds the version its defs file pins."""
+    from zipline_dagster.training.archive import publish_trainer_archive
+
+    for model in models:
+        published = publish_trainer_archive(
+            TRAINERS / model.name, model_name=model.name, base=model.model_artifact_base_uri
+        )
+        if published.version != model.version:
+            return (
+                f"trainers/{model.name} now builds version {published.version}, but its defs "
+                f"file pins {model.version}; run `zipline-dagster build-trainer "
+                f"trainers/{model.name} --model-name {model.name} --base "
+                f"{model.model_artifact_base_uri}` to pin it"
+            )
+        print(f"      {model.name} {published.version} at {published.uri}", flush=True)
+    return None
+
+
 def _main() -> int:
     import dagster as dg
 
     from zipline_dagster.defs import defs
-    from zipline_dagster.defs.listing_ctr import listing_ctr_model, listing_scores
     from zipline_dagster.lineage.backfill import model_partitions, plan_backfill
     from zipline_dagster.lineage.internals import execute_plan_in_process
     from zipline_dagster.lineage.ledger import Ledger
@@ -70,87 +102,137 @@ def _main() -> int:
     from zipline_dagster.storage.resources import warehouse_of
     from zipline_dagster.storage.tables import shift_day
     from zipline_dagster.tracking import mlflow_of
-    from zipline_dagster.training.archive import publish_trainer_archive
 
     t0 = time.monotonic()
-    model = listing_ctr_model
-    print(f"[1/5] trainer archive from {TRAINER}", flush=True)
-    published = publish_trainer_archive(
-        TRAINER, model_name=model.name, base=model.model_artifact_base_uri
-    )
-    if published.version != model.version:
-        print(
-            f"error: trainers/{model.name} now builds version {published.version}, but "
-            f"zipline_dagster/defs/listing_ctr.py pins {model.version}; update LISTING_CTR_MODEL_VERSION",
-            file=sys.stderr,
-        )
+    pairs = demo_models()
+    models = [m for m, _ in pairs]
+    print(f"[1/5] trainer archives from {TRAINERS}", flush=True)
+    if (why := publish(models)) is not None:
+        print(f"error: {why}", file=sys.stderr)
         return 1
-    print(f"      version {published.version} at {published.uri}", flush=True)
-
     instance = dg.DagsterInstance.get()
-    key = model_asset_key(model.name)
-    parts = model_partitions(defs, key, MODEL_START, MODEL_END)
     warehouse = warehouse_of(defs)
-    ledger = Ledger(instance, judge=gate_judge(model, store=warehouse.store))
-    plan = plan_backfill(defs, instance, key, parts, ledger=ledger)
-    for diff in ledger.recorded:
-        print(f"note: {diff.key.to_user_string()} {diff.partition}: {diff.describe()}")
-    print(
-        f"[2/5] plan for {key.to_user_string()} {MODEL_START}..{MODEL_END}:\n{plan.describe()}",
-        flush=True,
-    )
-    execute_plan_in_process(defs, instance, plan, log=lambda m: print(f"      {m}", flush=True))
-
     log = lambda m: print(f"      {m}", flush=True)  # noqa: E731
-    print("[3/5] champion", flush=True)
+    parts: list[str] = []
+    for model in models:
+        key = model_asset_key(model.name)
+        parts = model_partitions(defs, key, MODEL_START, MODEL_END)
+        ledger = Ledger(instance, judge=gate_judge(*models, store=warehouse.store))
+        plan = plan_backfill(defs, instance, key, parts, ledger=ledger)
+        for diff in ledger.recorded:
+            print(f"note: {diff.key.to_user_string()} {diff.partition}: {diff.describe()}")
+        print(
+            f"[2/5] plan for {key.to_user_string()} {MODEL_START}..{MODEL_END}:\n{plan.describe()}",
+            flush=True,
+        )
+        execute_plan_in_process(defs, instance, plan, log=log)
+
+    print("[3/5] champions", flush=True)
     job = defs.resolve_implicit_global_asset_job_def()
     quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
     moved = job.execute_in_process(
-        run_config=quiet, instance=instance, asset_selection=[champion_asset_key(model.name)]
+        run_config=quiet,
+        instance=instance,
+        asset_selection=[champion_asset_key(m.name) for m in models],
+        raise_on_error=False,
     )
     if not moved.success:
-        print("error: the champion asset failed; see the Dagster run", file=sys.stderr)
+        print(f"error: a champion asset failed; see Dagster run {moved.run_id}", file=sys.stderr)
         return 1
+    for model in models:
+        store = warehouse.store(model.model_artifact_base_uri)
+        if (why := none_passes(store, model, parts)) is not None:
+            print(f"error: {why}", file=sys.stderr)
+            return 1
     # Day ds is scored by the model of ds-1, so the scored days follow the trained ones.
     scored = [shift_day(ds, 1) for ds in parts]
-    for key in (table_asset_key(listing_scores.table), monitoring_asset_key(listing_scores)):
-        step = plan_backfill(defs, instance, key, scored)
-        print(f"[4/5] plan for {key.to_user_string()}:\n{step.describe()}", flush=True)
-        execute_plan_in_process(defs, instance, step, log=log)
+    for _, transforms in pairs:
+        for key in (table_asset_key(transforms.table), monitoring_asset_key(transforms)):
+            step = plan_backfill(defs, instance, key, scored)
+            print(f"[4/5] plan for {key.to_user_string()}:\n{step.describe()}", flush=True)
+            execute_plan_in_process(defs, instance, step, log=log)
 
     print(f"[5/5] trained partitions ({time.monotonic() - t0:.0f}s):", flush=True)
-    if summarize(instance, warehouse.store(model.model_artifact_base_uri), parts, scored):
+    unfinished = []
+    for model, transforms in pairs:
+        store = warehouse.store(model.model_artifact_base_uri)
+        unfinished += summarize(instance, store, model, transforms, parts, scored)
+    if unfinished:
+        print(f"error: {len(unfinished)} partitions are not finished", file=sys.stderr)
         return 1
     tracker = mlflow_of(defs).tracker(lambda m: print(f"warning: {m}"))
     if tracker is not None:  # `make demo-mlflow`
-        for line in tracker.summary(model.name) or []:
-            print(f"      MLflow: {line}")
+        for model in models:
+            for line in tracker.summary(model.name) or []:
+                print(f"      MLflow: {line}")
     print(
         "open the Dagster UI with `make dev` (http://127.0.0.1:3000); stop the embedded Ray head with `make ray-down`"
     )
     return 0
 
 
+def none_passes(store: "BlobStore", model: "Model", parts: list[str]) -> str | None:
+    """Why no day after ``parts`` can be scored: no partition of them passes its gates
+    (each threshold none meets, with the best value any partition had), or None."""
+    from zipline_dagster.rollout import champion as ch
+    from zipline_dagster.rollout import gates
+    from zipline_dagster.storage.artifacts import report_metrics
+    from zipline_dagster.storage.paths import model_partition_uri
+
+    if any(all(r.passed for r in gates.evaluate(model, store, ds).values()) for ds in parts):
+        return None
+    reports = {
+        ds: gates.read_partition_report(store, model_partition_uri(model, ds)) for ds in parts
+    }
+    failed = []
+    for metric in model.rollout.rollout_metric_thresholds:
+        held = {ds: report_metrics(r or {}).get(metric.name) for ds, r in reports.items()}
+        values = [(v, ds) for ds, v in held.items() if v is not None]
+        if any(metric.passes(v) for v, _ in values):
+            continue
+        if not values:
+            failed.append(f"{metric.describe()} (no partition reports {metric.name})")
+            continue
+        value, ds = max(values) if metric.is_minimum else min(values)
+        failed.append(f"{metric.describe()} (best {metric.name} {value:.4f} on {ds})")
+    champion = ch.read_champion(store, model)
+    serving = (
+        f"the champion {champion['version']}/{champion['ds']} keeps serving, and"
+        if champion is not None
+        else "there is no champion, and"
+    )
+    return (
+        f"{model.name}: no partition of {parts[0]}..{parts[-1]} passed its gates: "
+        f"{'; '.join(failed) or 'its report or manifest gates'}; {serving} nothing was scored"
+    )
+
+
 def summarize(
-    instance: object, store: "BlobStore", parts: list[str], scored: list[str]
+    instance: object,
+    store: "BlobStore",
+    model: "Model",
+    transforms: "ModelTransforms",
+    parts: list[str],
+    scored: list[str],
 ) -> list[str]:
-    """Print each trained partition (its holdout AUC and checks), the champion and each
-    scored day's realized AUC, read from the code location's warehouse ``store``; the
-    partitions and days that are not finished."""
+    """Print each trained partition of ``model`` (its holdout metrics and checks), the
+    champion and each scored day's realized metrics, read from the code location's
+    warehouse ``store``; return the partitions and days that are not finished."""
 
     import dagster as dg
 
-    from zipline_dagster.defs.listing_ctr import listing_ctr_model as model
-    from zipline_dagster.defs.listing_ctr import listing_scores
+    from zipline_dagster.declarations.tasks import REALIZED_METRICS, task_of
     from zipline_dagster.lineage.partitions import scored_by
     from zipline_dagster.rollout import champion as ch
     from zipline_dagster.rollout import gates
     from zipline_dagster.scoring.monitoring import monitoring_asset_key
-    from zipline_dagster.storage.artifacts import is_committed, read_report
+    from zipline_dagster.storage.artifacts import is_committed, read_report, report_metrics
     from zipline_dagster.storage.paths import MANIFEST_NAME, model_partition_uri
 
     assert isinstance(instance, dg.DagsterInstance)
     unfinished = []
+    print(f"      {model.name}:")
+    task = None
     for ds in parts:
         model_dir = model_partition_uri(model, ds)
         # Trained means a manifest on storage whose every checksum matches, whatever
@@ -160,40 +242,53 @@ def summarize(
             unfinished.append(ds)
             continue
         report = read_report(store, model_dir)
-        auc = report["holdout"]["metrics"]["auc"]
-        auc_text = f"{auc:.3f}" if auc is not None else report["status"].get("holdout.auc", "n/a")
+        task = task_of(model.task, report)
         verdicts = gates.evaluate(model, store, ds)
         failed = [n for n, r in verdicts.items() if not r.passed]
         checks = "checks passed" if not failed else "checks FAILED: " + ", ".join(failed)
         print(
-            f"      {ds}  holdout AUC {auc_text}  {checks}  rows "
-            f"{report['train']['rows']}+{report['holdout']['rows']}  {model_dir}"
+            f"      {ds}  holdout {_metrics(report_metrics(report), 'holdout_', REALIZED_METRICS[task])}"
+            f"  {checks}  rows {report['train']['rows']}+{report['holdout']['rows']}  {model_dir}"
         )
     champion = ch.read_champion(store, model)
     if champion is None:
         print("      champion: none (no partition passes every gate)")
     else:
+        keys = REALIZED_METRICS[task] if task is not None else ()
         print(
             f"      champion: {champion['version']}/{champion['ds']} "
-            f"(holdout AUC {champion['metrics'].get('holdout_auc', float('nan')):.3f}; "
+            f"(holdout {_metrics(champion['metrics'], 'holdout_', keys)}; "
             f"{champion['why']}) -> {ch.champion_uri(model)}"
         )
+        if failing := ch.fails_current_gates(model, champion):
+            print(f"      warning: the champion fails the current gates: {failing[0].summary}")
     print("      scored days (realized on that day's labels):")
     for ds in scored:
-        realized = _latest_metadata(instance, monitoring_asset_key(listing_scores), ds)
+        realized = _latest_metadata(instance, monitoring_asset_key(transforms), ds)
         if realized is None:
             print(f"      {ds}  NOT MONITORED")
             unfinished.append(ds)
             continue
-        auc = realized.get("realized/auc")
-        auc_text = f"{auc:.3f}" if auc is not None else "n/a"
-        print(
-            f"      {ds}  realized AUC {auc_text}  on {realized.get('rows_joined')} labelled rows, "
-            f"scored by {model.name} {scored_by(realized)}"
+        keys = (
+            REALIZED_METRICS[task_of(str(realized.get("task") or model.task or ""), None)]
+            if realized.get("task")
+            else ()
         )
-    if unfinished:
-        print(f"error: {len(unfinished)} partitions have no finished model", file=sys.stderr)
+        print(
+            f"      {ds}  realized {_metrics(realized, 'realized/', keys)}  on "
+            f"{realized.get('rows_joined')} labelled rows, scored by {model.name} {scored_by(realized)}"
+        )
     return unfinished
+
+
+def _metrics(values: "Mapping[str, object]", prefix: str, keys: "Iterable[str]") -> str:
+    """``AUC 0.712 logloss 0.412 ...``: each of ``keys`` read as ``{prefix}{key}``."""
+    shown = []
+    for key in keys:
+        value = values.get(f"{prefix}{key}")
+        label = key.upper() if key in ("auc", "rmse", "mae") else ("R²" if key == "r2" else key)
+        shown.append(f"{label} {value:.3f}" if isinstance(value, (int, float)) else f"{label} n/a")
+    return " ".join(shown)
 
 
 def cluster_main(web_url: str) -> int:
@@ -206,41 +301,43 @@ def cluster_main(web_url: str) -> int:
     import dagster as dg
 
     from zipline_dagster.defs import defs
-    from zipline_dagster.defs.listing_ctr import listing_ctr_model as model
-    from zipline_dagster.defs.listing_ctr import listing_scores
     from zipline_dagster.scoring.monitoring import monitoring_asset_key
     from zipline_dagster.storage.resources import warehouse_of
     from zipline_dagster.storage.tables import days_between, shift_day
-    from zipline_dagster.training.archive import publish_trainer_archive
 
     t0 = time.monotonic()
-    print(f"[1/3] trainer archive from {TRAINER}", flush=True)
-    published = publish_trainer_archive(
-        TRAINER, model_name=model.name, base=model.model_artifact_base_uri
-    )
-    print(f"      version {published.version} at {published.uri}", flush=True)
+    pairs = demo_models()
+    print(f"[1/3] trainer archives from {TRAINERS}", flush=True)
+    if (why := publish([m for m, _ in pairs])) is not None:
+        print(f"error: {why}", file=sys.stderr)
+        return 1
     cli = str(Path(sys.executable).parent / "zipline-dagster")
     parts = [MODEL_START, MODEL_END]
     scored = [shift_day(MODEL_START, 1), shift_day(MODEL_END, 1)]
-    # one backfill: the monitored days, their scores, the models that score them (day ds
-    # by ds-1) and everything upstream, then the champion of the trained partitions
-    target = monitoring_asset_key(listing_scores).to_user_string()
-    print(
-        f"[2/3] backfill of {target} {scored[0]}..{scored[1]} through {web_url}: upstream "
-        "first, the models, their champion, the scores and their monitoring",
-        flush=True,
-    )
-    done = subprocess.run(
-        [cli, "backfill", target, "--start-ds", scored[0], "--end-ds", scored[1], "--url",
-         web_url, "--wait"],
-    )  # fmt: skip
-    if done.returncode != 0:
-        print(f"error: the backfill of {target} did not succeed", file=sys.stderr)
-        return 1
+    for _, transforms in pairs:
+        # one backfill a model: the monitored days, their scores, the models that score
+        # them (day ds by ds-1) and everything upstream, then the champion
+        target = monitoring_asset_key(transforms).to_user_string()
+        print(
+            f"[2/3] backfill of {target} {scored[0]}..{scored[1]} through {web_url}: upstream "
+            "first, the models, their champion, the scores and their monitoring",
+            flush=True,
+        )
+        done = subprocess.run(
+            [cli, "backfill", target, "--start-ds", scored[0], "--end-ds", scored[1], "--url",
+             web_url, "--wait"],
+        )  # fmt: skip
+        if done.returncode != 0:
+            print(f"error: the backfill of {target} did not succeed", file=sys.stderr)
+            return 1
     print(f"[3/3] trained partitions ({time.monotonic() - t0:.0f}s):", flush=True)
     instance = dg.DagsterInstance.get()
-    store = warehouse_of(defs).store(model.model_artifact_base_uri)
-    return 1 if summarize(instance, store, days_between(*parts), days_between(*scored)) else 0
+    unfinished = []
+    for model, transforms in pairs:
+        store = warehouse_of(defs).store(model.model_artifact_base_uri)
+        trained, days = days_between(*parts), days_between(*scored)
+        unfinished += summarize(instance, store, model, transforms, trained, days)
+    return 1 if unfinished else 0
 
 
 def _latest_metadata(instance: object, key: object, ds: str) -> dict[str, object] | None:

@@ -41,62 +41,6 @@ def _build_trainer(args: argparse.Namespace) -> int:
     return 0
 
 
-#: The defs file ``new-model`` writes: a model on a training table, pinned by the lock.
-MODEL_TEMPLATE = '''"""{name}: scaffolded by `zipline-dagster new-model {name}`.
-
-Its trainer is trainers/{name}/ (a copy of the reference trainer). After editing it, build
-it again (`zipline-dagster build-trainer trainers/{name} --model-name {name} --base
-BASE`): that records its new version in trainers.lock, which this file reads.
-"""
-
-from zipline_dagster import (
-    DeploymentSpec,
-    EventSource,
-    InferenceSpec,
-    Metric,
-    Model,
-    ModelBackend,
-    Query,
-    ResourceConfig,
-    RolloutStrategy,
-    TimeUnit,
-    TrainingSpec,
-    Window,
-    selects,
-)
-from zipline_dagster.settings import artifact_base_uri
-from zipline_dagster.training.pins import pinned_version
-
-#: The columns of {table} the trainer reads (besides the label).
-FEATURES = {features!r}
-
-{name} = Model(
-    version=pinned_version("{name}", near=__file__),
-    model_artifact_base_uri=artifact_base_uri(),
-    inference_spec=InferenceSpec(
-        model_backend=ModelBackend.RAY,
-        model_backend_params={{"model_name": "{name}", "model_type": "custom"}},
-    ),
-    training_conf=TrainingSpec(
-        training_data_source=EventSource(
-            table="{table}",
-            query=Query(selects=selects(*FEATURES, "label"), start_partition="2026-07-01"),
-        ),
-        training_data_window=Window(length={window}, time_unit=TimeUnit.DAYS),
-        python_module="trainer.train",
-        resource_config=ResourceConfig(min_replica_count=0),
-        job_configs={{"features": ",".join(FEATURES), "label-column": "label", "eval-days": "1"}},
-    ),
-    deployment_conf=DeploymentSpec(
-        rollout_strategy=RolloutStrategy(
-            rollout_metric_thresholds=[Metric(name="holdout_auc", threshold={threshold})],
-            regression_tolerance=0.02,
-        )
-    ),
-)
-'''
-
-
 def _new_model(args: argparse.Namespace) -> int:
     import importlib
     import importlib.util
@@ -106,7 +50,9 @@ def _new_model(args: argparse.Namespace) -> int:
     import dagster as dg
 
     from zipline_dagster.declarations.model import MODEL_NAME_ACCEPTED, MODEL_NAME_RE
+    from zipline_dagster.declarations.tasks import Task
     from zipline_dagster.lineage.partitions import model_asset_key
+    from zipline_dagster.scaffold import DEFAULT_FEATURES, DEFAULT_LABELS, GATES, Scaffold
     from zipline_dagster.settings import artifact_base_uri
     from zipline_dagster.training.archive import build_trainer_archive, publish_trainer_archive
     from zipline_dagster.training.pins import TRAINERS_DIR, find_lock, record_pin, write_lock
@@ -117,13 +63,26 @@ def _new_model(args: argparse.Namespace) -> int:
             f"new-model {name!r}: expected {MODEL_NAME_ACCEPTED}, also a Python name "
             "(it names the defs module and the declaration)"
         )
+    task = Task(args.task)
+    scaffold = Scaffold(
+        name=name,
+        table=args.table,
+        task=task,
+        window=args.window,
+        features=tuple(f for f in (args.features or DEFAULT_FEATURES[task]).split(",") if f),
+        label=args.label or DEFAULT_LABELS[task],
+        keys=tuple(k for k in args.keys.split(",") if k),
+        threshold=GATES[task][1] if args.threshold is None else args.threshold,
+    )
+    if (problem := scaffold.problem()) is not None:
+        raise CliError(f"new-model {name!r}: {problem}; nothing was written")
     module = args.module or project_code_location()
     spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
         raise CliError(f"--module={module!r} is not a package whose modules declare models")
     defs_file = Path(next(iter(spec.submodule_search_locations))) / f"{name}.py"
     lock = find_lock(defs_file)
-    template = lock.parent / TRAINERS_DIR / args.template
+    template = lock.parent / TRAINERS_DIR / (args.template or scaffold.template)
     trainer = lock.parent / TRAINERS_DIR / name
     for path in (trainer, defs_file):
         if path.exists():
@@ -136,18 +95,10 @@ def _new_model(args: argparse.Namespace) -> int:
         setup = trainer / "setup.py"
         setup.write_text(re.sub(r'name="[^"]*"', f'name="{name}"', setup.read_text(), count=1))
         record_pin(lock, name, build_trainer_archive(trainer), trainer)
-        features = tuple(f for f in args.features.split(",") if f)
-        defs_file.write_text(
-            MODEL_TEMPLATE.format(
-                name=name,
-                table=args.table,
-                features=features,
-                window=args.window,
-                threshold=args.threshold,
-            )
-        )
+        flags = f" --task {task}" if task is not Task.CLASSIFICATION else ""
+        defs_file.write_text(scaffold.render(flags))
         # the declaration, then the code location with it: a bad --table, --features,
-        # --window or --threshold is refused now, with nothing left behind
+        # --label, --keys, --window or --threshold is refused now, with nothing left behind
         importlib.import_module(f"{module}.{name}")
         defs = load_definitions(module)
     except BaseException as exc:
@@ -161,7 +112,8 @@ def _new_model(args: argparse.Namespace) -> int:
             raise
         raise CliError(
             f"new-model {name!r}: the code location {module} does not load with it "
-            f"(--table, --features, --window and --threshold are its declaration's), so "
+            "(--table, --features, --label, --keys, --window and --threshold are its "
+            "declaration's), so "
             f"nothing was written: {type(exc).__name__}: {exc}"
         ) from exc
     published = publish_trainer_archive(trainer, model_name=name, base=artifact_base_uri())
@@ -652,13 +604,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", help="the model's name (names its trainer, archive and defs module)")
     p.add_argument("--table", default="ctr.training_v1", help="the training table it reads")
     p.add_argument(
+        "--task",
+        choices=["classification", "regression"],
+        default="classification",
+        help="what it predicts: its reference trainer, gate and monitored metrics",
+    )
+    p.add_argument(
         "--features",
-        default="price_log,inventory_count,clicked_count_7d,clicked_sum_7d,clicked_sum_1d,price_avg_7d",
-        help="comma-separated columns of the table the trainer reads (besides label)",
+        help="comma-separated columns of the table the trainer reads (besides the label; "
+        "default: the demo table's for the task)",
+    )
+    p.add_argument("--label", help="the label column (default: label; price_log for regression)")
+    p.add_argument(
+        "--keys",
+        default="view_id",
+        help="comma-separated columns a scored row is joined to its label on (monitoring)",
     )
     p.add_argument("--window", type=int, default=4, help="training window, in days")
-    p.add_argument("--threshold", type=float, default=0.6, help="the holdout_auc gate")
-    p.add_argument("--template", default="listing_ctr_model", help="the trainers/ folder to copy")
+    p.add_argument(
+        "--threshold",
+        type=float,
+        help="the gate: holdout_auc >= it (default 0.6); holdout_r2 >= it for regression (0.5)",
+    )
+    p.add_argument("--template", help="the trainers/ folder to copy (default: the task's)")
     p.add_argument("--module", help="code location package (default: the project's)")
     p.set_defaults(func=_new_model)
 

@@ -9,6 +9,7 @@ summary included) for one day on that project. Real processes throughout (the CL
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -36,6 +37,35 @@ UPSTREAM = {
 @pytest.mark.ray
 @pytest.mark.spark
 @pytest.mark.slow
+def dagster_staleness(run: Any, name: str, ds: str) -> str:
+    """Dagster's own staleness of model partition ``ds`` ("unsynced" in the UI is STALE),
+    computed in the project's environment from its instance. Dagster has no public form
+    of it outside the UI's GraphQL: its resolver is private, and used here only."""
+    code = (
+        "import dagster as dg\n"
+        "from dagster._core.definitions.data_version import CachingStaleStatusResolver\n"
+        "from dagster._core.loader import LoadingContextForTest\n"
+        "from zipline_dagster.defs import defs\n"
+        "i = dg.DagsterInstance.get()\n"
+        "r = CachingStaleStatusResolver(i, defs.resolve_asset_graph(), LoadingContextForTest(i))\n"
+        f"print(r.get_status(dg.AssetKey(['models', {name!r}]), {ds!r}).value)\n"
+    )
+    done = run(str(BIN / "python"), "-c", code)
+    assert done.returncode == 0, done.stderr
+    return str(done.stdout.strip().splitlines()[-1])
+
+
+def latest_metadata(instance: dg.DagsterInstance, key: list[str], ds: str) -> dict[str, Any]:
+    event = instance.get_latest_materialization_event(dg.AssetKey(key))
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=dg.AssetKey(key), asset_partitions=[ds]), limit=1
+    ).records
+    assert records and event is not None, f"{key} {ds} is not materialized"
+    mat = records[0].asset_materialization
+    assert mat is not None
+    return {k: v.value for k, v in mat.metadata.items()}
+
+
 def test_a_new_model_goes_from_scaffold_to_champion_and_cannot_drift(
     ray_head: Any, tmp_path: Path
 ) -> None:
@@ -90,6 +120,34 @@ def test_a_new_model_goes_from_scaffold_to_champion_and_cannot_drift(
     again = backfill(DS, DS)  # fresh: nothing to launch
     assert "backfill_id=none" in again.stdout
     assert "every requested partition is fresh" in again.stderr
+    # every change of what a partition trains on shows: removing a feature makes the
+    # partition unsynced in Dagster's own staleness and the next backfill retrains it; a
+    # description changes no output and stales nothing
+    defs_file = project / "zipline_dagster" / "defs" / f"{NAME}.py"
+    declared = defs_file.read_text()
+    defs_file.write_text(declared.replace('task="classification",', 'task="classification",\n    description="churn",'))  # fmt: skip
+    assert "every requested partition is fresh" in backfill(DS, DS, "--wait", "--workspace", str(project / "workspace.yaml")).stderr  # fmt: skip
+    assert dagster_staleness(run, NAME, DS) == "FRESH"
+    defs_file.write_text(defs_file.read_text().replace(' "clicked_sum_1d",', ""))
+    assert dagster_staleness(run, NAME, DS) == "STALE"
+    retrained = backfill(DS, DS, "--wait", "--workspace", str(project / "workspace.yaml"))
+    assert f"models/{NAME}: {DS} (stale: code version changed to {version}-" in retrained.stderr
+    assert "ctr/training_v1" not in retrained.stderr  # its inputs are fresh
+    (manifest,) = (tmp_path / "zipline").rglob(f"models/{NAME}/{version}/{DS}/_MANIFEST.json")
+    assert dagster_staleness(run, NAME, DS) == "FRESH"
+    trained_under = json.loads(manifest.read_text())["declaration"]
+    assert "clicked_sum_1d" not in trained_under["job_configs"]["features"], trained_under
+    # a gate the champion fails: it keeps serving, and its check names the gate
+    defs_file.write_text(defs_file.read_text().replace("threshold=0.6", "threshold=0.99"))
+    judged = backfill(DS, DS, "--wait", "--workspace", str(project / "workspace.yaml"))
+    assert f"champions/{NAME}: its gates changed" in judged.stderr, judged.stderr
+    assert f"champion={version}/{DS} (stays at {version}/{DS}, which fails the current gates (holdout_auc=0." in judged.stdout, judged.stdout  # fmt: skip
+    instance = dg.DagsterInstance.from_config(str(home))
+    check = dg.AssetCheckKey(dg.AssetKey(["champions", NAME]), "champion_passes_gates")
+    evaluation = instance.event_log_storage.get_latest_asset_check_execution_by_key([check])[check]
+    assert evaluation.status.value == "FAILED"
+    assert "fails holdout_auc >= 0.99" in str(evaluation.event.dagster_event.event_specific_data.evaluation.description)  # type: ignore[union-attr]  # fmt: skip
+
     # a wider range plans only what is new: one more day of each input, one more model
     plan = backfill(DS, "2026-07-12").stderr
     assert f"models/{NAME}: 2026-07-12 (missing)" in plan
@@ -120,6 +178,26 @@ def test_a_new_model_goes_from_scaffold_to_champion_and_cannot_drift(
     )
     assert again.returncode != 0
     assert f"refusing to train {NAME}: {drift}" in again.stdout + again.stderr
+    # every partition is fresh, and still the backfill refuses: the trainer drifted
+    fresh = run(str(BIN / "zipline-dagster"), "backfill", NAME, "--start-ds", DS, "--end-ds", DS)
+    assert fresh.returncode != 0 and drift in fresh.stderr, fresh.stdout + fresh.stderr
+
+    # a regression model: scaffold -> backfill of its monitoring -> champion, scores and
+    # realized RMSE / MAE / R² (the day after DS, scored by partition DS)
+    made = run(str(BIN / "zipline-dagster"), "new-model", "price_model", "--task", "regression", "--label", "price_log")  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    day = "2026-07-12"
+    priced = run(str(BIN / "zipline-dagster"), "backfill", "monitoring/ctr/price_model_scores", "--start-ds", day, "--end-ds", day, "--wait", "--workspace", str(project / "workspace.yaml"))  # fmt: skip
+    assert priced.returncode == 0, priced.stdout + priced.stderr[-5000:]
+    assert "status=COMPLETED_SUCCESS" in priced.stdout
+    assert f"champion={made.stdout.strip().removeprefix('version=')}/{DS} (newest partition passing every gate)" in priced.stdout  # fmt: skip
+    instance = dg.DagsterInstance.from_config(str(home))
+    monitored = latest_metadata(instance, ["monitoring", "ctr", "price_model_scores"], day)
+    assert monitored["task"] == "regression" and monitored["scored_by"] == DS, monitored
+    for metric in ("rmse", "mae", "r2"):
+        assert isinstance(monitored[f"realized/{metric}"], float), monitored
+        assert isinstance(monitored[f"training/holdout_{metric}"], float), monitored
+    assert 0.5 < monitored["realized/r2"] <= 1.0, monitored
 
     # `make demo`'s path on the same project, for one day: the demo's model trains on the
     # inputs computed above, the champion moves, the next day is scored and monitored,
@@ -155,3 +233,18 @@ def test_a_new_model_goes_from_scaffold_to_champion_and_cannot_drift(
     assert rerun.returncode == 0, rerun.stdout[-5000:] + rerun.stderr[-5000:]
     assert "every requested partition is fresh" in rerun.stdout, rerun.stdout
     assert rerun.stdout.split("[5/5]", 1)[1].split(":", 1)[1] == summary.split(":", 1)[1]
+    # an impossible gate: the demo says in one line that no partition passed it, with the
+    # best value, and scores nothing (no step traceback)
+    ctr = project / "zipline_dagster" / "defs" / "listing_ctr.py"
+    ctr.write_text(ctr.read_text().replace('name="holdout_auc", threshold=0.65', 'name="holdout_auc", threshold=0.99'))  # fmt: skip
+    gated = subprocess.run(demo, cwd=project, env=demo_env, capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert gated.returncode == 1, gated.stdout[-3000:] + gated.stderr[-3000:]
+    assert "Traceback" not in gated.stdout + gated.stderr, gated.stderr[-3000:]
+    assert (
+        gated.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            f"error: listing_ctr_model: no partition of {DS}..{DS} passed its gates: holdout_auc "
+            f">= 0.99 (best holdout_auc 0."
+        )
+    ), gated.stderr[-3000:]

@@ -26,6 +26,7 @@ from tests.helpers import (
 from tests.training.test_assets import TABLE, make_model, resources
 from zipline_dagster import DeploymentSpec, Metric, RolloutStrategy
 from zipline_dagster.declarations.model import Model
+from zipline_dagster.declarations.versions import model_code_version
 from zipline_dagster.lineage.partitions import daily_partitions, latest_materialization
 from zipline_dagster.rollout import champion as ch
 from zipline_dagster.rollout.assets import (
@@ -416,7 +417,9 @@ def test_the_cli_reads_storage_through_the_code_locations_warehouse(
         d = f"{base}/models/{model.name}/{version}/{ds}"
         for name, data in (("metrics.json", report), ("model.json", b"{}")):
             store.write_bytes(f"{d}/_attempts/a1/{name}", data)
-        promote_attempt(store, d, "a1", extra={"version": version})
+        # as training writes it: the trainer version and the declaration's code version
+        extra = {"version": version, "code_version": model_code_version(model)}
+        promote_attempt(store, d, "a1", extra=extra)
     (tmp_path / "s3_defs.py").write_text(
         textwrap.dedent(
             f"""

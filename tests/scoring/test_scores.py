@@ -262,10 +262,16 @@ def test_scores_served_by_the_day_before_and_monitored(
     assert mmat.metadata["realized/positive_rate"].value == pytest.approx(joined["label"].mean())
     report = json.loads((model_dir / "metrics.json").read_text())
     assert mmat.metadata["training/holdout_auc"].value == report["holdout"]["metrics"]["auc"]
-    (check,) = monitored.get_asset_check_evaluations()
-    assert check.check_name == "realized_auc" and check.metadata["realized_auc"].value == (
+    # a warning check per realized metric of the task, each against the holdout's
+    checks = {c.check_name: c for c in monitored.get_asset_check_evaluations()}
+    assert sorted(checks) == ["realized_accuracy", "realized_auc", "realized_logloss"]
+    assert checks["realized_auc"].metadata["realized_auc"].value == (
         mmat.metadata["realized/auc"].value
     )
+    assert (
+        mmat.metadata["training/holdout_logloss"].value == report["holdout"]["metrics"]["logloss"]
+    )
+    assert mmat.metadata["task"].value == "classification"
 
     # Retraining model partition D1 makes exactly the scores it served stale.
     graph = defs.resolve_asset_graph()

@@ -163,8 +163,8 @@ def test_new_model_scaffolds_a_pinned_trainer_and_its_declaration(
     assert refused.returncode == 1
     assert (
         "error: new-model 'churn_model': the code location proj_defs does not load with it "
-        "(--table, --features, --window and --threshold are its declaration's), so nothing was "
-        "written: ModelSpecError: Window.length=0 is invalid; expected a whole number >= 1"
+        "(--table, --features, --label, --keys, --window and --threshold are its declaration's), "
+        "so nothing was written: ModelSpecError: Window.length=0 is invalid; expected a whole number >= 1"
     ) in refused.stderr
     assert sorted(p.name for p in root.rglob("*") if "churn" in p.name) == []
     assert not (root / LOCK_NAME).exists()
@@ -193,6 +193,34 @@ def test_new_model_scaffolds_a_pinned_trainer_and_its_declaration(
     assert again.returncode == 1 and "already exists; nothing was written" in again.stderr
     bad = run_cli("new-model", "Churn", "--module", "proj_defs", env=env)
     assert bad.returncode == 1 and "new-model 'Churn': expected a safe path segment" in bad.stderr
+
+    # a regression model: the reference regressor, its gate, scores and monitoring
+    shutil.copytree(
+        TRAINERS / "listing_price_model",
+        root / "trainers" / "listing_price_model",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    label_read = run_cli("new-model", "price_model", "--task", "regression", "--label", "price_log",
+                         "--features", "price_log,inventory_count", "--module", "proj_defs", env=env)  # fmt: skip
+    assert (
+        label_read.returncode == 1
+        and ("--label=price_log is also among --features; a model does not read its label")
+        in label_read.stderr
+    )
+    priced = run_cli("new-model", "price_model", "--task", "regression", "--label", "price_log",
+                     "--module", "proj_defs", env=env)  # fmt: skip
+    assert priced.returncode == 0, priced.stderr
+    assert "(from " in priced.stderr and "listing_price_model)" in priced.stderr
+    declared = (root / "proj_defs" / "price_model.py").read_text()
+    for line in (
+        'task="regression"',
+        'Metric(name="holdout_r2", threshold=0.5)',
+        '"label-column": "price_log"',
+        'label_column="price_log"',
+        "price_model_scores = ModelTransforms(",
+    ):
+        assert line in declared, line
+    assert "(realized rmse, mae, r2)" in declared
 
     train = trainer / "trainer" / "train.py"
     train.write_text(train.read_text() + "\n# edited\n")

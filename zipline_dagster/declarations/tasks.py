@@ -42,11 +42,11 @@ _MODEL_TYPE_PREFIXES = {"binary:": Task.CLASSIFICATION, "multi:": Task.CLASSIFIC
                         "reg:": Task.REGRESSION}  # fmt: skip
 
 
-def task_of(declared: Task | None, report: Mapping[str, Any] | None) -> Task:
+def task_of(declared: Task | str | None, report: Mapping[str, Any] | None) -> Task:
     """The task a model partition was trained for: the declared one, else the report's
     ``task`` (or what its ``model_type`` implies), else classification."""
     if declared is not None:
-        return declared
+        return Task(declared)
     report = report or {}
     said = report.get("task")
     if isinstance(said, str) and said in Task.__members__.values():

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from zipline_dagster.declarations.errors import ModelSpecError
 from zipline_dagster.declarations.model import EventSource, Model
+from zipline_dagster.declarations.tasks import DEFAULT_TOLERANCES
 
 _NAME_RE = re.compile(r"^[a-z0-9_]+$")
 _COLUMN_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -61,8 +62,11 @@ class ModelTransforms:
         labels, label_column, label_keys: monitoring: the table whose partition ``ds``
             holds day ``ds``'s labels (none: no monitoring asset), its label column, and
             the columns joining a label to a score (default the passthrough fields).
-        realized_auc_tolerance: how far the realized AUC may fall below the holdout AUC
-            (or the model's ``holdout_auc`` threshold) before the monitoring check warns.
+        realized_tolerances: by realized metric (``auc``, ``logloss``, ``accuracy``,
+            ``rmse``, ``mae``, ``r2``), how much worse than the holdout value of the same
+            metric it may be before its monitoring check warns (absolute); the others
+            keep ``tasks.DEFAULT_TOLERANCES``.
+        realized_auc_tolerance: the AUC's, unless ``realized_tolerances`` names it.
 
     Example:
         ``ModelTransforms(sources=[EventSource(table="ctr.training_v1")],
@@ -87,6 +91,7 @@ class ModelTransforms:
     #: The monitoring check warns when the realized AUC is this much below the
     #: training-time holdout AUC (or below the model's holdout_auc threshold).
     realized_auc_tolerance: float = 0.05
+    realized_tolerances: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         sources, models = list(self.sources), list(self.models)
@@ -163,10 +168,29 @@ class ModelTransforms:
             raise ModelSpecError(
                 f"{who}: realized_auc_tolerance={tol!r} is invalid; expected a number >= 0"
             )
+        for metric, value in dict(self.realized_tolerances).items():
+            if metric not in DEFAULT_TOLERANCES:
+                raise ModelSpecError(
+                    f"{who}: realized_tolerances names {metric!r}; expected one of "
+                    + ", ".join(DEFAULT_TOLERANCES)
+                )
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+                raise ModelSpecError(
+                    f"{who}: realized_tolerances[{metric!r}]={value!r} is invalid; expected a "
+                    "number >= 0"
+                )
         object.__setattr__(self, "label_keys", tuple(keys))
         object.__setattr__(self, "sources", tuple(sources))
         object.__setattr__(self, "models", tuple(models))
         object.__setattr__(self, "passthrough_fields", tuple(fields))
+
+    def tolerance(self, metric: str) -> float:
+        """How much worse than the holdout value realized ``metric`` may be."""
+        if metric in self.realized_tolerances:
+            return float(self.realized_tolerances[metric])
+        if metric == "auc":
+            return float(self.realized_auc_tolerance)
+        return DEFAULT_TOLERANCES[metric]
 
     @property
     def use_champion(self) -> bool:

@@ -15,6 +15,8 @@ from typing import Any
 
 import dagster as dg
 
+from zipline_dagster.declarations.deployment import DIRECTIONS
+from zipline_dagster.declarations.tasks import REALIZED_METRICS, Task, task_of
 from zipline_dagster.declarations.transforms import ModelTransforms, ScoreWith
 from zipline_dagster.declarations.versions import monitoring_code_version
 from zipline_dagster.lineage.internals import backfilling
@@ -40,8 +42,6 @@ from zipline_dagster.storage.tables import (
     committed_scan,
     shift_day,
 )
-
-REALIZED_CHECK = "realized_auc"
 
 
 class MonitoringError(RuntimeError):
@@ -70,36 +70,76 @@ def _read(
 
 
 def realized_metrics(
-    scores: Any, labels: Any, keys: list[str], label_column: str
+    scores: Any, labels: Any, keys: list[str], label_column: str, task: Task
 ) -> dict[str, Any]:
-    """The joined rows' AUC, logloss, positive rate and mean score, and the row counts
-    (an AUC needs both classes: ``None`` and a reason otherwise)."""
-    from sklearn.metrics import log_loss, roc_auc_score
+    """The joined rows' realized metrics of ``task`` (``tasks.REALIZED_METRICS``, plus the
+    mean score, and the positive rate or mean label), and the row counts; a metric that
+    is undefined is ``None`` with a reason in ``status``.
 
+    Raises:
+        MonitoringError: the label column does not fit the task (a classifier's label
+            that is not 0 or 1).
+    """
     joined = scores.merge(labels[[*keys, label_column]], on=keys, how="inner")
-    y = joined[label_column].astype(int).to_numpy()
-    p = joined["score"].astype(float).to_numpy()
     out: dict[str, Any] = {
         "rows_scored": len(scores),
         "rows_labelled": len(labels),
         "rows_joined": len(joined),
-        "auc": None,
-        "logloss": None,
-        "positive_rate": None,
+        **dict.fromkeys(REALIZED_METRICS[task]),
         "mean_score": None,
         "status": {},
     }
     if len(joined) == 0:
         out["status"]["all"] = "no scored row has a label"
         return out
-    out["positive_rate"] = float(y.mean())
+    y = joined[label_column].astype(float).to_numpy()
+    p = joined["score"].astype(float).to_numpy()
     out["mean_score"] = float(p.mean())
-    out["logloss"] = float(log_loss(y, p, labels=[0, 1]))
+    out.update(_METRICS[task](y, p, label_column, out["status"]))
+    return out
+
+
+def _classification(y: Any, p: Any, column: str, status: dict[str, str]) -> dict[str, Any]:
+    from sklearn.metrics import accuracy_score, log_loss, roc_auc_score
+
+    odd = sorted({float(v) for v in y} - {0.0, 1.0})
+    if odd:
+        raise MonitoringError(
+            f"the label column {column!r} holds {odd[0]:g}"
+            + (f" and {len(odd) - 1} other value(s)" if len(odd) > 1 else "")
+            + " besides 0 and 1: a classifier's label is 0 or 1 (a continuous label is a "
+            "regression's: declare Model(task='regression'))"
+        )
+    out: dict[str, Any] = {
+        "positive_rate": float(y.mean()),
+        "logloss": float(log_loss(y, p, labels=[0, 1])),
+        "accuracy": float(accuracy_score(y, (p >= 0.5).astype(float))),
+    }
     if len(set(y.tolist())) < 2:
-        out["status"]["auc"] = f"the labelled rows have one class (all {int(y[0])})"
+        status["auc"] = f"the labelled rows have one class (all {int(y[0])})"
     else:
         out["auc"] = float(roc_auc_score(y, p))
     return out
+
+
+def _regression(y: Any, p: Any, column: str, status: dict[str, str]) -> dict[str, Any]:
+    import numpy as np
+
+    err = p - y
+    out: dict[str, Any] = {
+        "mean_label": float(y.mean()),
+        "rmse": float(np.sqrt(np.mean(err**2))),
+        "mae": float(np.mean(np.abs(err))),
+    }
+    spread = float(np.sum((y - y.mean()) ** 2))
+    if spread == 0.0:
+        status["r2"] = f"every labelled row has the same {column} ({y[0]:g}): R² is undefined"
+    else:
+        out["r2"] = float(1.0 - np.sum(err**2) / spread)
+    return out
+
+
+_METRICS = {Task.CLASSIFICATION: _classification, Task.REGRESSION: _regression}
 
 
 def build_monitoring_asset(
@@ -194,78 +234,114 @@ def monitor_day(
     labels = _read(
         store, committed[labels_table], labels_table, ds, [*keys, transforms.label_column]
     )
-    m = realized_metrics(scores, labels, keys, transforms.label_column)
-    md: dict[str, Any] = {
-        f"realized/{k}": dg.MetadataValue.float(float(v))
-        for k, v in m.items()
-        if k not in ("status", "rows_scored", "rows_labelled", "rows_joined") and v is not None
-    }
-    for k in ("rows_scored", "rows_labelled", "rows_joined"):
-        md[k] = dg.MetadataValue.int(int(m[k]))
-    md["status"] = dg.MetadataValue.json(m["status"] or {"all": "every metric computed"})
-    # The model partition(s) that produced the day's scores, and their holdout AUC.
+    # The model partition(s) that produced the day's scores, their task and holdout values.
     used = sorted(
         {(str(v), str(d)) for v, d in zip(scores["model_version"], scores["model_ds"], strict=True)}
     )
+    model, report = transforms.model, None
     if len(used) == 1:
-        model = transforms.model
         version, model_ds = used[0]
-        md["model_version"] = dg.MetadataValue.text(version)
-        md[SCORED_BY] = dg.MetadataValue.text(model_ds)
         report = g.read_partition_report(
             warehouse.store(model.model_artifact_base_uri),
             model_dir_uri(model.model_artifact_base_uri, model.name, version, model_ds),
         )
-        holdout = report_metrics(report or {}).get("holdout_auc")
-        if holdout is not None:
-            md["training/holdout_auc"] = dg.MetadataValue.float(holdout)
+    task = monitored_task(transforms, report)
+    m = realized_metrics(scores, labels, keys, transforms.label_column, task)
+    counts = ("status", "rows_scored", "rows_labelled", "rows_joined")
+    md: dict[str, Any] = {
+        f"realized/{k}": dg.MetadataValue.float(float(v))
+        for k, v in m.items()
+        if k not in counts and v is not None
+    }
+    for k in counts[1:]:
+        md[k] = dg.MetadataValue.int(int(m[k]))
+    md["status"] = dg.MetadataValue.json(m["status"] or {"all": "every metric computed"})
+    md["task"] = dg.MetadataValue.text(str(task))
+    if len(used) == 1:
+        md["model_version"] = dg.MetadataValue.text(used[0][0])
+        md[SCORED_BY] = dg.MetadataValue.text(used[0][1])
+        holdout = report_metrics(report or {})
+        for key in REALIZED_METRICS[task]:
+            if (value := holdout.get(f"holdout_{key}")) is not None:
+                md[f"training/holdout_{key}"] = dg.MetadataValue.float(value)
     return md
+
+
+def monitored_task(transforms: ModelTransforms, report: dict[str, Any] | None) -> Task:
+    """The task whose metrics monitoring computes: the model's declared one (its checks
+    are that task's); an undeclared model's report must agree with the default.
+
+    Raises:
+        MonitoringError: the model declares no task and its report says another than
+            classification, whose checks the monitoring asset has.
+    """
+    declared = checked_task(transforms)
+    found = task_of(transforms.model.task, report)
+    if found is not declared:
+        raise MonitoringError(
+            f"model {transforms.model.name!r} declares no task and its report says {found}: "
+            f"declare Model(task={str(found)!r}) so that monitoring computes and checks "
+            f"{', '.join(REALIZED_METRICS[found])}"
+        )
+    return declared
+
+
+def checked_task(transforms: ModelTransforms) -> Task:
+    """The task whose realized metrics the monitoring checks judge (fixed at load): the
+    model's declared task, classification when it declares none."""
+    task = transforms.model.task
+    return Task(task) if task is not None else Task.CLASSIFICATION
+
+
+def realized_check_name(key: str) -> str:
+    return f"realized_{key}"
 
 
 def build_monitoring_checks(
     transforms: ModelTransforms,
 ) -> list[dg.AssetChecksDefinition]:
-    """The realized-AUC check of the monitoring asset: a warning, per partition, judged
-    from the partition's latest materialization (its own step after the asset's, so that
-    a backfill run of a range judges every day of it)."""
+    """A warning check per realized metric of the model's task, per partition, judged from
+    the partition's latest materialization (its own step after the asset's, so that a
+    backfill run of a range judges every day of it)."""
     key = monitoring_asset_key(transforms)
-    spec = dg.AssetCheckSpec(
-        REALIZED_CHECK,
-        asset=key,
-        description="Warns when the realized AUC is below the model's holdout_auc threshold "
-        "or drops more than realized_auc_tolerance below the holdout AUC of the model "
-        "partition that scored the day.",
-        partitions_def=scoring_partitions(transforms),
-    )
+    metrics = REALIZED_METRICS[checked_task(transforms)]
+    specs = [
+        dg.AssetCheckSpec(
+            realized_check_name(m),
+            asset=key,
+            description=f"Warns when the realized {m} is worse than the model's holdout_{m} "
+            f"threshold, or more than its tolerance ({transforms.tolerance(m):g}) worse than "
+            "the holdout value of the model partition that scored the day.",
+            partitions_def=scoring_partitions(transforms),
+        )
+        for m in metrics
+    ]
 
     @dg.multi_asset_check(
-        specs=[spec],
-        name=f"{key.path[-1]}_{REALIZED_CHECK}",
+        specs=specs,
+        name=f"{key.path[-1]}_realized",
         can_subset=True,
-        description=spec.description,
+        description="The realized metrics of each scored day against the holdout's.",
     )
     def _realized(context: dg.AssetCheckExecutionContext) -> Iterator[dg.AssetCheckResult]:
         def judge(ds: str) -> list[tuple[str, dg.AssetCheckResult]]:
             record = latest_materialization(context.instance, key, ds)
             mat = record.asset_materialization if record is not None else None
-            if mat is None:
-                return [
-                    (
-                        REALIZED_CHECK,
-                        realized_check(transforms, None, None, f"{ds} is not monitored yet"),
-                    )
-                ]
-            md: dict[str, Any] = {k: v.value for k, v in mat.metadata.items()}
+            md: dict[str, Any] = {k: v.value for k, v in mat.metadata.items()} if mat else {}
             status = md["status"] if isinstance(md.get("status"), dict) else {}
-            auc, holdout = md.get("realized/auc"), md.get("training/holdout_auc")
-            why = status.get("auc") or status.get("all")
-            result = realized_check(
-                transforms,
-                float(auc) if isinstance(auc, (int, float)) else None,
-                float(holdout) if isinstance(holdout, (int, float)) else None,
-                str(why) if why else None,
-            )
-            return [(REALIZED_CHECK, result)]
+            out = []
+            for m in metrics:
+                why = (status.get(m) or status.get("all")) if mat else f"{ds} is not monitored yet"
+                realized, holdout = md.get(f"realized/{m}"), md.get(f"training/holdout_{m}")
+                result = realized_check(
+                    transforms,
+                    m,
+                    float(realized) if isinstance(realized, (int, float)) else None,
+                    float(holdout) if isinstance(holdout, (int, float)) else None,
+                    str(why) if why else None,
+                )
+                out.append((realized_check_name(m), result))
+            return out
 
         yield from judge_partitions(context, key, judge, blocking=(), what=transforms.table)
 
@@ -273,41 +349,48 @@ def build_monitoring_checks(
 
 
 def realized_check(
-    transforms: ModelTransforms, auc: float | None, holdout: float | None, why: str | None
+    transforms: ModelTransforms,
+    metric: str,
+    value: float | None,
+    holdout: float | None,
+    why: str | None,
 ) -> dg.AssetCheckResult:
-    model = transforms.model
-    threshold = next(
-        (m.threshold for m in model.rollout.rollout_metric_thresholds if m.name == "holdout_auc"),
+    """Realized ``metric`` against the model's ``holdout_{metric}`` threshold and against
+    the holdout value, within the metric's tolerance (the direction is the metric's)."""
+    name = realized_check_name(metric)
+    gate = next(
+        (
+            m
+            for m in transforms.model.rollout.rollout_metric_thresholds
+            if m.name == f"holdout_{metric}"
+        ),
         None,
     )
-    tol = transforms.realized_auc_tolerance
+    higher = DIRECTIONS[metric]
+    tol = transforms.tolerance(metric)
     problems: list[str] = []
-    if auc is None:
-        problems.append(f"no realized AUC ({why or 'no labelled rows'})")
+    if value is None:
+        problems.append(f"no realized {metric} ({why or 'no labelled rows'})")
     else:
-        if threshold is not None and auc < threshold:
+        if gate is not None and not gate.passes(value):
+            problems.append(f"realized {metric} {value:.4f} fails the gate {gate.describe()}")
+        worse = None if holdout is None else (holdout - value if higher else value - holdout)
+        if worse is not None and worse > tol:
             problems.append(
-                f"realized AUC {auc:.4f} is below the holdout_auc threshold {threshold:g}"
-            )
-        if holdout is not None and holdout - auc > tol:
-            problems.append(
-                f"realized AUC {auc:.4f} is {holdout - auc:.4f} below the training holdout AUC "
-                f"{holdout:.4f} (tolerance {tol:g})"
+                f"realized {metric} {value:.4f} is {worse:.4f} worse than the training holdout "
+                f"{metric} {holdout:.4f} (tolerance {tol:g})"
             )
     md: dict[str, Any] = {"tolerance": tol}
-    if auc is not None and math.isfinite(auc):
-        md["realized_auc"] = auc
+    if value is not None and math.isfinite(value):
+        md[f"realized_{metric}"] = value
     if holdout is not None:
-        md["holdout_auc"] = holdout
-    if threshold is not None:
-        md["threshold"] = threshold
-    summary = (
-        "; ".join(problems)
-        if problems
-        else (f"realized AUC {auc:.4f} holds" if auc is not None else "no AUC")
-    )
+        md[f"holdout_{metric}"] = holdout
+    if gate is not None:
+        md["threshold"] = gate.threshold
+    compared = "the holdout" if holdout is not None else "no holdout value"
+    summary = "; ".join(problems) or f"realized {metric} {value:.4f} holds against {compared}"
     return dg.AssetCheckResult(
-        check_name=REALIZED_CHECK,
+        check_name=name,
         passed=not problems,
         severity=dg.AssetCheckSeverity.WARN,
         description=summary,

@@ -1,0 +1,1 @@
+"""Reference regression trainer: an xgboost regressor (the listing price model)."""

@@ -1,0 +1,200 @@
+"""Train the listing price regressor on the days [--start-ds, --end-ds] of --input-table.
+
+Split by date, never at random: the ``--eval-days`` most recent days are held out. Writes
+``model.json`` (xgboost) and ``metrics.json`` (the report: RMSE, MAE and R² of each split,
+a ``status`` for each that is undefined) into ``--model-dir``. Run by hand: ``python -m
+trainer.train --input-table=ns.t --label-column=price_log ...``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+try:  # the build places the platform's trainer support into every archive
+    import zipline_trainer_io as tio
+except ModuleNotFoundError:  # run by hand from this repository
+    from zipline_dagster.training import trainer_io as tio  # type: ignore[no-redef]
+from trainer.cli import parse_args
+
+log = logging.getLogger("trainer")
+
+TrainingDataError = tio.TrainingDataError
+METRICS = ("rmse", "mae", "r2", "mean_label")
+
+
+def feature_columns(data: Any, spec: str, label: str, partition_column: str) -> dict[str, str]:
+    """{feature name: column}. Default: every numeric column but the label and partition."""
+    import pandas as pd
+
+    if spec:
+        out = {}
+        for item in spec.split(","):
+            name, _, col = item.strip().partition(":")
+            out[name] = col or name
+        missing = [c for c in out.values() if c not in data.columns]
+        if missing:
+            raise TrainingDataError(
+                f"--features names columns {missing} that the table does not have; "
+                f"it has {sorted(data.columns)}"
+            )
+        return out
+    return {
+        c: c
+        for c in data.columns
+        if c not in (label, partition_column) and pd.api.types.is_numeric_dtype(data[c])
+    }
+
+
+def split_metrics(y: Any, p: Any, split: str) -> tuple[dict[str, float | None], dict[str, str]]:
+    """RMSE, MAE, R² and the mean label of one split and, for each that is missing, why."""
+    import numpy as np
+
+    if len(y) == 0:
+        reason = f"empty split: the {split} set has no rows"
+        return dict.fromkeys(METRICS), dict.fromkeys(METRICS, reason)
+    err = p - y
+    out: dict[str, float | None] = {
+        "rmse": float(np.sqrt(np.mean(err**2))),
+        "mae": float(np.mean(np.abs(err))),
+        "mean_label": float(np.mean(y)),
+        "r2": None,
+    }
+    status: dict[str, str] = {}
+    spread = float(np.sum((y - y.mean()) ** 2))
+    if spread == 0.0:
+        status["r2"] = f"every {split} label is {y[0]:g}: R² is undefined"
+    else:
+        out["r2"] = float(1.0 - np.sum(err**2) / spread)
+    return {k: out[k] for k in METRICS}, status
+
+
+def _range(ds_values: list[str]) -> dict[str, str | None]:
+    if not ds_values:
+        return {"start": None, "end": None}
+    return {"start": min(ds_values), "end": max(ds_values)}
+
+
+def _label(frame: Any, column: str, table: str) -> Any:
+    import pandas as pd
+
+    if not pd.api.types.is_numeric_dtype(frame[column]):
+        raise TrainingDataError(
+            f"label column {column!r} of {table} is {frame[column].dtype}, not numeric: a "
+            "regressor's label is a number"
+        )
+    return frame[column].astype(float).to_numpy()
+
+
+def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)  # a bad flag is refused before the heavy imports
+
+    import numpy as np
+    import xgboost as xgb
+
+    t0 = time.monotonic()
+    window = tio.window_days(args.start_ds, args.end_ds)
+    eval_days = min(args.eval_days, len(window))
+    holdout_days = window[len(window) - eval_days :] if eval_days else []
+    train_days = window[: len(window) - eval_days]
+    data = tio.read_flags_window(args)
+    if args.label_column not in data.columns:
+        raise TrainingDataError(
+            f"label column {args.label_column!r} is not in {args.input_table}; "
+            f"columns: {sorted(data.columns)}"
+        )
+    features = feature_columns(data, args.features, args.label_column, args.partition_column)
+    if not features:
+        raise TrainingDataError(f"{args.input_table} has no numeric feature columns")
+    part = data[args.partition_column]
+    train_df, hold_df = data[part.isin(train_days)], data[part.isin(holdout_days)]
+    if train_df.empty:
+        raise TrainingDataError(
+            f"empty split: the training set is empty (window {window[0]}..{window[-1]}, "
+            f"eval-days={args.eval_days} holds out {holdout_days}); widen the window or "
+            "lower eval-days"
+        )
+    cols = list(features.values())
+    y_train = _label(train_df, args.label_column, args.input_table)
+    y_hold = _label(hold_df, args.label_column, args.input_table)
+    dtrain = xgb.DMatrix(
+        train_df[cols].to_numpy(dtype=float), label=y_train, feature_names=list(features)
+    )
+    params = {
+        "objective": "reg:squarederror",
+        "eval_metric": "rmse",
+        "max_depth": args.max_depth,
+        "eta": args.learning_rate,
+        "seed": args.seed,
+        "nthread": args.nthread,
+        "base_score": float(y_train.mean()),
+    }
+    booster = xgb.train(params, dtrain, num_boost_round=args.num_rounds)
+    p_train = booster.predict(dtrain)
+    p_hold = (
+        booster.predict(
+            xgb.DMatrix(hold_df[cols].to_numpy(dtype=float), feature_names=list(features))
+        )
+        if len(hold_df)
+        else np.array([])
+    )
+    train_metrics, train_status = split_metrics(y_train, p_train, "train")
+    hold_metrics, hold_status = split_metrics(y_hold, p_hold, "holdout")
+    status = {f"train.{k}": v for k, v in train_status.items()}
+    status.update({f"holdout.{k}": v for k, v in hold_status.items()})
+    gain = booster.get_score(importance_type="gain")
+    total = sum(gain.values()) or 1.0
+    importance = sorted(
+        (
+            {"feature": f, "gain": float(gain.get(f, 0.0)), "share": gain.get(f, 0.0) / total}
+            for f in features
+        ),
+        key=lambda r: -r["gain"],
+    )
+    report: dict[str, Any] = {
+        "task": "regression",
+        "model_type": "xgboost.reg:squarederror",
+        **tio.report_header(args, holdout_days),
+        "train": {
+            "rows": len(train_df),
+            "date_range": _range(sorted(set(train_df[args.partition_column]))),
+            "metrics": train_metrics,
+        },
+        "holdout": {
+            "rows": len(hold_df),
+            "date_range": _range(sorted(set(hold_df[args.partition_column]))),
+            "metrics": hold_metrics,
+        },
+        "status": status,
+        # name -> column: also what the inference module (trainer.score) reads
+        "features": features,
+        "feature_importance": importance,
+        "pr_curve": None,  # a regressor has none
+        "params": {k: v for k, v in params.items() if k != "nthread"},
+        "num_rounds": args.num_rounds,
+        "training_seconds": round(time.monotonic() - t0, 3),
+    }
+    tio.write_bytes(args.model_dir, "model.json", bytes(booster.save_raw(raw_format="json")))
+    tio.write_bytes(
+        args.model_dir, "metrics.json", json.dumps(report, indent=2, sort_keys=True).encode()
+    )
+    log.info(
+        "trained on %d rows, holdout %d rows; holdout rmse=%s; wrote %s",
+        len(train_df),
+        len(hold_df),
+        hold_metrics["rmse"],
+        args.model_dir,
+    )
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return tio.run_main(train, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""What ``zipline-dagster new-model`` writes: a model's defs file, from its task.
+
+The file declares the model (pinned by ``trainers.lock``), its gates for the task, and a
+scores table with its monitoring: day ``ds`` of the training table scored by the newest
+partition at or before ``ds-1`` passing its gates, and monitored against the same
+table's label column (the task's realized metrics). The trainer is a copy of the
+reference trainer of the task (``TEMPLATES``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from zipline_dagster.declarations.tasks import Task
+
+#: The reference trainer (a ``trainers/`` folder) each task's scaffold copies.
+TEMPLATES = {Task.CLASSIFICATION: "listing_ctr_model", Task.REGRESSION: "listing_price_model"}
+#: The gate each task's scaffold declares (a minimum), and its default threshold.
+GATES = {Task.CLASSIFICATION: ("holdout_auc", 0.6), Task.REGRESSION: ("holdout_r2", 0.5)}
+#: The demo training table's columns each task's scaffold reads by default.
+DEFAULT_FEATURES = {
+    Task.CLASSIFICATION: "price_log,inventory_count,clicked_count_7d,clicked_sum_7d,"
+    "clicked_sum_1d,price_avg_7d",
+    Task.REGRESSION: "inventory_count,clicked_count_7d,clicked_sum_7d,price_avg_7d",
+}
+DEFAULT_LABELS = {Task.CLASSIFICATION: "label", Task.REGRESSION: "price_log"}
+
+MODEL_TEMPLATE = '''"""{name}: scaffolded by `zipline-dagster new-model {name}{flags}`.
+
+A {task} model on {table}, its gate ({gate} >= {threshold}), and its scores table
+{namespace}.{name}_scores (day ds scored by the newest partition at or before ds-1 passing
+its gates) monitored against the day's {label} (realized {realized}).
+
+Its trainer is trainers/{name}/ (a copy of the reference {task} trainer). After editing
+it, build it again (`zipline-dagster build-trainer trainers/{name} --model-name {name}
+--base BASE`): that records its new version in trainers.lock, which this file reads.
+"""
+
+from zipline_dagster import (
+    DeploymentSpec,
+    EventSource,
+    InferenceSpec,
+    Metric,
+    Model,
+    ModelBackend,
+    ModelTransforms,
+    Query,
+    ResourceConfig,
+    RolloutStrategy,
+    TimeUnit,
+    TrainingSpec,
+    Window,
+    selects,
+)
+from zipline_dagster.settings import artifact_base_uri
+from zipline_dagster.training.pins import pinned_version
+
+#: The columns of {table} the trainer reads (besides its label, {label}).
+FEATURES = {features!r}
+
+{name} = Model(
+    version=pinned_version("{name}", near=__file__),
+    model_artifact_base_uri=artifact_base_uri(),
+    inference_spec=InferenceSpec(
+        model_backend=ModelBackend.RAY,
+        model_backend_params={{"model_name": "{name}", "model_type": "custom"}},
+    ),
+    training_conf=TrainingSpec(
+        training_data_source=EventSource(
+            table="{table}",
+            query=Query(selects=selects(*FEATURES, "{label}"), start_partition="2026-07-01"),
+        ),
+        training_data_window=Window(length={window}, time_unit=TimeUnit.DAYS),
+        python_module="trainer.train",
+        resource_config=ResourceConfig(min_replica_count=0),
+        job_configs={{"features": ",".join(FEATURES), "label-column": "{label}", "eval-days": "1"}},
+    ),
+    task="{task}",
+    deployment_conf=DeploymentSpec(
+        rollout_strategy=RolloutStrategy(
+            rollout_metric_thresholds=[Metric(name="{gate}", threshold={threshold})],
+            regression_tolerance=0.02,
+        )
+    ),
+)
+
+# Day ds of {table} scored by the newest partition at or before ds-1 passing its gates,
+# and monitored against the day's {label}.
+{name}_scores = ModelTransforms(
+    sources=[EventSource(table="{table}")],
+    models=[{name}],
+    passthrough_fields={keys!r},
+    output_namespace="{namespace}",
+    labels=EventSource(table="{table}"),
+    label_column="{label}",
+    label_keys={keys!r},
+)
+'''
+
+
+@dataclass(frozen=True)
+class Scaffold:
+    """A new model's declaration: ``new-model``'s flags, the task's defaults filled in."""
+
+    name: str
+    table: str
+    task: Task
+    window: int
+    features: tuple[str, ...]
+    label: str
+    keys: tuple[str, ...]
+    threshold: float
+
+    @property
+    def gate(self) -> str:
+        return GATES[self.task][0]
+
+    @property
+    def template(self) -> str:
+        return TEMPLATES[self.task]
+
+    def problem(self) -> str | None:
+        """Why these flags cannot make a model (None when they can)."""
+        if self.label in self.features:
+            return f"--label={self.label} is also among --features; a model does not read its label"
+        if not self.features:
+            return "--features is empty; name the columns the trainer reads"
+        if not self.keys:
+            return "--keys is empty; name the columns a scored row is joined to its label on"
+        return None
+
+    def render(self, flags: str = "") -> str:
+        from zipline_dagster.declarations.tasks import REALIZED_METRICS
+
+        return MODEL_TEMPLATE.format(
+            name=self.name,
+            flags=flags,
+            task=str(self.task),
+            table=self.table,
+            namespace=self.table.split(".")[0],
+            features=self.features,
+            label=self.label,
+            keys=list(self.keys),
+            window=self.window,
+            gate=self.gate,
+            threshold=self.threshold,
+            realized=", ".join(REALIZED_METRICS[self.task]),
+        )
