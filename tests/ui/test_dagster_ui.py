@@ -37,7 +37,9 @@ from zipline_dagster.lineage.backfill import model_partitions, plan_backfill
 from zipline_dagster.lineage.internals import execute_plan_in_process
 from zipline_dagster.defs import defs
 from zipline_dagster.defs.listing_ctr import listing_ctr_model as m
-publish_trainer_archive("trainers/listing_ctr_model", model_name=m.name, base=m.model_artifact_base_uri)
+from zipline_dagster.defs.listing_price import listing_price_model as p
+for model in (m, p):  # automation may train either once the training table exists
+    publish_trainer_archive(f"trainers/{model.name}", model_name=model.name, base=model.model_artifact_base_uri)
 key = dg.AssetKey(["ctr", "training_v1"])
 instance = dg.DagsterInstance.get()
 plan = plan_backfill(defs, instance, key, model_partitions(defs, key, "2026-07-07", "2026-07-11"))
