@@ -148,7 +148,7 @@ def test_a_new_model_goes_from_scaffold_to_champion_and_cannot_drift(
     check = dg.AssetCheckKey(dg.AssetKey(["champions", NAME]), "champion_passes_gates")
     evaluation = instance.event_log_storage.get_latest_asset_check_execution_by_key([check])[check]
     assert evaluation.status.value == "FAILED"
-    assert "fails holdout_auc >= 0.99" in str(evaluation.event.dagster_event.event_specific_data.evaluation.description)  # type: ignore[union-attr]  # fmt: skip
+    assert "fails holdout_auc >= 0.99" in str(evaluation.event.dagster_event.event_specific_data.description)  # type: ignore[union-attr]  # fmt: skip
 
     # a wider range plans only what is new: one more day of each input, one more model
     plan = backfill(DS, "2026-07-12").stderr
