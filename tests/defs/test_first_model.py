@@ -195,7 +195,7 @@ def test_a_new_model_goes_from_scaffold_to_champion_and_cannot_drift(
     assert f"champion={made.stdout.strip().removeprefix('version=')}/{DS} (newest partition passing every gate)" in priced.stdout  # fmt: skip
     instance = dg.DagsterInstance.from_config(str(home))
     monitored = latest_metadata(instance, ["monitoring", "ctr", "price_model_scores"], day)
-    assert monitored["task"] == "regression" and monitored["scored_by"] == DS, monitored
+    assert monitored["task"] == "regression" and monitored["model_ds"] == DS, monitored
     for metric in ("rmse", "mae", "r2"):
         assert isinstance(monitored[f"realized/{metric}"], float), monitored
         assert isinstance(monitored[f"training/holdout_{metric}"], float), monitored
