@@ -98,8 +98,10 @@ fmt: $(SYNCED)
 	$(VENV)/bin/ruff format zipline_dagster tests trainers
 	$(VENV)/bin/ruff check --fix zipline_dagster tests trainers
 
+# dagster dev in its own session; Ctrl-C or SIGTERM stops all of it (scripts/dev.py)
+DEV_PORT ?= 3000
 dev: system-deps $(SYNCED) $(DAGSTER_HOME)/dagster.yaml
-	$(VENV)/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+	DEV_PORT=$(DEV_PORT) $(VENV)/bin/python scripts/dev.py
 
 bench: system-deps $(SYNCED)
 	$(VENV)/bin/pytest tests/bench -m bench -s -p no:cacheprovider $(PYTEST_ARGS)
