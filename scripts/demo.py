@@ -19,11 +19,14 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
 
+    import dagster as dg
+
+    from zipline_dagster.declarations.deployment import Metric
     from zipline_dagster.declarations.model import Model
     from zipline_dagster.declarations.transforms import ModelTransforms
     from zipline_dagster.storage.blobs import BlobStore
@@ -85,34 +88,67 @@ def publish(models: list["Model"]) -> str | None:
     return None
 
 
+class DemoStop(RuntimeError):
+    """The demo cannot go on; the message is its one ``error:`` line."""
+
+
+def log(message: str) -> None:
+    print(f"      {message}", flush=True)
+
+
 def _main() -> int:
     import dagster as dg
 
     from zipline_dagster.defs import defs
-    from zipline_dagster.lineage.backfill import model_partitions, plan_backfill
-    from zipline_dagster.lineage.internals import execute_plan_in_process
-    from zipline_dagster.lineage.ledger import Ledger
-    from zipline_dagster.lineage.partitions import (
-        champion_asset_key,
-        model_asset_key,
-        table_asset_key,
-    )
-    from zipline_dagster.rollout.assets import gate_judge
-    from zipline_dagster.scoring.monitoring import monitoring_asset_key
     from zipline_dagster.storage.resources import warehouse_of
     from zipline_dagster.storage.tables import shift_day
-    from zipline_dagster.tracking import mlflow_of
 
     t0 = time.monotonic()
     pairs = demo_models()
     models = [m for m, _ in pairs]
     print(f"[1/5] trainer archives from {TRAINERS}", flush=True)
-    if (why := publish(models)) is not None:
-        print(f"error: {why}", file=sys.stderr)
-        return 1
     instance = dg.DagsterInstance.get()
+    try:
+        if (why := publish(models)) is not None:
+            raise DemoStop(why)
+        parts = train(defs, instance, models)
+        print("[3/5] champions", flush=True)
+        judge_champions(defs, instance, models, parts)
+        # Day ds is scored by the model of ds-1, so the scored days follow the trained ones.
+        scored = [shift_day(ds, 1) for ds in parts]
+        score(defs, instance, pairs, scored)
+    except DemoStop as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"[5/5] trained partitions ({time.monotonic() - t0:.0f}s):", flush=True)
     warehouse = warehouse_of(defs)
-    log = lambda m: print(f"      {m}", flush=True)  # noqa: E731
+    unfinished = []
+    for model, transforms in pairs:
+        store = warehouse.store(model.model_artifact_base_uri)
+        unfinished += summarize(instance, store, model, transforms, parts, scored)
+    if unfinished:
+        print(f"error: {len(unfinished)} partitions are not finished", file=sys.stderr)
+        return 1
+    mlflow_summary(defs, models)
+    print(
+        "open the Dagster UI with `make dev` (http://127.0.0.1:3000); stop the embedded Ray head with `make ray-down`"
+    )
+    return 0
+
+
+def train(
+    defs: "dg.Definitions", instance: "dg.DagsterInstance", models: list["Model"]
+) -> list[str]:
+    """Each model's partitions of the demo's range, with what they need upstream (planned
+    by the ledger's rule: what storage holds is recorded, not recomputed); the days."""
+    from zipline_dagster.lineage.backfill import model_partitions, plan_backfill
+    from zipline_dagster.lineage.internals import execute_plan_in_process
+    from zipline_dagster.lineage.ledger import Ledger
+    from zipline_dagster.lineage.partitions import model_asset_key
+    from zipline_dagster.rollout.assets import gate_judge
+    from zipline_dagster.storage.resources import warehouse_of
+
+    warehouse = warehouse_of(defs)
     parts: list[str] = []
     for model in models:
         key = model_asset_key(model.name)
@@ -126,8 +162,17 @@ def _main() -> int:
             flush=True,
         )
         execute_plan_in_process(defs, instance, plan, log=log)
+    return parts
 
-    print("[3/5] champions", flush=True)
+
+def judge_champions(
+    defs: "dg.Definitions", instance: "dg.DagsterInstance", models: list["Model"], parts: list[str]
+) -> None:
+    """Evaluate each model's champion; stop when a model has no partition of ``parts``
+    passing its gates (nothing could score the days after them)."""
+    from zipline_dagster.lineage.partitions import champion_asset_key
+    from zipline_dagster.storage.resources import warehouse_of
+
     job = defs.resolve_implicit_global_asset_job_def()
     quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
     moved = job.execute_in_process(
@@ -137,38 +182,41 @@ def _main() -> int:
         raise_on_error=False,
     )
     if not moved.success:
-        print(f"error: a champion asset failed; see Dagster run {moved.run_id}", file=sys.stderr)
-        return 1
+        raise DemoStop(f"a champion asset failed; see Dagster run {moved.run_id}")
     for model in models:
-        store = warehouse.store(model.model_artifact_base_uri)
+        store = warehouse_of(defs).store(model.model_artifact_base_uri)
         if (why := none_passes(store, model, parts)) is not None:
-            print(f"error: {why}", file=sys.stderr)
-            return 1
-    # Day ds is scored by the model of ds-1, so the scored days follow the trained ones.
-    scored = [shift_day(ds, 1) for ds in parts]
+            raise DemoStop(why)
+
+
+def score(
+    defs: "dg.Definitions",
+    instance: "dg.DagsterInstance",
+    pairs: list[tuple["Model", "ModelTransforms"]],
+    scored: list[str],
+) -> None:
+    """Each scores table's ``scored`` days, then their monitoring."""
+    from zipline_dagster.lineage.backfill import plan_backfill
+    from zipline_dagster.lineage.internals import execute_plan_in_process
+    from zipline_dagster.lineage.partitions import table_asset_key
+    from zipline_dagster.scoring.monitoring import monitoring_asset_key
+
     for _, transforms in pairs:
         for key in (table_asset_key(transforms.table), monitoring_asset_key(transforms)):
             step = plan_backfill(defs, instance, key, scored)
             print(f"[4/5] plan for {key.to_user_string()}:\n{step.describe()}", flush=True)
             execute_plan_in_process(defs, instance, step, log=log)
 
-    print(f"[5/5] trained partitions ({time.monotonic() - t0:.0f}s):", flush=True)
-    unfinished = []
-    for model, transforms in pairs:
-        store = warehouse.store(model.model_artifact_base_uri)
-        unfinished += summarize(instance, store, model, transforms, parts, scored)
-    if unfinished:
-        print(f"error: {len(unfinished)} partitions are not finished", file=sys.stderr)
-        return 1
+
+def mlflow_summary(defs: "dg.Definitions", models: list["Model"]) -> None:
+    """``make demo-mlflow``: each model's runs and champion alias in MLflow."""
+    from zipline_dagster.tracking import mlflow_of
+
     tracker = mlflow_of(defs).tracker(lambda m: print(f"warning: {m}"))
-    if tracker is not None:  # `make demo-mlflow`
+    if tracker is not None:
         for model in models:
             for line in tracker.summary(model.name) or []:
                 print(f"      MLflow: {line}")
-    print(
-        "open the Dagster UI with `make dev` (http://127.0.0.1:3000); stop the embedded Ray head with `make ray-down`"
-    )
-    return 0
 
 
 def none_passes(store: "BlobStore", model: "Model", parts: list[str]) -> str | None:
@@ -176,7 +224,6 @@ def none_passes(store: "BlobStore", model: "Model", parts: list[str]) -> str | N
     (each threshold none meets, with the best value any partition had), or None."""
     from zipline_dagster.rollout import champion as ch
     from zipline_dagster.rollout import gates
-    from zipline_dagster.storage.artifacts import report_metrics
     from zipline_dagster.storage.paths import model_partition_uri
 
     if any(all(r.passed for r in gates.evaluate(model, store, ds).values()) for ds in parts):
@@ -184,17 +231,11 @@ def none_passes(store: "BlobStore", model: "Model", parts: list[str]) -> str | N
     reports = {
         ds: gates.read_partition_report(store, model_partition_uri(model, ds)) for ds in parts
     }
-    failed = []
-    for metric in model.rollout.rollout_metric_thresholds:
-        held = {ds: report_metrics(r or {}).get(metric.name) for ds, r in reports.items()}
-        values = [(v, ds) for ds, v in held.items() if v is not None]
-        if any(metric.passes(v) for v, _ in values):
-            continue
-        if not values:
-            failed.append(f"{metric.describe()} (no partition reports {metric.name})")
-            continue
-        value, ds = max(values) if metric.is_minimum else min(values)
-        failed.append(f"{metric.describe()} (best {metric.name} {value:.4f} on {ds})")
+    failed = [
+        why
+        for metric in model.rollout.rollout_metric_thresholds
+        if (why := unmet(metric, reports)) is not None
+    ]
     champion = ch.read_champion(store, model)
     serving = (
         f"the champion {champion['version']}/{champion['ds']} keeps serving, and"
@@ -205,6 +246,20 @@ def none_passes(store: "BlobStore", model: "Model", parts: list[str]) -> str | N
         f"{model.name}: no partition of {parts[0]}..{parts[-1]} passed its gates: "
         f"{'; '.join(failed) or 'its report or manifest gates'}; {serving} nothing was scored"
     )
+
+
+def unmet(metric: "Metric", reports: "Mapping[str, dict[str, Any] | None]") -> str | None:
+    """``metric`` with the best value any report has, when no report meets it."""
+    from zipline_dagster.storage.artifacts import report_metrics
+
+    held = {ds: report_metrics(r or {}).get(metric.name) for ds, r in reports.items()}
+    values = [(v, ds) for ds, v in held.items() if v is not None]
+    if any(metric.passes(v) for v, _ in values):
+        return None
+    if not values:
+        return f"{metric.describe()} (no partition reports {metric.name})"
+    value, ds = max(values) if metric.is_minimum else min(values)
+    return f"{metric.describe()} (best {metric.name} {value:.4f} on {ds})"
 
 
 def summarize(
@@ -269,11 +324,7 @@ def summarize(
             print(f"      {ds}  NOT MONITORED")
             unfinished.append(ds)
             continue
-        keys = (
-            REALIZED_METRICS[task_of(str(realized.get("task") or model.task or ""), None)]
-            if realized.get("task")
-            else ()
-        )
+        keys = REALIZED_METRICS[task_of(model.task, {"task": realized.get("task")})]
         print(
             f"      {ds}  realized {_metrics(realized, 'realized/', keys)}  on "
             f"{realized.get('rows_joined')} labelled rows, scored by {model.name} {scored_by(realized)}"

@@ -159,6 +159,10 @@ class RolloutStrategy:
             )
         object.__setattr__(self, "rollout_metric_thresholds", tuple(self.rollout_metric_thresholds))
 
+    def threshold(self, name: str) -> Metric | None:
+        """The declared threshold on metric ``name`` (``holdout_auc``), if any."""
+        return next((m for m in self.rollout_metric_thresholds if m.name == name), None)
+
 
 @dataclass(frozen=True)
 class DeploymentSpec:

@@ -348,6 +348,29 @@ def build_monitoring_checks(
     return [_realized]
 
 
+def realized_problems(
+    transforms: ModelTransforms, metric: str, value: float | None, holdout: float | None
+) -> list[str]:
+    """What is wrong with realized ``metric``: it fails the model's ``holdout_{metric}``
+    gate, or is worse than the holdout value by more than the metric's tolerance (in the
+    metric's direction)."""
+    gate = transforms.model.rollout.threshold(f"holdout_{metric}")
+    problems: list[str] = []
+    if value is None:
+        return problems
+    if gate is not None and not gate.passes(value):
+        problems.append(f"realized {metric} {value:.4f} fails the gate {gate.describe()}")
+    tol = transforms.tolerance(metric)
+    if holdout is not None:
+        worse = holdout - value if DIRECTIONS[metric] else value - holdout
+        if worse > tol:
+            problems.append(
+                f"realized {metric} {value:.4f} is {worse:.4f} worse than the training holdout "
+                f"{metric} {holdout:.4f} (tolerance {tol:g})"
+            )
+    return problems
+
+
 def realized_check(
     transforms: ModelTransforms,
     metric: str,
@@ -355,42 +378,22 @@ def realized_check(
     holdout: float | None,
     why: str | None,
 ) -> dg.AssetCheckResult:
-    """Realized ``metric`` against the model's ``holdout_{metric}`` threshold and against
-    the holdout value, within the metric's tolerance (the direction is the metric's)."""
-    name = realized_check_name(metric)
-    gate = next(
-        (
-            m
-            for m in transforms.model.rollout.rollout_metric_thresholds
-            if m.name == f"holdout_{metric}"
-        ),
-        None,
-    )
-    higher = DIRECTIONS[metric]
-    tol = transforms.tolerance(metric)
-    problems: list[str] = []
+    """Realized ``metric`` against the model's ``holdout_{metric}`` gate and against the
+    holdout value, within the metric's tolerance (``realized_problems``)."""
+    problems = realized_problems(transforms, metric, value, holdout)
     if value is None:
         problems.append(f"no realized {metric} ({why or 'no labelled rows'})")
-    else:
-        if gate is not None and not gate.passes(value):
-            problems.append(f"realized {metric} {value:.4f} fails the gate {gate.describe()}")
-        worse = None if holdout is None else (holdout - value if higher else value - holdout)
-        if worse is not None and worse > tol:
-            problems.append(
-                f"realized {metric} {value:.4f} is {worse:.4f} worse than the training holdout "
-                f"{metric} {holdout:.4f} (tolerance {tol:g})"
-            )
-    md: dict[str, Any] = {"tolerance": tol}
+    md: dict[str, float] = {"tolerance": transforms.tolerance(metric)}
     if value is not None and math.isfinite(value):
         md[f"realized_{metric}"] = value
     if holdout is not None:
         md[f"holdout_{metric}"] = holdout
-    if gate is not None:
+    if (gate := transforms.model.rollout.threshold(f"holdout_{metric}")) is not None:
         md["threshold"] = gate.threshold
     compared = "the holdout" if holdout is not None else "no holdout value"
     summary = "; ".join(problems) or f"realized {metric} {value:.4f} holds against {compared}"
     return dg.AssetCheckResult(
-        check_name=name,
+        check_name=realized_check_name(metric),
         passed=not problems,
         severity=dg.AssetCheckSeverity.WARN,
         description=summary,
