@@ -332,7 +332,7 @@ def _ledger_check(model: object, warehouse: object) -> object:
 
 
 def _promote(args: argparse.Namespace) -> int:
-    from zipline_dagster.rollout.champion import promote
+    from zipline_dagster.rollout.by_hand import promote
 
     module = args.module or project_code_location()
     model, configured = find_model(module, args.model), _configured(module)
@@ -352,7 +352,7 @@ def _promote(args: argparse.Namespace) -> int:
 
 
 def _rollback(args: argparse.Namespace) -> int:
-    from zipline_dagster.rollout.champion import rollback
+    from zipline_dagster.rollout.by_hand import rollback
 
     module = args.module or project_code_location()
     model, configured = find_model(module, args.model), _configured(module)

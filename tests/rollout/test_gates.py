@@ -12,6 +12,7 @@ import pytest
 import zipline_dagster.defs.listing_ctr as demo
 from zipline_dagster import DeploymentSpec, Metric, ModelSpecError, RolloutStrategy
 from zipline_dagster.declarations.model import Model
+from zipline_dagster.rollout import by_hand
 from zipline_dagster.rollout import champion as ch
 from zipline_dagster.rollout import gates as g
 from zipline_dagster.storage.artifacts import (
@@ -208,7 +209,7 @@ def test_regression_is_the_champions_decision_never_a_partitions_gate(file_base:
     first = ch.advance(store, model, by="test")
     assert first.moved and first.pointer and first.pointer["ds"] == "2026-07-12"
     # Start again from 07-10 as champion to judge 07-11 and 07-12 against it.
-    ch.promote(store, model, "2026-07-10", by="test")
+    by_hand.promote(store, model, "2026-07-10", by="test")
     champion = ch.read_champion(store, model)
     # The gates judge each partition alone: the same verdict with or without a champion.
     for ds in ("2026-07-11", "2026-07-12"):
@@ -281,6 +282,6 @@ def test_changed_gates_judge_the_champion_again(file_base: str) -> None:
     assert stays.reason.startswith(f"stays at {old.version}/2026-07-10, which fails the current")
     assert ch.read_champion(store, impossible)["ds"] == "2026-07-10"  # type: ignore[index]
     # a champion forced by hand under the gates in force is left as the person chose
-    forced = ch.promote(store, impossible, "2026-07-11", force=True, by="test")
+    forced = by_hand.promote(store, impossible, "2026-07-11", force=True, by="test")
     assert forced["forced"] and not ch.advance(store, impossible, by="test").moved
     assert not ch.advance(store, impossible, by="test").failing

@@ -48,6 +48,7 @@ from zipline_dagster.lineage.partitions import (
     latest_materialization,
     table_asset_key,
 )
+from zipline_dagster.rollout import by_hand
 from zipline_dagster.rollout import champion as ch
 from zipline_dagster.scoring.monitoring import monitoring_asset_key
 from zipline_dagster.storage.blobs import blob_store
@@ -651,7 +652,7 @@ def test_scoring_by_the_champion_serves_only_the_attempt_its_gates_judged(
     assert run(scores_key, D2).success
 
     with pytest.raises(ch.ChampionError) as err:
-        ch.rollback(store, model)
+        by_hand.rollback(store, model)
     assert str(err.value) == (
         f"cannot roll {model.name} back: {version}/{D1} was trained again after it became "
         f"champion: it holds attempt {retrained}, not the attempt {judged} that was judged. "

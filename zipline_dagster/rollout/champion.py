@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from zipline_dagster.declarations.model import VERSION_ACCEPTED, VERSION_RE, Model, is_day
+from zipline_dagster.declarations.model import VERSION_RE, Model, is_day
 from zipline_dagster.declarations.versions import gates_version
 from zipline_dagster.rollout import gates as g
 from zipline_dagster.storage.artifacts import (
@@ -142,7 +142,7 @@ def lock_left_behind(model: Model, left: list[str]) -> str:
     )
 
 
-def _write(
+def write_pointer(
     store: BlobStore, model: Model, pointer: dict[str, Any], current: dict[str, Any] | None
 ) -> dict[str, Any]:
     """Keep ``current`` in the history, then write ``pointer`` (naming it) in one put."""
@@ -161,7 +161,7 @@ def _write(
     return pointer
 
 
-def _pointer(
+def make_pointer(
     model: Model,
     version: str,
     ds: str,
@@ -193,7 +193,7 @@ def _pointer(
     }
 
 
-def _judge(
+def judge(
     store: BlobStore,
     model: Model,
     ds: str,
@@ -264,6 +264,50 @@ def advance(
 RECORDED = "recorded_by_dagster"
 
 
+@dataclass(frozen=True)
+class _Passing:
+    """The partition a search found passing every gate, as judged."""
+
+    ds: str
+    results: dict[str, g.GateResult]
+    attempt: str | None
+    report: dict[str, Any]
+
+
+def _first_passing(
+    store: BlobStore,
+    model: Model,
+    days: list[str],
+    rejected: dict[str, list[g.GateResult]],
+    *,
+    in_flight: Callable[[str, dict[str, Any] | None], str | None] | None,
+    compare_with: dict[str, Any] | None = None,
+) -> _Passing | None:
+    """The newest of ``days`` (of the model's version) that passes every gate, is not
+    left to a run writing it (``in_flight``) and, with ``compare_with`` (a champion),
+    does not regress against it; each one passed over goes into ``rejected`` with why."""
+    for ds in reversed(days):
+        model_dir = model_dir_uri(model.model_artifact_base_uri, model.name, model.version, ds)
+        manifest = read_json_object(store, join_uri(model_dir, MANIFEST_NAME))
+        why_not = in_flight(ds, manifest) if in_flight is not None else None
+        if why_not:
+            rejected[ds] = [g.GateResult(RECORDED, False, why_not)]
+            continue
+        results, attempt = judge(store, model, ds, manifest=manifest)
+        failed = [r for r in results.values() if not r.passed]
+        if failed:
+            rejected[ds] = failed
+            continue
+        report = g.read_partition_report(store, model_dir) or {}
+        # the champion's own decision: a newer partition may not be worse than it
+        regression = g.check_no_regression(model, report, compare_with)
+        if not regression.passed and regression.compared:
+            rejected[ds] = [regression]
+            continue
+        return _Passing(ds, results, attempt, report)
+    return None
+
+
 def _advance(
     store: BlobStore,
     model: Model,
@@ -278,68 +322,58 @@ def _advance(
         return _replace_failing(store, model, current, failing, by=by, in_flight=in_flight)
     # the champion's own partition trained again is judged again: it holds another attempt
     retrained = why_pinned_attempt_gone(store, current) if current is not None else None
-    again = retrained is not None
     newer = [
         ds
         for ds in trained_partitions(store, model)
         if current is None
         or ds > str(current.get("ds"))
-        or (ds == current.get("ds") and (model.version != current.get("version") or again))
+        or (ds == current.get("ds") and (model.version != current.get("version") or retrained))
     ]
     rejected: dict[str, list[g.GateResult]] = {}
-    for ds in reversed(newer):
-        model_dir = model_dir_uri(model.model_artifact_base_uri, model.name, model.version, ds)
-        manifest = read_json_object(store, join_uri(model_dir, MANIFEST_NAME))
-        why_not = in_flight(ds, manifest) if in_flight is not None else None
-        if why_not:
-            rejected[ds] = [g.GateResult(RECORDED, False, why_not)]
-            continue
-        results, attempt = _judge(store, model, ds, manifest=manifest)
-        failed = [r for r in results.values() if not r.passed]
-        if failed:
-            rejected[ds] = failed
-            continue
-        report = g.read_partition_report(store, model_dir) or {}
-        # the champion's own decision: a newer partition may not be worse than it
-        regression = g.check_no_regression(model, report, current)
-        if not regression.passed and regression.compared:
-            rejected[ds] = [regression]
-            continue
-        why = (
-            f"newest partition passing every gate (after {len(rejected)} newer rejected)"
-            if rejected
-            else "newest partition passing every gate"
+    found = _first_passing(store, model, newer, rejected, in_flight=in_flight, compare_with=current)
+    if found is None:
+        return Decision(
+            current, False, rejected, _stays(model, current, newer, rejected, retrained)
         )
-        if current is not None and ds == current.get("ds") and again:
-            why += f" (its partition was trained again: attempt {attempt} judged)"
-        pointer = _write(
-            store,
-            model,
-            _pointer(
-                model, model.version, ds, results, by=by, why=why, report=report, attempt=attempt
-            ),
-            current,
-        )
-        return Decision(pointer, True, rejected, why)
+    why = "newest partition passing every gate" + (
+        f" (after {len(rejected)} newer rejected)" if rejected else ""
+    )
+    if current is not None and found.ds == current.get("ds") and retrained:
+        why += f" (its partition was trained again: attempt {found.attempt} judged)"
+    pointer = make_pointer(
+        model, model.version, found.ds, found.results, by=by, why=why,
+        report=found.report, attempt=found.attempt,
+    )  # fmt: skip
+    return Decision(write_pointer(store, model, pointer, current), True, rejected, why)
+
+
+def _stays(
+    model: Model,
+    current: dict[str, Any] | None,
+    newer: list[str],
+    rejected: dict[str, list[g.GateResult]],
+    retrained: str | None,
+) -> str:
+    """Why the champion did not move (``retrained``: why its own partition no longer
+    holds what was judged)."""
     if current is None:
-        reason = "no trained partition passes every gate yet" if newer else "nothing trained"
-    else:
-        reason = f"stays at {current.get('version')}/{current.get('ds')}: " + (
-            "no newer partition passes every gate" if newer else "no newer trained partition"
+        return "no trained partition passes every gate yet" if newer else "nothing trained"
+    reason = f"stays at {current.get('version')}/{current.get('ds')}: " + (
+        "no newer partition passes every gate" if newer else "no newer trained partition"
+    )
+    regressed = sorted(ds for ds, r in rejected.items() if r[0].gate == g.NO_REGRESSION)
+    if regressed:
+        reason += (
+            f" ({', '.join(regressed)} passed but regressed beyond the tolerance "
+            f"{model.rollout.regression_tolerance:g})"
         )
-        regressed = sorted(ds for ds, r in rejected.items() if r[0].gate == g.NO_REGRESSION)
-        if regressed:
-            reason += (
-                f" ({', '.join(regressed)} passed but regressed beyond the tolerance "
-                f"{model.rollout.regression_tolerance:g})"
-            )
-        if again:
-            reason += (
-                f"; but {retrained}, and what it holds now did not "
-                "pass: scoring by the champion refuses it until a partition passes or one is "
-                "promoted by hand"
-            )
-    return Decision(current, False, rejected, reason)
+    if retrained:
+        reason += (
+            f"; but {retrained}, and what it holds now did not "
+            "pass: scoring by the champion refuses it until a partition passes or one is "
+            "promoted by hand"
+        )
+    return reason
 
 
 def fails_current_gates(model: Model, pointer: dict[str, Any] | None) -> list[g.GateResult]:
@@ -373,155 +407,18 @@ def _replace_failing(
     where = f"{current.get('version')}/{current.get('ds')}"
     fails = "; ".join(r.summary for r in failing)
     rejected: dict[str, list[g.GateResult]] = {}
-    for ds in reversed(trained_partitions(store, model)):
-        model_dir = model_dir_uri(model.model_artifact_base_uri, model.name, model.version, ds)
-        manifest = read_json_object(store, join_uri(model_dir, MANIFEST_NAME))
-        why_not = in_flight(ds, manifest) if in_flight is not None else None
-        results, attempt = _judge(store, model, ds, manifest=manifest)
-        failed = [g.GateResult(RECORDED, False, why_not)] if why_not else []
-        failed += [r for r in results.values() if not r.passed]
-        if failed:
-            rejected[ds] = failed
-            continue
-        why = (
-            f"the champion {where} fails the current gates ({fails}); newest partition passing them"
-        )
-        report = g.read_partition_report(store, model_dir) or {}
-        pointer = _pointer(
-            model, model.version, ds, results, by=by, why=why, report=report, attempt=attempt
-        )
-        return Decision(_write(store, model, pointer, current), True, rejected, why)
-    reason = (
-        f"stays at {where}, which fails the current gates ({fails}): no trained partition "
-        "passes them; it keeps serving until one does or one is promoted by hand"
+    found = _first_passing(
+        store, model, trained_partitions(store, model), rejected, in_flight=in_flight
     )
-    return Decision(current, False, rejected, reason, failing=failing)
-
-
-def promote(
-    store: BlobStore,
-    model: Model,
-    ds: str,
-    *,
-    version: str | None = None,
-    force: bool = False,
-    by: str | None = None,
-    left: list[str] | None = None,
-    in_flight: Callable[[str, dict[str, Any] | None], str | None] | None = None,
-) -> dict[str, Any]:
-    """Point the champion at ``ds`` (of ``version``) by hand.
-
-    ``left``: when given, a lock that cannot be deleted once the pointer is written is
-    added to it (see ``lock_left_behind``) rather than raised, the pointer having moved.
-    ``in_flight``: as for ``advance``, for a partition of the model's own version (the
-    one Dagster's model asset records); a reason it gives fails ``RECORDED`` like a gate.
-
-    Raises:
-        ChampionError: ``ds`` is not a day or ``version`` not a content address (both
-            name storage paths), the partition is not trained (no manifest), or a gate
-            failed and ``force`` is not set; the message lists each failed gate with its
-            numbers.
-    """
-    if not is_day(ds):
-        raise ChampionError(
-            f"cannot promote {model.name}: ds={ds!r} is not a day; expected YYYY-MM-DD "
-            "(a model partition, e.g. 2026-07-10)"
+    if found is None:
+        reason = (
+            f"stays at {where}, which fails the current gates ({fails}): no trained partition "
+            "passes them; it keeps serving until one does or one is promoted by hand"
         )
-    if version is not None and not VERSION_RE.match(version):
-        raise ChampionError(
-            f"cannot promote {model.name}: version={version!r} is not a trainer archive's "
-            f"content address; expected {VERSION_ACCEPTED}, or none for the model's own "
-            f"({model.version})"
-        )
-    version = version or model.version
-    model_dir = model_dir_uri(model.model_artifact_base_uri, model.name, version, ds)
-    with promotion_lock(store, model_root(model), lock_name=LOCK_NAME, left=left):
-        current = read_champion(store, model)
-        manifest = read_json_object(store, join_uri(model_dir, MANIFEST_NAME))
-        results, attempt = _judge(store, model, ds, version, manifest=manifest)
-        why_not = (
-            in_flight(ds, manifest)
-            if in_flight is not None and manifest is not None and version == model.version
-            else None
-        )
-        if why_not:
-            results[RECORDED] = g.GateResult(RECORDED, False, why_not)
-        if not results[g.MANIFEST_VERIFIES].passed:
-            raise ChampionError(
-                f"cannot promote {model.name} {version}/{ds}: "
-                f"{results[g.MANIFEST_VERIFIES].summary} (not a finished model; even --force "
-                "never points at one)"
-            )
-        failed = {n: r for n, r in results.items() if not r.passed}
-        if failed and not force:
-            raise ChampionError(
-                f"refusing to promote {model.name} {version}/{ds}: "
-                + "; ".join(f"{n}: {r.summary}" for n, r in failed.items())
-                + ". Pass --force to promote it anyway (recorded in the pointer)."
-            )
-        why = (
-            f"promoted by hand with --force despite: {', '.join(failed)}"
-            if failed
-            else "promoted by hand"
-        )
-        report = g.read_partition_report(store, model_dir)
-        return _write(
-            store,
-            model,
-            _pointer(
-                model,
-                version,
-                ds,
-                results,
-                by=by or default_actor(),
-                why=why,
-                forced=bool(failed),
-                report=report,
-                attempt=attempt,
-            ),
-            current,
-        )
-
-
-def rollback(
-    store: BlobStore, model: Model, *, by: str | None = None, left: list[str] | None = None
-) -> dict[str, Any]:
-    """Point the champion back at the pointer the current one replaced (``left``: as for
-    ``promote``).
-
-    Raises:
-        ChampionError: there is no champion, no earlier one, or the earlier partition is
-            no longer a finished model on storage.
-    """
-    with promotion_lock(store, model_root(model), lock_name=LOCK_NAME, left=left):
-        current = read_champion(store, model)
-        if current is None:
-            raise ChampionError(f"{model.name} has no champion ({champion_uri(model)} is absent)")
-        earlier_name = current.get("replaced")
-        if not earlier_name:
-            raise ChampionError(
-                f"{model.name}'s champion {current.get('version')}/{current.get('ds')} "
-                "replaced nothing: there is no earlier champion to roll back to"
-            )
-        earlier = json.loads(store.read_bytes(join_uri(history_uri(model), str(earlier_name))))
-        model_dir = str(earlier.get("artifact_uri"))
-        verdict = g.check_manifest(store, model_dir)
-        if not verdict.passed:
-            raise ChampionError(
-                f"cannot roll {model.name} back to {earlier.get('version')}/{earlier.get('ds')}: "
-                f"{verdict.summary}"
-            )
-        retrained = why_pinned_attempt_gone(store, earlier)
-        if retrained:
-            raise ChampionError(
-                f"cannot roll {model.name} back: {retrained}. Promote it by hand "
-                f"(`zipline-dagster promote {model.name} --ds {earlier.get('ds')} --version "
-                f"{earlier.get('version')}`) to judge what it holds now"
-            )
-        pointer = {k: v for k, v in earlier.items() if k not in ("history_name", "moved_at")}
-        pointer.update(
-            moved_by=by or default_actor(),
-            why=f"rollback from {current.get('version')}/{current.get('ds')}",
-            replaced=earlier.get("replaced"),
-        )
-        return _write(store, model, pointer, current)
+        return Decision(current, False, rejected, reason, failing=failing)
+    why = f"the champion {where} fails the current gates ({fails}); newest partition passing them"
+    pointer = make_pointer(
+        model, model.version, found.ds, found.results, by=by, why=why,
+        report=found.report, attempt=found.attempt,
+    )  # fmt: skip
+    return Decision(write_pointer(store, model, pointer, current), True, rejected, why)

@@ -1,0 +1,166 @@
+"""Moving a model's champion by hand: ``zipline-dagster promote`` and ``rollback``.
+
+Both take the champion's lock, judge what they point at (a promoted partition's gates; a
+rolled-back-to partition's manifest and attempt) and write the pointer as
+``champion.advance`` does, the one replaced kept in the history.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from zipline_dagster.declarations.model import VERSION_ACCEPTED, VERSION_RE, Model, is_day
+from zipline_dagster.rollout import gates as g
+from zipline_dagster.rollout.champion import (
+    LOCK_NAME,
+    RECORDED,
+    ChampionError,
+    champion_uri,
+    default_actor,
+    history_uri,
+    judge,
+    make_pointer,
+    model_root,
+    read_champion,
+    why_pinned_attempt_gone,
+    write_pointer,
+)
+from zipline_dagster.storage.artifacts import promotion_lock, read_json_object
+from zipline_dagster.storage.blobs import BlobStore
+from zipline_dagster.storage.paths import MANIFEST_NAME, join_uri, model_dir_uri
+
+
+def _checked(model: Model, ds: str, version: str | None) -> str:
+    """The version to promote ``ds`` of; both name storage paths, so both are checked."""
+    if not is_day(ds):
+        raise ChampionError(
+            f"cannot promote {model.name}: ds={ds!r} is not a day; expected YYYY-MM-DD "
+            "(a model partition, e.g. 2026-07-10)"
+        )
+    if version is not None and not VERSION_RE.match(version):
+        raise ChampionError(
+            f"cannot promote {model.name}: version={version!r} is not a trainer archive's "
+            f"content address; expected {VERSION_ACCEPTED}, or none for the model's own "
+            f"({model.version})"
+        )
+    return version or model.version
+
+
+def promote(
+    store: BlobStore,
+    model: Model,
+    ds: str,
+    *,
+    version: str | None = None,
+    force: bool = False,
+    by: str | None = None,
+    left: list[str] | None = None,
+    in_flight: Callable[[str, dict[str, Any] | None], str | None] | None = None,
+) -> dict[str, Any]:
+    """Point the champion at ``ds`` (of ``version``) by hand.
+
+    ``left``: when given, a lock that cannot be deleted once the pointer is written is
+    added to it (see ``lock_left_behind``) rather than raised, the pointer having moved.
+    ``in_flight``: as for ``advance``, for a partition of the model's own version (the
+    one Dagster's model asset records); a reason it gives fails ``RECORDED`` like a gate.
+
+    Raises:
+        ChampionError: ``ds`` is not a day or ``version`` not a content address (both
+            name storage paths), the partition is not trained (no manifest), or a gate
+            failed and ``force`` is not set; the message lists each failed gate with its
+            numbers.
+    """
+    version = _checked(model, ds, version)
+    model_dir = model_dir_uri(model.model_artifact_base_uri, model.name, version, ds)
+    with promotion_lock(store, model_root(model), lock_name=LOCK_NAME, left=left):
+        current = read_champion(store, model)
+        manifest = read_json_object(store, join_uri(model_dir, MANIFEST_NAME))
+        results, attempt = judge(store, model, ds, version, manifest=manifest)
+        why_not = (
+            in_flight(ds, manifest)
+            if in_flight is not None and manifest is not None and version == model.version
+            else None
+        )
+        if why_not:
+            results[RECORDED] = g.GateResult(RECORDED, False, why_not)
+        if not results[g.MANIFEST_VERIFIES].passed:
+            raise ChampionError(
+                f"cannot promote {model.name} {version}/{ds}: "
+                f"{results[g.MANIFEST_VERIFIES].summary} (not a finished model; even --force "
+                "never points at one)"
+            )
+        failed = {n: r for n, r in results.items() if not r.passed}
+        if failed and not force:
+            raise ChampionError(
+                f"refusing to promote {model.name} {version}/{ds}: "
+                + "; ".join(f"{n}: {r.summary}" for n, r in failed.items())
+                + ". Pass --force to promote it anyway (recorded in the pointer)."
+            )
+        why = (
+            f"promoted by hand with --force despite: {', '.join(failed)}"
+            if failed
+            else "promoted by hand"
+        )
+        report = g.read_partition_report(store, model_dir)
+        return write_pointer(
+            store,
+            model,
+            make_pointer(
+                model,
+                version,
+                ds,
+                results,
+                by=by or default_actor(),
+                why=why,
+                forced=bool(failed),
+                report=report,
+                attempt=attempt,
+            ),
+            current,
+        )
+
+
+def rollback(
+    store: BlobStore, model: Model, *, by: str | None = None, left: list[str] | None = None
+) -> dict[str, Any]:
+    """Point the champion back at the pointer the current one replaced (``left``: as for
+    ``promote``).
+
+    Raises:
+        ChampionError: there is no champion, no earlier one, or the earlier partition is
+            no longer a finished model on storage.
+    """
+    with promotion_lock(store, model_root(model), lock_name=LOCK_NAME, left=left):
+        current = read_champion(store, model)
+        if current is None:
+            raise ChampionError(f"{model.name} has no champion ({champion_uri(model)} is absent)")
+        earlier_name = current.get("replaced")
+        if not earlier_name:
+            raise ChampionError(
+                f"{model.name}'s champion {current.get('version')}/{current.get('ds')} "
+                "replaced nothing: there is no earlier champion to roll back to"
+            )
+        earlier = json.loads(store.read_bytes(join_uri(history_uri(model), str(earlier_name))))
+        model_dir = str(earlier.get("artifact_uri"))
+        verdict = g.check_manifest(store, model_dir)
+        if not verdict.passed:
+            raise ChampionError(
+                f"cannot roll {model.name} back to {earlier.get('version')}/{earlier.get('ds')}: "
+                f"{verdict.summary}"
+            )
+        retrained = why_pinned_attempt_gone(store, earlier)
+        if retrained:
+            raise ChampionError(
+                f"cannot roll {model.name} back: {retrained}. Promote it by hand "
+                f"(`zipline-dagster promote {model.name} --ds {earlier.get('ds')} --version "
+                f"{earlier.get('version')}`) to judge what it holds now"
+            )
+        pointer = {k: v for k, v in earlier.items() if k not in ("history_name", "moved_at")}
+        pointer.update(
+            moved_by=by or default_actor(),
+            why=f"rollback from {current.get('version')}/{current.get('ds')}",
+            replaced=earlier.get("replaced"),
+        )
+        return write_pointer(store, model, pointer, current)
