@@ -9,6 +9,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 
 def _build_trainer(args: argparse.Namespace) -> int:
@@ -42,20 +43,15 @@ def _build_trainer(args: argparse.Namespace) -> int:
 
 
 def _new_model(args: argparse.Namespace) -> int:
-    import importlib
     import importlib.util
-    import re
-    import shutil
 
     import dagster as dg
 
     from zipline_dagster.declarations.model import MODEL_NAME_ACCEPTED, MODEL_NAME_RE
-    from zipline_dagster.declarations.tasks import Task
     from zipline_dagster.lineage.partitions import model_asset_key
-    from zipline_dagster.scaffold import DEFAULT_FEATURES, DEFAULT_LABELS, GATES, Scaffold
+    from zipline_dagster.scaffold import Scaffold, ScaffoldError
     from zipline_dagster.settings import artifact_base_uri
-    from zipline_dagster.training.archive import build_trainer_archive, publish_trainer_archive
-    from zipline_dagster.training.pins import TRAINERS_DIR, find_lock, record_pin, write_lock
+    from zipline_dagster.training.archive import publish_trainer_archive
 
     name = args.name
     if not MODEL_NAME_RE.match(name) or not name.isidentifier():
@@ -63,64 +59,28 @@ def _new_model(args: argparse.Namespace) -> int:
             f"new-model {name!r}: expected {MODEL_NAME_ACCEPTED}, also a Python name "
             "(it names the defs module and the declaration)"
         )
-    task = Task(args.task)
-    scaffold = Scaffold(
-        name=name,
-        table=args.table,
-        task=task,
-        window=args.window,
-        features=tuple(f for f in (args.features or DEFAULT_FEATURES[task]).split(",") if f),
-        label=args.label or DEFAULT_LABELS[task],
-        keys=tuple(k for k in args.keys.split(",") if k),
-        threshold=GATES[task][1] if args.threshold is None else args.threshold,
-    )
-    if (problem := scaffold.problem()) is not None:
-        raise CliError(f"new-model {name!r}: {problem}; nothing was written")
+    scaffold = Scaffold.of(
+        name, table=args.table, task=args.task, window=args.window, features=args.features,
+        label=args.label, keys=args.keys, threshold=args.threshold,
+    )  # fmt: skip
     module = args.module or project_code_location()
     spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
         raise CliError(f"--module={module!r} is not a package whose modules declare models")
     defs_file = Path(next(iter(spec.submodule_search_locations))) / f"{name}.py"
-    lock = find_lock(defs_file)
-    template = lock.parent / TRAINERS_DIR / (args.template or scaffold.template)
-    trainer = lock.parent / TRAINERS_DIR / name
-    for path in (trainer, defs_file):
-        if path.exists():
-            raise CliError(f"new-model {name!r}: {path} already exists; nothing was written")
-    if not (template / "setup.py").is_file():
-        raise CliError(f"new-model: the template trainer {template} has no setup.py")
-    lock_before = lock.read_text() if lock.is_file() else None
     try:
-        shutil.copytree(template, trainer, ignore=shutil.ignore_patterns("__pycache__"))
-        setup = trainer / "setup.py"
-        setup.write_text(re.sub(r'name="[^"]*"', f'name="{name}"', setup.read_text(), count=1))
-        record_pin(lock, name, build_trainer_archive(trainer), trainer)
-        flags = f" --task {task}" if task is not Task.CLASSIFICATION else ""
-        defs_file.write_text(scaffold.render(flags))
-        # the declaration, then the code location with it: a bad --table, --features,
-        # --label, --keys, --window or --threshold is refused now, with nothing left behind
-        importlib.import_module(f"{module}.{name}")
-        defs = load_definitions(module)
-    except BaseException as exc:
-        shutil.rmtree(trainer, ignore_errors=True)
-        defs_file.unlink(missing_ok=True)
-        if lock_before is None:
-            lock.unlink(missing_ok=True)
-        else:
-            write_lock(lock, lock_before)
-        if not isinstance(exc, Exception):
-            raise
-        raise CliError(
-            f"new-model {name!r}: the code location {module} does not load with it "
-            "(--table, --features, --label, --keys, --window and --threshold are its "
-            "declaration's), so "
-            f"nothing was written: {type(exc).__name__}: {exc}"
-        ) from exc
-    published = publish_trainer_archive(trainer, model_name=name, base=artifact_base_uri())
-    print(f"wrote {trainer}/ (from {template}) and {defs_file}", file=sys.stderr)
+        written = scaffold.write(
+            defs_file, module, template=args.template, load=lambda: load_definitions(module)
+        )
+    except ScaffoldError as exc:
+        raise CliError(str(exc)) from exc.__cause__
+    published = publish_trainer_archive(written.trainer, model_name=name, base=artifact_base_uri())
+    print(f"wrote {written.trainer}/ (from {written.template}) and {defs_file}", file=sys.stderr)
     print(
-        f"pinned {name} to {published.version} in {lock}; uploaded {published.uri}", file=sys.stderr
+        f"pinned {name} to {published.version} in {written.lock}; uploaded {published.uri}",
+        file=sys.stderr,
     )
+    defs = written.defs
     assert isinstance(defs, dg.Definitions)
     if model_asset_key(name) not in defs.resolve_asset_graph().get_all_asset_keys():
         print(
@@ -416,22 +376,12 @@ def dagster_instance() -> object:
 def _backfill(args: argparse.Namespace) -> int:
     import dagster as dg
 
-    from zipline_dagster.lineage.backfill import (
-        code_version_changed,
-        model_partitions,
-        plan_backfill,
-    )
     from zipline_dagster.lineage.deployment import Deployment
     from zipline_dagster.lineage.internals import (
         daemon_running,
-        drive_backfill,
-        failed_runs,
         launch_backfill,
     )
-    from zipline_dagster.lineage.ledger import Ledger
-    from zipline_dagster.lineage.partitions import champion_asset_key, model_asset_key
-    from zipline_dagster.rollout.assets import gate_judge
-    from zipline_dagster.storage.resources import warehouse_of
+    from zipline_dagster.lineage.partitions import model_asset_key
 
     deployment = Deployment(args.url) if args.url else None
     module = args.module or project_code_location()
@@ -440,26 +390,82 @@ def _backfill(args: argparse.Namespace) -> int:
     instance: dg.DagsterInstance = dagster_instance()  # type: ignore[assignment]
     # the instance's own daemon runs its backfills when one is running: never a second driver
     driving = deployment is None and not daemon_running(instance)
-    if args.wait and driving and not Path(args.workspace).is_file():
-        raise CliError(  # before any backfill is launched
-            f"--workspace={args.workspace} is not a file; --wait without --url runs the "
+    if args.wait and driving:
+        check_workspace(args.workspace)  # before any backfill is launched
+    models = declared_models(module).values()
+    plan = planned_backfill(args, defs, instance, key, models)
+    refuse_drift(module, models, {k for k, _ in plan.steps} | {key})
+    also = champions_to_judge(defs, instance, plan, key)
+    if nothing_to_launch(plan, also):
+        return 0
+    title = f"{key.to_user_string()} {args.start_ds}..{args.end_ds}"
+    if deployment is not None:
+        backfill_id = deployment.launch(plan, title=title, also=also)
+    else:
+        backfill_id = launch_backfill(defs, instance, plan, title=title, also=also)
+    print(f"backfill_id={backfill_id}", flush=True)
+    if not args.wait and driving:
+        print(
+            "note: no dagster-daemon is running for this instance; start `make dev` "
+            "(or pass --wait to run the backfill from this command)",
+            file=sys.stderr,
+        )
+    if not args.wait:
+        return 0
+    return wait_for(args, instance, deployment, backfill_id, plan, also, driving=driving)
+
+
+def check_workspace(workspace: str) -> None:
+    if not Path(workspace).is_file():
+        raise CliError(
+            f"--workspace={workspace} is not a file; --wait without --url runs the "
             "backfill's runs from the code locations it names (the project's workspace.yaml; "
             "run from the project folder or pass its path)"
         )
+
+
+def nothing_to_launch(plan: Any, also: list[Any]) -> bool:
+    """Say ``backfill_id=none`` when every partition is fresh and no champion's gates
+    changed; else say which champions judge again with nothing else planned."""
+    if plan.empty and not also:
+        going = " or left to the run writing it" if plan.in_flight else ""
+        print(f"backfill_id=none (every partition is fresh{going})")
+        return True
+    for champion in also if plan.empty else []:
+        print(f"  {champion.to_user_string()}: its gates changed; it judges the champion again",
+              file=sys.stderr)  # fmt: skip
+    return False
+
+
+def planned_backfill(
+    args: argparse.Namespace, defs: Any, instance: Any, key: Any, models: Any
+) -> Any:
+    """The plan for ``key``'s days ``--start-ds``..``--end-ds`` under the ledger's rule
+    (what storage holds and Dagster never recorded is recorded first, each said on
+    stderr), printed on stderr."""
+    from zipline_dagster.lineage.backfill import model_partitions, plan_backfill
+    from zipline_dagster.lineage.ledger import Ledger
+    from zipline_dagster.rollout.assets import gate_judge
+    from zipline_dagster.storage.resources import warehouse_of
+
     parts = model_partitions(defs, key, args.start_ds, args.end_ds)
-    models = declared_models(module).values()
-    ledger = Ledger(instance, judge=gate_judge(*models, store=warehouse_of(defs).store))  # type: ignore[arg-type]
+    ledger = Ledger(instance, judge=gate_judge(*models, store=warehouse_of(defs).store))
     plan = plan_backfill(defs, instance, key, parts, ledger=ledger)
     for diff in ledger.recorded:
         where = f"{diff.key.to_user_string()} {diff.partition}"
         print(f"note: {where}: {diff.describe()}", file=sys.stderr)
     print(f"plan for {key.to_user_string()} {args.start_ds}..{args.end_ds}:", file=sys.stderr)
     print(plan.describe(), file=sys.stderr)
-    # a model whose trainer source moved past its pin refuses to train: say so before
-    # anything runs (rather than after its upstream partitions were computed), and also
-    # when every partition is fresh (they were trained from the pinned archive, which the
-    # source no longer builds)
-    planned = {k for k, _ in plan.steps} | {key}
+    return plan
+
+
+def refuse_drift(module: str, models: object, planned: set[object]) -> None:
+    """A model whose trainer source moved past its pin refuses to train: say so before
+    anything runs (rather than after its upstream partitions were computed), and also
+    when every partition is fresh (they were trained from the pinned archive, which the
+    source no longer builds)."""
+    from zipline_dagster.lineage.partitions import model_asset_key
+
     trains = [m for m in models if model_asset_key(m.name) in planned]  # type: ignore[attr-defined]
     drifts: list = project_drift(module, trains)
     if drifts:
@@ -468,8 +474,15 @@ def _backfill(args: argparse.Namespace) -> int:
             + "; ".join(d.describe() for d in drifts)
             + ". Its partitions would refuse to train"
         )
-    # the champion of each model the plan trains judges the new partitions, in the
-    # backfill; the target model's champion whose gates changed judges itself again
+
+
+def champions_to_judge(defs: Any, instance: Any, plan: Any, key: Any) -> list[Any]:
+    """The champion of each model the plan trains (it judges the new partitions, in the
+    backfill), and the target model's champion when its gates changed (it judges itself
+    again, also when nothing else is planned)."""
+    from zipline_dagster.lineage.backfill import code_version_changed
+    from zipline_dagster.lineage.partitions import champion_asset_key, model_asset_key
+
     graph = defs.resolve_asset_graph()
     trained = [k for k, _ in plan.steps if k == model_asset_key(k.path[-1])]
     also = []
@@ -479,30 +492,25 @@ def _backfill(args: argparse.Namespace) -> int:
             model_key in trained or code_version_changed(instance, graph, champion)
         ):
             also.append(champion)
-    if plan.empty and not also:
-        going = " or left to the run writing it" if plan.in_flight else ""
-        print(f"backfill_id=none (every partition is fresh{going})")
-        return 0
-    for champion in also if plan.empty else []:
-        print(f"  {champion.to_user_string()}: its gates changed; it judges the champion again",
-              file=sys.stderr)  # fmt: skip
-    title = f"{key.to_user_string()} {args.start_ds}..{args.end_ds}"
-    if deployment is not None:
-        backfill_id = deployment.launch(plan, title=title, also=also)
-    else:
-        backfill_id = launch_backfill(defs, instance, plan, title=title, also=also)
-    print(f"backfill_id={backfill_id}", flush=True)
-    if not args.wait:
-        if driving:
-            print(
-                "note: no dagster-daemon is running for this instance; start `make dev` "
-                "(or pass --wait to run the backfill from this command)",
-                file=sys.stderr,
-            )
-        return 0
-    targets: set[tuple[dg.AssetKey, str | None]] = {
-        (k, p) for k, parts in plan.steps for p in parts
-    }
+    return also
+
+
+def wait_for(
+    args: argparse.Namespace,
+    instance: Any,
+    deployment: Any,
+    backfill_id: str,
+    plan: Any,
+    also: list[Any],
+    *,
+    driving: bool,
+) -> int:
+    """``--wait``: follow the backfill to its end (through the webserver with ``--url``,
+    else driving its runs here or following the instance's daemon); its status and the
+    champions it judged on stdout."""
+    from zipline_dagster.lineage.internals import drive_backfill, failed_runs
+
+    targets: set[tuple[Any, str | None]] = {(k, p) for k, parts in plan.steps for p in parts}
     targets |= {(k, None) for k in also}
     try:
         if deployment is not None:

@@ -9,7 +9,12 @@ reference trainer of the task (``TEMPLATES``).
 
 from __future__ import annotations
 
+import importlib
+import re
+import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from zipline_dagster.declarations.tasks import Task
 
@@ -98,6 +103,21 @@ FEATURES = {features!r}
 '''
 
 
+class ScaffoldError(RuntimeError):
+    """``new-model`` cannot write the model; nothing was written. The message says why."""
+
+
+@dataclass(frozen=True)
+class Written:
+    """What ``Scaffold.write`` wrote: the trainer folder (copied from ``template``), the
+    lock that pins it, and the code location's definitions loaded with the model."""
+
+    trainer: Path
+    template: Path
+    lock: Path
+    defs: object
+
+
 @dataclass(frozen=True)
 class Scaffold:
     """A new model's declaration: ``new-model``'s flags, the task's defaults filled in."""
@@ -110,6 +130,92 @@ class Scaffold:
     label: str
     keys: tuple[str, ...]
     threshold: float
+
+    @classmethod
+    def of(
+        cls,
+        name: str,
+        *,
+        table: str,
+        task: str,
+        window: int,
+        features: str | None,
+        label: str | None,
+        keys: str,
+        threshold: float | None,
+    ) -> Scaffold:
+        """``new-model``'s flags, the task's defaults where a flag is not given.
+
+        Raises:
+            ScaffoldError: they cannot make a model (``problem``).
+        """
+        t = Task(task)
+        made = cls(
+            name=name,
+            table=table,
+            task=t,
+            window=window,
+            features=tuple(f for f in (features or DEFAULT_FEATURES[t]).split(",") if f),
+            label=label or DEFAULT_LABELS[t],
+            keys=tuple(k for k in keys.split(",") if k),
+            threshold=GATES[t][1] if threshold is None else threshold,
+        )
+        if (problem := made.problem()) is not None:
+            raise ScaffoldError(f"new-model {name!r}: {problem}; nothing was written")
+        return made
+
+    def write(
+        self, defs_file: Path, module: str, *, template: str | None, load: Callable[[], object]
+    ) -> Written:
+        """Copy the task's reference trainer to ``trainers/{name}``, pin it and write
+        ``defs_file``, then import it and ``load`` the code location ``module`` with it;
+        when any of that fails, put everything back as it was.
+
+        Raises:
+            ScaffoldError: a file is there already, the template is not a trainer, or the
+                code location does not load with the model (nothing is left written).
+        """
+        from zipline_dagster.training.archive import build_trainer_archive
+        from zipline_dagster.training.pins import TRAINERS_DIR, find_lock, record_pin, write_lock
+
+        lock = find_lock(defs_file)
+        source = lock.parent / TRAINERS_DIR / (template or self.template)
+        trainer = lock.parent / TRAINERS_DIR / self.name
+        for path in (trainer, defs_file):
+            if path.exists():
+                raise ScaffoldError(
+                    f"new-model {self.name!r}: {path} already exists; nothing was written"
+                )
+        if not (source / "setup.py").is_file():
+            raise ScaffoldError(f"new-model: the template trainer {source} has no setup.py")
+        lock_before = lock.read_text() if lock.is_file() else None
+        try:
+            shutil.copytree(source, trainer, ignore=shutil.ignore_patterns("__pycache__"))
+            setup = trainer / "setup.py"
+            named = re.sub(r'name="[^"]*"', f'name="{self.name}"', setup.read_text(), count=1)
+            setup.write_text(named)
+            record_pin(lock, self.name, build_trainer_archive(trainer), trainer)
+            flags = f" --task {self.task}" if self.task is not Task.CLASSIFICATION else ""
+            defs_file.write_text(self.render(flags))
+            # the declaration, then the code location with it: a bad --table, --features,
+            # --label, --keys, --window or --threshold is refused now, nothing left behind
+            importlib.import_module(f"{module}.{self.name}")
+            defs = load()
+        except BaseException as exc:
+            shutil.rmtree(trainer, ignore_errors=True)
+            defs_file.unlink(missing_ok=True)
+            if lock_before is None:
+                lock.unlink(missing_ok=True)
+            else:
+                write_lock(lock, lock_before)
+            if not isinstance(exc, Exception):
+                raise
+            raise ScaffoldError(
+                f"new-model {self.name!r}: the code location {module} does not load with it "
+                "(--table, --features, --label, --keys, --window and --threshold are its "
+                f"declaration's), so nothing was written: {type(exc).__name__}: {exc}"
+            ) from exc
+        return Written(trainer, source, lock, defs)
 
     @property
     def gate(self) -> str:
