@@ -30,6 +30,45 @@ OUTPUT_COLUMNS = ("score", "model_version", "model_ds", "model_age_days")
 DEFAULT_INFERENCE_MODULE = "trainer.score"
 
 
+def _checked_fields(who: str, fields: list[str]) -> list[str]:
+    """Passthrough fields: plain column names, none twice, none the scores table's own."""
+    for f in fields:
+        if not isinstance(f, str) or not _COLUMN_RE.match(f):
+            raise ModelSpecError(
+                f"{who}: passthrough_fields holds {f!r}; expected plain column names"
+            )
+        if f in OUTPUT_COLUMNS or f == "ds":
+            raise ModelSpecError(
+                f"{who}: passthrough field {f!r} collides with a column the scores table "
+                f"always has ({', '.join((*OUTPUT_COLUMNS, 'ds'))})"
+            )
+    if len(set(fields)) != len(fields):
+        raise ModelSpecError(f"{who}: passthrough_fields repeats a column: {fields}")
+    return fields
+
+
+def _is_tolerance(value: object) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and value >= 0
+
+
+def _check_tolerances(who: str, auc: object, tolerances: dict[str, object]) -> None:
+    if not _is_tolerance(auc):
+        raise ModelSpecError(
+            f"{who}: realized_auc_tolerance={auc!r} is invalid; expected a number >= 0"
+        )
+    for metric, value in tolerances.items():
+        if metric not in DEFAULT_TOLERANCES:
+            raise ModelSpecError(
+                f"{who}: realized_tolerances names {metric!r}; expected one of "
+                + ", ".join(DEFAULT_TOLERANCES)
+            )
+        if not _is_tolerance(value):
+            raise ModelSpecError(
+                f"{who}: realized_tolerances[{metric!r}]={value!r} is invalid; expected a "
+                "number >= 0"
+            )
+
+
 class ScoreWith(enum.StrEnum):
     """Which model partition scores day ``ds`` of a ``ModelTransforms``.
 
@@ -105,6 +144,26 @@ class ModelTransforms:
                 f"ModelTransforms: models holds {len(models)} item(s); expected exactly one Model"
             )
         who = f"ModelTransforms of {models[0].name!r}"
+        self._check_names(who)
+        fields = _checked_fields(who, list(self.passthrough_fields))
+        keys = list(self.label_keys) or fields
+        if self.labels is not None:
+            self._check_labels(who, keys, fields)
+        try:
+            object.__setattr__(self, "score_with", ScoreWith(self.score_with))
+        except ValueError:
+            raise ModelSpecError(
+                f"{who}: score_with={self.score_with!r} is invalid; expected one of "
+                + ", ".join(repr(w.value) for w in ScoreWith)
+            ) from None
+        _check_tolerances(who, self.realized_auc_tolerance, dict(self.realized_tolerances))
+        object.__setattr__(self, "label_keys", tuple(keys))
+        object.__setattr__(self, "sources", tuple(sources))
+        object.__setattr__(self, "models", tuple(models))
+        object.__setattr__(self, "passthrough_fields", tuple(fields))
+
+    def _check_names(self, who: str) -> None:
+        """The output namespace and name, and the inference module."""
         if not isinstance(self.output_namespace, str) or not _NAME_RE.match(self.output_namespace):
             raise ModelSpecError(
                 f"{who}: output_namespace={self.output_namespace!r} is invalid; expected "
@@ -117,19 +176,6 @@ class ModelTransforms:
                 f"{who}: name={self.name!r} is invalid; expected lower-case letters, digits "
                 "and underscores"
             )
-        fields = list(self.passthrough_fields)
-        for f in fields:
-            if not isinstance(f, str) or not _COLUMN_RE.match(f):
-                raise ModelSpecError(
-                    f"{who}: passthrough_fields holds {f!r}; expected plain column names"
-                )
-            if f in OUTPUT_COLUMNS or f == "ds":
-                raise ModelSpecError(
-                    f"{who}: passthrough field {f!r} collides with a column the scores table "
-                    f"always has ({', '.join((*OUTPUT_COLUMNS, 'ds'))})"
-                )
-        if len(set(fields)) != len(fields):
-            raise ModelSpecError(f"{who}: passthrough_fields repeats a column: {fields}")
         if not isinstance(self.inference_module, str) or not re.match(
             r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$", self.inference_module
         ):
@@ -137,52 +183,26 @@ class ModelTransforms:
                 f"{who}: inference_module={self.inference_module!r} is invalid; expected a "
                 "dotted module path in the trainer archive, e.g. trainer.score"
             )
-        keys = list(self.label_keys) or fields
-        if self.labels is not None:
-            if not isinstance(self.labels, EventSource):
-                raise ModelSpecError(
-                    f"{who}: labels={self.labels!r} is invalid; expected an EventSource"
-                )
-            if not keys:
-                raise ModelSpecError(
-                    f"{who}: monitoring joins labels to scores on label_keys (default the "
-                    "passthrough_fields), and both are empty"
-                )
-            absent = [k for k in keys if k not in fields]
-            if absent:
-                raise ModelSpecError(
-                    f"{who}: label_keys {absent} are not passthrough_fields {fields}: the "
-                    "scores table must carry the columns it is joined on"
-                )
-            if not isinstance(self.label_column, str) or not _COLUMN_RE.match(self.label_column):
-                raise ModelSpecError(f"{who}: label_column={self.label_column!r} is invalid")
-        try:
-            object.__setattr__(self, "score_with", ScoreWith(self.score_with))
-        except ValueError:
+
+    def _check_labels(self, who: str, keys: list[str], fields: list[str]) -> None:
+        """Monitoring's labels table, label column and join keys."""
+        if not isinstance(self.labels, EventSource):
             raise ModelSpecError(
-                f"{who}: score_with={self.score_with!r} is invalid; expected one of "
-                + ", ".join(repr(w.value) for w in ScoreWith)
-            ) from None
-        tol = self.realized_auc_tolerance
-        if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not tol >= 0:
-            raise ModelSpecError(
-                f"{who}: realized_auc_tolerance={tol!r} is invalid; expected a number >= 0"
+                f"{who}: labels={self.labels!r} is invalid; expected an EventSource"
             )
-        for metric, value in dict(self.realized_tolerances).items():
-            if metric not in DEFAULT_TOLERANCES:
-                raise ModelSpecError(
-                    f"{who}: realized_tolerances names {metric!r}; expected one of "
-                    + ", ".join(DEFAULT_TOLERANCES)
-                )
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-                raise ModelSpecError(
-                    f"{who}: realized_tolerances[{metric!r}]={value!r} is invalid; expected a "
-                    "number >= 0"
-                )
-        object.__setattr__(self, "label_keys", tuple(keys))
-        object.__setattr__(self, "sources", tuple(sources))
-        object.__setattr__(self, "models", tuple(models))
-        object.__setattr__(self, "passthrough_fields", tuple(fields))
+        if not keys:
+            raise ModelSpecError(
+                f"{who}: monitoring joins labels to scores on label_keys (default the "
+                "passthrough_fields), and both are empty"
+            )
+        absent = [k for k in keys if k not in fields]
+        if absent:
+            raise ModelSpecError(
+                f"{who}: label_keys {absent} are not passthrough_fields {fields}: the "
+                "scores table must carry the columns it is joined on"
+            )
+        if not isinstance(self.label_column, str) or not _COLUMN_RE.match(self.label_column):
+            raise ModelSpecError(f"{who}: label_column={self.label_column!r} is invalid")
 
     def tolerance(self, metric: str) -> float:
         """How much worse than the holdout value realized ``metric`` may be."""
