@@ -223,6 +223,86 @@ def check_archive_reachable(model: Model, resources: Mapping[str, Any]) -> None:
         )
 
 
+def emitted_tables(
+    sources: Sequence[SourceTable],
+    external_tables: Sequence[ExternalTable],
+    producers: Sequence[Producer],
+    transforms: Sequence[ModelTransforms],
+) -> dict[str, dg.AssetKey]:
+    """{table: the asset that emits it}.
+
+    Raises:
+        ModelSpecError: a table is emitted twice, naming both.
+    """
+    known: dict[str, dg.AssetKey] = {}
+    owners: dict[str, str] = {}
+    emitters = [(s.table, f"source asset {s.asset.key.to_user_string()}") for s in sources]
+    emitters += [(e.table, "ExternalTable") for e in external_tables]
+    emitters += [(p.table, f"{type(p).__name__} {p.name!r}") for p in producers]
+    emitters += [(mt.table, f"ModelTransforms of {mt.model.name!r}") for mt in transforms]
+    for table, owner in emitters:
+        if table in known:
+            raise ModelSpecError(
+                f"table {table!r} is emitted twice: by {owners[table]} and by {owner}"
+            )
+        known[table] = table_asset_key(table)
+        owners[table] = owner
+    return known
+
+
+def check_inputs(
+    known: Mapping[str, dg.AssetKey],
+    producers: Sequence[Producer],
+    models: Sequence[Model],
+    transforms: Sequence[ModelTransforms],
+    resources: Mapping[str, Any],
+) -> None:
+    """Every table read resolves to an emitted one, every column named is one its
+    producer emits, every model's archive is reachable by the launcher, and every
+    ModelTransforms' model is among ``models``.
+
+    Raises:
+        ModelSpecError: naming the declaration, the field and the closest names.
+    """
+    for p in producers:
+        for t in p.upstream_tables:
+            resolve_table(t, known, who=f"{type(p).__name__} {p.name!r}", field="input table")
+    by_table = {p.table: p for p in producers}
+    for m in models:
+        resolve_table(
+            m.table,
+            known,
+            who=f"Model {m.name!r}",
+            field="training_conf.training_data_source.table",
+        )
+        check_model_columns(m, by_table.get(m.table))
+        check_archive_reachable(m, resources)
+    trained = {m.name: m for m in models}
+    for mt in transforms:
+        who = f"ModelTransforms of {mt.model.name!r}"
+        if trained.get(mt.model.name) != mt.model:
+            raise ModelSpecError(
+                f"{who}: its model is not among the models of these definitions "
+                f"(declared: {', '.join(sorted(trained)) or 'none'}); declare it too"
+            )
+        resolve_table(mt.source.table, known, who=who, field="sources[0].table")
+        if mt.labels is not None:
+            resolve_table(mt.labels.table, known, who=who, field="labels.table")
+        check_transforms_columns(mt, by_table)
+
+
+def sensors(
+    models: Sequence[Model], transforms: Sequence[ModelTransforms]
+) -> list[dg.SensorDefinition]:
+    """Automation's: its own sensor, the champions' and the rescoring one."""
+    out: list[dg.SensorDefinition] = [automation_sensor()]
+    if models:
+        out.append(build_champion_sensor(list(models)))
+    if transforms:
+        out.append(build_rescoring_sensor(list(transforms)))
+    return out
+
+
 def build_definitions(
     *,
     producers: Sequence[Producer] = (),
@@ -246,52 +326,8 @@ def build_definitions(
         ModelSpecError: a table is produced twice, an input table resolves to no asset, or
             a ModelTransforms names a model these definitions do not train.
     """
-    known: dict[str, dg.AssetKey] = {}
-    owners: dict[str, str] = {}
-
-    def register(table: str, owner: str) -> None:
-        if table in known:
-            raise ModelSpecError(
-                f"table {table!r} is emitted twice: by {owners[table]} and by {owner}"
-            )
-        known[table] = table_asset_key(table)
-        owners[table] = owner
-
-    for s in sources:
-        register(s.table, f"source asset {s.asset.key.to_user_string()}")
-    for e in external_tables:
-        register(e.table, "ExternalTable")
-    for p in producers:
-        register(p.table, f"{type(p).__name__} {p.name!r}")
-    for mt in transforms:
-        register(mt.table, f"ModelTransforms of {mt.model.name!r}")
-
-    for p in producers:
-        for t in p.upstream_tables:
-            resolve_table(t, known, who=f"{type(p).__name__} {p.name!r}", field="input table")
-    by_table = {p.table: p for p in producers}
-    for m in models:
-        resolve_table(
-            m.table,
-            known,
-            who=f"Model {m.name!r}",
-            field="training_conf.training_data_source.table",
-        )
-        check_model_columns(m, by_table.get(m.table))
-        check_archive_reachable(m, resources or {})
-
-    trained = {m.name: m for m in models}
-    for mt in transforms:
-        who = f"ModelTransforms of {mt.model.name!r}"
-        if trained.get(mt.model.name) != mt.model:
-            raise ModelSpecError(
-                f"{who}: its model is not among the models of these definitions "
-                f"(declared: {', '.join(sorted(trained)) or 'none'}); declare it too"
-            )
-        resolve_table(mt.source.table, known, who=who, field="sources[0].table")
-        if mt.labels is not None:
-            resolve_table(mt.labels.table, known, who=who, field="labels.table")
-        check_transforms_columns(mt, by_table)
+    known = emitted_tables(sources, external_tables, producers, transforms)
+    check_inputs(known, producers, models, transforms, resources or {})
 
     condition = retrain_condition() if automation else None
     assets: list[Any] = [s.asset for s in sources]
@@ -319,15 +355,7 @@ def build_definitions(
     return dg.Definitions(
         assets=assets,
         asset_checks=checks,
-        sensors=(
-            [
-                automation_sensor(),
-                *([build_champion_sensor(list(models))] if models else []),
-                *([build_rescoring_sensor(list(transforms))] if transforms else []),
-            ]
-            if automation
-            else []
-        ),
+        sensors=sensors(models, transforms) if automation else [],
         # MLflow is off unless configured (MLFLOW_TRACKING_URI, or a resource given here)
         resources={"mlflow": MlflowResource.from_settings(), **(resources or {})},
         # One process per run: Spark starts once per run and steps share it.
