@@ -80,3 +80,13 @@ def test_scores_follow_the_model_and_monitoring_its_labels_and_task() -> None:
     )
     assert gates_version(stricter) != gates_version(MODEL)
     assert gates_version(dataclasses.replace(MODEL, description="x")) == gates_version(MODEL)
+
+
+def test_a_models_description_shows_in_the_ui_and_not_in_its_version() -> None:
+    from zipline_dagster.training.assets import build_model_asset
+
+    described = dataclasses.replace(MODEL, description="Clicks on listing views.")
+    asset = build_model_asset(model=described)
+    (text,) = asset.descriptions_by_key.values()
+    assert text.startswith("Clicks on listing views. Trains listing_ctr_model")
+    assert asset.code_versions_by_key == build_model_asset(model=MODEL).code_versions_by_key

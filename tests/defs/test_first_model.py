@@ -56,11 +56,10 @@ def dagster_staleness(run: Any, name: str, ds: str) -> str:
 
 
 def latest_metadata(instance: dg.DagsterInstance, key: list[str], ds: str) -> dict[str, Any]:
-    event = instance.get_latest_materialization_event(dg.AssetKey(key))
     records = instance.fetch_materializations(
         dg.AssetRecordsFilter(asset_key=dg.AssetKey(key), asset_partitions=[ds]), limit=1
     ).records
-    assert records and event is not None, f"{key} {ds} is not materialized"
+    assert records, f"{key} {ds} is not materialized"
     mat = records[0].asset_materialization
     assert mat is not None
     return {k: v.value for k, v in mat.metadata.items()}

@@ -129,9 +129,8 @@ def check_no_regression(
             )
     not_compared = f"not compared: the {who} has no {', '.join(uncompared)}" if uncompared else ""
     if failed:
-        return GateResult(
-            NO_REGRESSION, False, "; ".join([*failed, *([not_compared] * bool(uncompared))]), shown
-        )
+        summary = "; ".join(failed + ([not_compared] if uncompared else []))
+        return GateResult(NO_REGRESSION, False, summary, shown)
     if uncompared:
         compared = len(uncompared) < len(thresholds)
         rest = (

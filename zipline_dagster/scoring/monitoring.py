@@ -123,19 +123,17 @@ def _classification(y: Any, p: Any, column: str, status: dict[str, str]) -> dict
 
 
 def _regression(y: Any, p: Any, column: str, status: dict[str, str]) -> dict[str, Any]:
-    import numpy as np
+    from sklearn.metrics import mean_absolute_error, r2_score, root_mean_squared_error
 
-    err = p - y
     out: dict[str, Any] = {
         "mean_label": float(y.mean()),
-        "rmse": float(np.sqrt(np.mean(err**2))),
-        "mae": float(np.mean(np.abs(err))),
+        "rmse": float(root_mean_squared_error(y, p)),
+        "mae": float(mean_absolute_error(y, p)),
     }
-    spread = float(np.sum((y - y.mean()) ** 2))
-    if spread == 0.0:
+    if float(y.min()) == float(y.max()):
         status["r2"] = f"every labelled row has the same {column} ({y[0]:g}): R² is undefined"
     else:
-        out["r2"] = float(1.0 - np.sum(err**2) / spread)
+        out["r2"] = float(r2_score(y, p))
     return out
 
 
@@ -289,8 +287,7 @@ def monitored_task(transforms: ModelTransforms, report: dict[str, Any] | None) -
 def checked_task(transforms: ModelTransforms) -> Task:
     """The task whose realized metrics the monitoring checks judge (fixed at load): the
     model's declared task, classification when it declares none."""
-    task = transforms.model.task
-    return Task(task) if task is not None else Task.CLASSIFICATION
+    return task_of(transforms.model.task, None)
 
 
 def realized_check_name(key: str) -> str:

@@ -103,6 +103,7 @@ def build_model_asset(
         ],
         description=(
             (f"WARNING: {drift.describe()}. " if drift is not None else "")
+            + (f"{model.description} " if model.description else "")
             + f"Trains {model.name} (trainer version {model.version}) as a Ray Job on "
             f"{model.table} over a {n}-day window ending at the partition day; artifacts at "
             f"{join_uri(model_root_uri(model.model_artifact_base_uri, model.name), model.version)}/{{ds}}."
