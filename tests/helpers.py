@@ -18,8 +18,8 @@ from urllib.parse import unquote, urlparse
 import numpy as np
 import pandas as pd
 
-from zipline_dagster.storage.blobs import blob_store
-from zipline_dagster.storage.tables import committed_scan, write_partition_frame
+from zipline_dagster.storage.resources import WarehouseResource
+from zipline_dagster.storage.tables import Tables
 
 
 def days_ending(ds: str, n: int) -> list[str]:
@@ -44,8 +44,14 @@ def ctr_rows(ds: str, rows: int, *, seed: int = 0, label: int | None = None) -> 
     )
 
 
-def write_partition(warehouse: str, table: str, ds: str, df: pd.DataFrame) -> str:
-    return write_partition_frame(blob_store(warehouse), warehouse, table, ds, df)
+def tables_of(warehouse: str, **resource: Any) -> Tables:
+    """The tables of ``warehouse`` in its catalog (the embedded one unless ``resource`` says)."""
+    return WarehouseResource(uri=warehouse, **resource).tables()
+
+
+def write_partition(warehouse: str, table: str, ds: str, df: pd.DataFrame, **kw: Any) -> str:
+    """Replace day ``ds`` of ``table`` with ``df`` (one Iceberg commit); the day's folder."""
+    return tables_of(warehouse, **kw).write_frame(table, ds, df).uri
 
 
 def write_table(warehouse: str, table: str, days: list[str], rows: int = 400, **kw: object) -> None:
@@ -53,10 +59,10 @@ def write_table(warehouse: str, table: str, days: list[str], rows: int = 400, **
         write_partition(warehouse, table, ds, ctr_rows(ds, rows, **kw))  # type: ignore[arg-type]
 
 
-def partition_writes(store: Any, table_root: str) -> dict[str, str | None]:
-    """{ds: the write (``write_id``) that committed it} for every complete partition of
-    the table at ``table_root``, as its markers on storage say."""
-    return {ds: c.write for ds, (_, c) in committed_scan(store, table_root).items()}
+def partition_writes(warehouse: str, table: str) -> dict[str, str | None]:
+    """{ds: the write (``write_id``) that committed it} for every committed day of the
+    table, as its Iceberg snapshots say."""
+    return {ds: d.write for ds, d in tables_of(warehouse).days(table).items()}
 
 
 def local(uri: str) -> Path:

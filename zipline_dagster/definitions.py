@@ -12,7 +12,6 @@ partitions are then observed in the warehouse, never assumed fresh.
 """
 
 import difflib
-import hashlib
 import logging
 import warnings
 from collections.abc import Mapping, Sequence
@@ -40,10 +39,10 @@ from zipline_dagster.scoring.monitoring import (
     build_rescoring_sensor,
 )
 from zipline_dagster.settings import settings
-from zipline_dagster.storage.blobs import BlobStore
-from zipline_dagster.storage.paths import model_archive_uri, table_uri
+from zipline_dagster.storage.catalog import WarehouseError
+from zipline_dagster.storage.paths import model_archive_uri
 from zipline_dagster.storage.resources import WarehouseResource
-from zipline_dagster.storage.tables import committed_partitions
+from zipline_dagster.storage.tables import Tables
 from zipline_dagster.tracking import MlflowResource
 from zipline_dagster.training.assets import build_model_asset, trainable_partitions
 from zipline_dagster.training.pins import find_drift
@@ -138,39 +137,15 @@ def check_transforms_columns(mt: ModelTransforms, producers: Mapping[str, Produc
     check_columns(who, "label_keys", list(mt.label_keys), producers.get(table), table)
 
 
-def observed_versions(store: BlobStore, warehouse: str, table: str) -> dict[str, str]:
-    """{ds: data version} of an external table's committed days: a hash of each day's
-    committed files' names and stamps (size, and what the store changes whenever an
-    object is written), from one listing and a marker read per day; no data file is
-    read, however large the table.
-
-    Raises:
-        dg.Failure: a day's marker lists a file the listing does not hold (looked at
-            twice: a writer committing between the listing and the marker reads lists
-            files the listing missed, or deletes the files its new marker replaced).
-    """
-    gone: list[str] = []
-    for _ in range(2):
-        stamps = store.stamps(table_uri(warehouse, table))
-        committed = committed_partitions(store, warehouse, table, listed=list(stamps))
-        versions: dict[str, str] = {}
-        gone = []
-        for ds, files in sorted(committed.items()):
-            if not daily_partitions.has_partition_key(ds):
-                continue
-            digest = hashlib.sha256()
-            for f in files:
-                if f not in stamps:
-                    gone.append(f)
-                    continue
-                digest.update(f"{f}\n{stamps[f]}\n".encode())
-            versions[ds] = digest.hexdigest()[:16]
-        if not gone:
-            return versions
-    raise dg.Failure(
-        f"external table {table}: commit markers list {len(gone)} file(s) the warehouse does "
-        f"not hold ({', '.join(gone[:3])}); their writer must commit only files it wrote"
-    )
+def observed_versions(tables: Tables, table: str) -> dict[str, str]:
+    """{ds: data version} of an external table's committed days: the Iceberg snapshot that
+    last wrote each day (read from the catalog's metadata; no data file is read, however
+    large the table)."""
+    return {
+        ds: day.data_version
+        for ds, day in tables.days(table).items()
+        if daily_partitions.has_partition_key(ds)
+    }
 
 
 # An ExternalTable is observed per partition by an observable source asset, marked beta;
@@ -188,8 +163,10 @@ def build_external_table_asset(ext: ExternalTable) -> dg.SourceAsset:
     def _observe(
         context: dg.AssetExecutionContext, warehouse: WarehouseResource
     ) -> dg.DataVersionsByPartition:
-        store = warehouse.store(warehouse.uri)
-        versions = observed_versions(store, warehouse.uri, ext.table)
+        try:
+            versions = observed_versions(warehouse.tables(), ext.table)
+        except WarehouseError as exc:
+            raise dg.Failure(f"external table {ext.table}: {exc}") from None
         context.log.info(f"observed {len(versions)} partitions of {ext.table}")
         return dg.DataVersionsByPartition({k: dg.DataVersion(v) for k, v in versions.items()})
 

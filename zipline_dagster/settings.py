@@ -8,6 +8,8 @@ the library calls ``os.environ.get``. Trainers read only their flags.
 | local state (Ray head, warehouse) | ``ZIPLINE_HOME`` | ``./.zipline`` |
 | warehouse root (tables) | ``ZIPLINE_WAREHOUSE`` | ``file://$ZIPLINE_HOME/warehouse`` |
 | model artifacts base | ``ZIPLINE_ARTIFACT_BASE`` | same as the warehouse |
+| the tables' pyiceberg catalog (its name) | ``ZIPLINE_CATALOG`` | ``zipline`` |
+| a SQL catalog's SQLAlchemy URL | ``ZIPLINE_CATALOG_URI`` | pyiceberg's configuration of the catalog when it has one, else the embedded SQLite catalog (``catalog.db`` in a ``file://`` warehouse; under ``$ZIPLINE_HOME/catalogs/`` for another) |
 | launcher | ``ZIPLINE_LAUNCHER`` (``ray`` or ``local``) | ``ray`` |
 | Ray cluster (dashboard address) | ``RAY_ADDRESS`` | the embedded head |
 | Ray auth mode | ``RAY_AUTH_MODE`` | ``disabled`` for the embedded head |
@@ -70,6 +72,9 @@ class Settings:
     home: Path
     warehouse: str
     artifact_base: str
+    catalog: str = "zipline"
+    #: a SQL catalog's SQLAlchemy URL (may hold a password: never shown)
+    catalog_uri: str | None = field(default=None, repr=False)
     launcher: str = "ray"
     ray_address: str | None = None
     ray_auth_mode: str | None = None
@@ -116,9 +121,17 @@ class Settings:
                 f"ZIPLINE_MLFLOW_EXPERIMENT={experiment!r} is invalid; expected a name, "
                 "in which {model} stands for the model's name, e.g. /Shared/{model}"
             ) from None
+        catalog = get("ZIPLINE_CATALOG") or "zipline"
+        if not re.fullmatch(r"[A-Za-z0-9_-]+", catalog):
+            raise SettingsError(
+                f"ZIPLINE_CATALOG={catalog!r} is invalid; expected a catalog name "
+                "(letters, digits, _ and -), as .pyiceberg.yaml names catalogs"
+            )
         return cls(
             home=home,
             warehouse=warehouse,
+            catalog=catalog,
+            catalog_uri=get("ZIPLINE_CATALOG_URI"),
             artifact_base=_storage_uri(get("ZIPLINE_ARTIFACT_BASE"), "ZIPLINE_ARTIFACT_BASE")
             or warehouse,
             launcher=launcher,

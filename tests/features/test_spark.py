@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import json
 from typing import Any
 
 import numpy as np
@@ -28,7 +27,7 @@ from zipline_dagster.features.spark import (
     compute_staging_query,
     write_days,
 )
-from zipline_dagster.storage.blobs import blob_store
+from tests.helpers import tables_of
 from zipline_dagster.storage.tables import days_between
 
 pytestmark = pytest.mark.spark
@@ -133,7 +132,7 @@ def test_group_by_matches_pandas(spark_resource: Any, file_base: str) -> None:
     spark = spark_resource.spark_session
     days = ["2026-07-02", "2026-07-03", "2026-07-04"]
     got = to_pandas(
-        compute_group_by(spark, blob_store(file_base), file_base, GB, days, first_day=FIRST)
+        compute_group_by(spark, tables_of(file_base), GB, days, first_day=FIRST)
     )
     want = pd.concat([pandas_group_by(events_frame(), d) for d in days], ignore_index=True)
     want = want.sort_values(["ds", "listing_id"]).reset_index(drop=True)
@@ -142,13 +141,12 @@ def test_group_by_matches_pandas(spark_resource: Any, file_base: str) -> None:
 
 def test_join_is_point_in_time_correct(spark_resource: Any, file_base: str) -> None:
     write_events(file_base)
-    store = blob_store(file_base)
+    store = tables_of(file_base)
     spark = spark_resource.spark_session
     feature_days = days_between(FIRST, "2026-07-04")
     write_days(
-        compute_group_by(spark, store, file_base, GB, feature_days, first_day=FIRST),
+        compute_group_by(spark, store, GB, feature_days, first_day=FIRST),
         store,
-        file_base,
         GB.table,
         feature_days,
     )
@@ -162,7 +160,7 @@ def test_join_is_point_in_time_correct(spark_resource: Any, file_base: str) -> N
         right_parts=[JoinPart(group_by=GB)],
     )
     got = to_pandas(
-        compute_join(spark, store, file_base, join, ["2026-07-04", "2026-07-05"], first_day=FIRST)
+        compute_join(spark, store, join, ["2026-07-04", "2026-07-05"], first_day=FIRST)
     )
     ref_features = pd.concat(
         [pandas_group_by(events_frame(), d) for d in ["2026-07-03", "2026-07-04"]]
@@ -193,7 +191,7 @@ def test_join_is_point_in_time_correct(spark_resource: Any, file_base: str) -> N
 
 def test_staging_query_writes_each_day_idempotently(spark_resource: Any, file_base: str) -> None:
     write_events(file_base)
-    store = blob_store(file_base)
+    store = tables_of(file_base)
     spark = spark_resource.spark_session
     sq = StagingQuery(
         name="labels",
@@ -203,25 +201,21 @@ def test_staging_query_writes_each_day_idempotently(spark_resource: Any, file_ba
     )
     days = ["2026-07-02", "2026-07-03"]
     counts = write_days(
-        compute_staging_query(spark, store, file_base, sq, days, first_day=FIRST),
+        compute_staging_query(spark, store, sq, days, first_day=FIRST),
         store,
-        file_base,
         sq.table,
         days,
     )
-    assert counts == {"2026-07-02": 2, "2026-07-03": 2}
+    assert {d: x.rows for d, x in counts.items()} == {"2026-07-02": 2, "2026-07-03": 2}
     again = write_days(
-        compute_staging_query(spark, store, file_base, sq, days, first_day=FIRST),
+        compute_staging_query(spark, store, sq, days, first_day=FIRST),
         store,
-        file_base,
         sq.table,
         days,
     )
-    assert again == counts
-    read = spark.read.option("basePath", f"{file_base}/ctr/labels").parquet(
-        f"{file_base}/ctr/labels/ds=2026-07-02"
-    )
-    assert read.count() == 2  # overwritten, not appended
+    assert {d: x.rows for d, x in again.items()} == {"2026-07-02": 2, "2026-07-03": 2}
+    found = store.load("ctr.labels")
+    assert len(found.scan(row_filter="ds = '2026-07-02'").to_arrow()) == 2  # replaced, not appended
 
 
 def test_missing_upstream_partition_is_named(spark_resource: Any, file_base: str) -> None:
@@ -231,8 +225,7 @@ def test_missing_upstream_partition_is_named(spark_resource: Any, file_base: str
     with pytest.raises(UpstreamDataError) as exc:
         compute_group_by(
             spark_resource.spark_session,
-            blob_store(file_base),
-            file_base,
+            tables_of(file_base),
             GB,
             ["2026-07-03"],
             first_day=FIRST,
@@ -329,15 +322,17 @@ def test_a_long_stage_writes_no_progress_bar_to_the_console(tmp_path: Any) -> No
     assert "[Stage" not in done.stderr, done.stderr[-2000:]
 
 
-def test_a_day_that_cannot_be_committed_fails_alone(spark_resource: Any, tmp_path: Any) -> None:
-    """A producer's range run (one Spark job for its days) in which one day cannot be
-    committed (its partition's path is taken by a stray file: a real write that fails):
-    the other days are committed and each materialized with its own rows, the step fails
-    naming the day and why, and Dagster and storage agree on every day (rows, and the
-    write and run each marker names); once the path is free, that day alone runs. A day
-    written again on storage by a write Dagster never recorded (a run stopped between its
-    commit and its record) is recorded from storage by the planner, which then finds it
-    fresh."""
+def test_a_range_that_cannot_be_committed_leaves_every_day_as_it_was(
+    spark_resource: Any, tmp_path: Any
+) -> None:
+    """A producer's range run (one Spark job, one Iceberg commit for its days) in which
+    one day's files cannot be moved into the table (its data folder's path is taken by a
+    stray file: a real write that fails): no day is committed, the step fails naming the
+    days and why, Dagster records none of them, and nothing of the write is left in the
+    table; once the path is free, the range commits, each day materialized with its rows
+    and the write and run its snapshot names. A day written again on storage by a write
+    Dagster never recorded (a run stopped between its commit and its record) is recorded
+    from storage by the planner, which then finds it fresh."""
     import dagster as dg
 
     from tests.helpers import local, run_days
@@ -345,7 +340,6 @@ def test_a_day_that_cannot_be_committed_fails_alone(spark_resource: Any, tmp_pat
     from zipline_dagster.features.spark import write_days
     from zipline_dagster.lineage.backfill import FreshnessResolver
     from zipline_dagster.storage.resources import WarehouseResource
-    from zipline_dagster.storage.tables import STAGING_DIR, committed_partitions
 
     base = (tmp_path / "wh").as_uri()
     write_events(base)
@@ -362,21 +356,25 @@ def test_a_day_that_cannot_be_committed_fails_alone(spark_resource: Any, tmp_pat
     )
     job = defs.resolve_implicit_global_asset_job_def()
     instance = dg.DagsterInstance.ephemeral()
-    blocked = local(f"{base}/ctr/labels/ds=2026-07-03")
+    blocked = local(f"{base}/ctr/labels/data/ds=2026-07-03")
     blocked.parent.mkdir(parents=True)
-    blocked.write_text("not a partition folder")
+    blocked.write_text("not a day's folder")
 
     result = run_days(job, instance, asset.key, "2026-07-02", "2026-07-04")
     assert not result.success
     err = result.get_step_failure_events()[0].step_failure_data.error
     assert err is not None and err.cls_name == "Failure"
-    assert "1 of 3 partitions of ctr.labels failed (2 committed and materialized)" in err.message
-    assert "- 2026-07-03: committing file:///" in err.message, err.message
-    assert (  # the store names the file it could not write and the disk's reason
-        "ds=2026-07-03 failed, so the partition is left as it was (BlobStorageError: could "
-        "not write file:///" in err.message
+    assert "3 of 3 partitions of ctr.labels failed (0 committed and materialized)" in err.message
+    assert "- 2026-07-03: table ctr.labels: moving file:///" in err.message, err.message
+    assert "2026-07-02..2026-07-04 left as they were" in err.message
+    assert f"File exists ({blocked})" in err.message or "Not a directory" in err.message, (
+        err.message
     )
-    assert f"File exists ({blocked})" in err.message, err.message
+    tables = tables_of(base)
+    assert tables.days("ctr.labels") == {}  # Dagster and storage agree: nothing
+    assert not instance.fetch_materializations(asset.key, limit=10).records
+    data = local(f"{base}/ctr/labels/data")
+    assert [p.name for p in data.rglob("*") if p.is_file()] == [blocked.name]  # nothing moved in
 
     def recorded(what: str = "rows") -> dict[str, Any]:
         records = instance.fetch_materializations(
@@ -389,26 +387,16 @@ def test_a_day_that_cannot_be_committed_fails_alone(spark_resource: Any, tmp_pat
             out.setdefault(m.partition, m.metadata[what].value)
         return out
 
-    store = blob_store(base)
-    assert recorded() == {"2026-07-02": 2, "2026-07-04": 2}
-    table_root = f"{base}/ctr/labels"
-    assert recorded("write_id") == partition_writes(store, table_root)
-    # Dagster and storage agree
-    assert sorted(committed_partitions(store, base, "ctr.labels")) == ["2026-07-02", "2026-07-04"]
-    assert not local(f"{base}/ctr/labels/{STAGING_DIR}").exists()  # nothing half-written
-
     blocked.unlink()
-    assert run_days(job, instance, asset.key, "2026-07-03", "2026-07-03").success
+    assert run_days(job, instance, asset.key, "2026-07-02", "2026-07-04").success
     assert recorded() == {"2026-07-02": 2, "2026-07-03": 2, "2026-07-04": 2}
-    assert sorted(committed_partitions(store, base, "ctr.labels")) == [
-        "2026-07-02",
-        "2026-07-03",
-        "2026-07-04",
-    ]
+    assert sorted(tables.days("ctr.labels")) == ["2026-07-02", "2026-07-03", "2026-07-04"]
     writes = recorded("write_id")
-    assert writes == partition_writes(store, table_root)
-    marker = json.loads(local(f"{table_root}/ds=2026-07-03/_COMMITTED.json").read_text())
-    assert marker["dagster_run_id"] == instance.get_runs(limit=1)[0].run_id
+    assert writes == partition_writes(base, "ctr.labels")
+    held = tables.days("ctr.labels")["2026-07-03"]
+    assert held.run_id == instance.get_runs(limit=1)[0].run_id
+    assert recorded("snapshot_id")["2026-07-03"] == str(held.snapshot_id)
+    assert recorded("dagster/table_name")["2026-07-03"] == "ctr.labels"
     graph = defs.resolve_asset_graph()
     assert FreshnessResolver(instance, graph).status(asset.key, "2026-07-02") == "fresh"
 
@@ -417,8 +405,7 @@ def test_a_day_that_cannot_be_committed_fails_alone(spark_resource: Any, tmp_pat
     )
     write_days(
         frame,
-        store,
-        base,
+        tables,
         "ctr.labels",
         ["2026-07-02"],
         write_id="unrecorded-1",
@@ -429,7 +416,7 @@ def test_a_day_that_cannot_be_committed_fails_alone(spark_resource: Any, tmp_pat
     assert [d.describe() for d in resolver.ledger.recorded] == [
         f"storage holds write unrecorded-1, committed by no Dagster run, which ended without "
         f"recording it (Dagster had write {writes['2026-07-02']} (run "
-        f"{instance.get_runs(limit=2)[1].run_id})): recorded from storage"
+        f"{instance.get_runs(limit=1)[0].run_id})): recorded from storage"
     ]
     assert recorded("write_id")["2026-07-02"] == "unrecorded-1"
     assert FreshnessResolver(instance, graph).status(asset.key, "2026-07-04") == "fresh"
@@ -479,13 +466,12 @@ def test_a_model_trains_on_a_table_day_recorded_from_storage(
     instance = dg.DagsterInstance.ephemeral()
     table_key, model_key = dg.AssetKey(TABLE.split(".")), dg.AssetKey(["models", model.name])
     assert run_days(job, instance, table_key, window[0], window[-1]).success
-    store = blob_store(file_base)
-    recorded = partition_writes(store, f"{file_base}/ctr/training_v1")[window[1]]
+    recorded = partition_writes(file_base, TABLE)[window[1]]
 
     frame = spark_resource.spark_session.createDataFrame(
         ctr_rows(window[1], 300, seed=1).assign(ds=window[1])
     )
-    write_days(frame, store, file_base, TABLE, [window[1]], write_id="unrecorded-1")
+    write_days(frame, tables_of(file_base), TABLE, [window[1]], write_id="unrecorded-1")
     trained = job.execute_in_process(
         instance=instance, asset_selection=[model_key], partition_key=ds
     )

@@ -1,5 +1,7 @@
-"""Atomic partitions: a writer killed half-way (kill -9, a real process) leaves every
-partition as it was before, or (a first write) missing, never partial."""
+"""Iceberg tables: a day is replaced in one commit. A writer killed half-way (kill -9, a
+real process) leaves every day as it was before (or, a first write, missing), and the
+next write of that day leaves nothing of it behind; concurrent writers of different days
+both land; bad columns, and a catalog that cannot be reached, are one clear error."""
 
 from __future__ import annotations
 
@@ -17,15 +19,15 @@ import pandas as pd
 import pytest
 
 from tests.conftest import ROOT
-from tests.helpers import local, write_partition
-from zipline_dagster.storage.blobs import blob_store
-from zipline_dagster.storage.tables import COMMIT_NAME, STAGING_DIR, committed_partitions
+from tests.helpers import local, tables_of, write_partition
+from zipline_dagster.storage.catalog import CatalogError
+from zipline_dagster.storage.tables import STAGING_DIR, SchemaMismatch
 
 TABLE = "ctr.atomic"
 
 
-def read_partition(base: str, ds: str) -> pd.DataFrame:
-    files = committed_partitions(blob_store(base), base, TABLE)[ds]
+def read_day(base: str, ds: str) -> pd.DataFrame:
+    files = tables_of(base).days(TABLE)[ds].files
     return pd.concat([pd.read_parquet(local(f)) for f in files], ignore_index=True)
 
 
@@ -46,10 +48,10 @@ PANDAS_WRITER = textwrap.dedent(
     import sys
     import numpy as np, pandas as pd
     from tests.helpers import write_partition
-    base, ds, rows = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    base, ds, rows, version = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     rng = np.random.default_rng(0)
     write_partition(base, "ctr.atomic", ds, pd.DataFrame(
-        {"version": np.full(rows, 2), "x": rng.random(rows), "y": rng.random(rows)}))
+        {"version": np.full(rows, version), "x": rng.random(rows), "y": rng.random(rows)}))
     """
 )
 
@@ -60,46 +62,67 @@ def start(script: str, *args: str) -> subprocess.Popen[Any]:
         cwd=ROOT,
         start_new_session=True,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
 
 
-def temp_file_in(folder: Path) -> Any:
-    """True once an object is being written into ``folder`` (its temp file exists)."""
-    return lambda: folder.is_dir() and any(p.name.endswith(".tmp") for p in folder.iterdir())
+def staged(base: str) -> Any:
+    """True once a write has begun staging a file (its temp file or the file itself)."""
+    folder = local(f"{base}/ctr/atomic/{STAGING_DIR}")
+    return lambda: folder.is_dir() and any(p.is_file() for p in folder.rglob("*"))
 
 
-def test_pandas_writer_killed_mid_write_leaves_the_old_partition(file_base: str) -> None:
+def leftovers(base: str, ds: str) -> list[str]:
+    """Files of day ``ds`` that no snapshot names, and anything still staged."""
+    tables = tables_of(base)
+    found = tables.load(TABLE)
+    named = {f for s in found.snapshots() for f in _snapshot_files(found, s)}
+    data = local(f"{base}/ctr/atomic/data/ds={ds}")
+    stray = [f"file://{p}" for p in data.iterdir() if f"file://{p}" not in named] if data.is_dir() else []
+    staging = local(f"{base}/ctr/atomic/{STAGING_DIR}")
+    return stray + [str(p) for p in staging.rglob("*") if p.is_file()]
+
+
+def _snapshot_files(found: Any, snapshot: Any) -> set[str]:
+    return {
+        "file://" + e.data_file.file_path.removeprefix("file://")
+        for m in snapshot.manifests(found.io)
+        for e in m.fetch_manifest_entry(found.io, discard_deleted=True)
+    }
+
+
+def test_pandas_writer_killed_mid_write_leaves_the_old_day(file_base: str) -> None:
     ds = "2026-07-02"
-    old = pd.DataFrame({"version": [1] * 100, "x": range(100), "y": range(100)})
+    old = pd.DataFrame({"version": [1] * 100, "x": [0.5] * 100, "y": [0.5] * 100})
     write_partition(file_base, TABLE, ds, old)
-    folder = local(f"{file_base}/ctr/atomic/ds={ds}")
-    proc = start(PANDAS_WRITER, file_base, ds, "12000000")
-    kill_when(proc, temp_file_in(folder))
-    # readers see exactly the old partition
-    got = read_partition(file_base, ds)
+    before = tables_of(file_base).days(TABLE)[ds]
+    proc = start(PANDAS_WRITER, file_base, ds, "12000000", "2")
+    kill_when(proc, staged(file_base))
+    # readers see exactly the old day, at the snapshot that wrote it
+    after = tables_of(file_base).days(TABLE)[ds]
+    assert after.snapshot_id == before.snapshot_id
+    got = read_day(file_base, ds)
     assert len(got) == 100 and set(got["version"]) == {1}
-    # the next write commits, and the partition holds only its own data
+    assert leftovers(file_base, ds)  # the killed writer's staged file is there ...
+    # ... until the next write of the day: it commits and leaves nothing of the other
     write_partition(file_base, TABLE, ds, old.assign(version=3))
-    assert set(read_partition(file_base, ds)["version"]) == {3}
-    visible = sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
-    assert len(visible) == 2 and COMMIT_NAME in visible
+    assert set(read_day(file_base, ds)["version"]) == {3}
+    assert leftovers(file_base, ds) == []
 
 
-def test_first_write_killed_mid_write_leaves_the_partition_missing(file_base: str) -> None:
+def test_first_write_killed_mid_write_leaves_the_day_missing(file_base: str) -> None:
     ds = "2026-07-03"
-    folder = local(f"{file_base}/ctr/atomic/ds={ds}")
-    proc = start(PANDAS_WRITER, file_base, ds, "12000000")
-    kill_when(proc, temp_file_in(folder))
-    assert ds not in committed_partitions(blob_store(file_base), file_base, TABLE)
+    proc = start(PANDAS_WRITER, file_base, ds, "12000000", "2")
+    kill_when(proc, staged(file_base))
+    assert ds not in tables_of(file_base).days(TABLE)
 
 
 SPARK_WRITER = textwrap.dedent(
     """
     import sys
     from pyspark.sql import functions as F
+    from tests.helpers import tables_of
     from zipline_dagster.features.spark import SparkResource, write_days
-    from zipline_dagster.storage.blobs import blob_store
     base, scratch = sys.argv[1], sys.argv[2]
     # its shuffle files (about 180 MB) go where the test removes them: a JVM killed with
     # SIGKILL leaves its spark.local.dir behind (by default a blockmgr-* in /tmp)
@@ -110,14 +133,14 @@ SPARK_WRITER = textwrap.dedent(
           .withColumn("x", F.rand(1))
           .withColumn("ds", F.element_at(F.array(*[F.lit(d) for d in days]),
                                          (F.col("id") % 3 + 1).cast("int"))))
-    write_days(df, blob_store(base), base, "ctr.atomic", days)
+    write_days(df, tables_of(base), "ctr.atomic", days)
     """
 )
 
 
 @pytest.mark.spark
 @pytest.mark.slow
-def test_spark_range_write_killed_mid_write_leaves_every_partition_old(
+def test_spark_range_write_killed_after_staging_leaves_every_day_old(
     spark_resource: Any, file_base: str, tmp_path: Path
 ) -> None:
     from pyspark.sql import functions as F
@@ -126,124 +149,141 @@ def test_spark_range_write_killed_mid_write_leaves_every_partition_old(
 
     days = ["2026-07-01", "2026-07-02", "2026-07-03"]
     spark = spark_resource.spark_session
-    store = blob_store(file_base)
+    tables = tables_of(file_base)
     old = spark.createDataFrame(
         [(i, 1, float(i), d) for d in days for i in range(10)],
         "id long, version int, x double, ds string",
     )
-    assert write_days(old, store, file_base, TABLE, days) == dict.fromkeys(days, 10)
-    staging = local(f"{file_base}/ctr/atomic/{STAGING_DIR}")
+    assert {d: x.rows for d, x in write_days(old, tables, TABLE, days).items()} == dict.fromkeys(
+        days, 10
+    )
     scratch = tmp_path / "spark-local"
     proc = start(SPARK_WRITER, file_base, str(scratch))
+    staging = local(f"{file_base}/ctr/atomic/{STAGING_DIR}")
     try:
         kill_when(proc, lambda: staging.is_dir() and any(staging.rglob("*.parquet")), timeout=180)
         assert any(scratch.glob("blockmgr-*"))  # the killed writer's shuffle files were here
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     for ds in days:
-        got = read_partition(file_base, ds)
+        got = read_day(file_base, ds)
         assert len(got) == 10 and set(got["version"]) == {1}, ds
-    # a range re-written in one job commits every day
+    # a range re-written in one job commits every day, in one snapshot
     new = old.withColumn("version", F.lit(3)).filter(F.col("id") < 5)
-    assert write_days(new, store, file_base, TABLE, days) == dict.fromkeys(days, 5)
+    committed = write_days(new, tables_of(file_base), TABLE, days)
+    assert {d: x.rows for d, x in committed.items()} == dict.fromkeys(days, 5)
+    assert len({x.snapshot_id for x in committed.values()}) == 1
     for ds in days:
-        assert set(read_partition(file_base, ds)["version"]) == {3}
+        assert set(read_day(file_base, ds)["version"]) == {3}
+        assert leftovers(file_base, ds) == []
 
 
-def test_a_table_is_listed_once_per_run(file_base: str) -> None:
-    """Inside one step (``one_listing_per_table``) every read of a table reuses the first
-    listing; outside it each call lists again and sees new partitions."""
-    from zipline_dagster.storage.blobs import LocalStore
-    from zipline_dagster.storage.tables import one_listing_per_table
+CONCURRENT_WRITER = textwrap.dedent(
+    """
+    import sys
+    import pandas as pd
+    from tests.helpers import write_partition
+    base, days = sys.argv[1], sys.argv[2].split(",")
+    for ds in days:
+        write_partition(base, "ctr.atomic", ds, pd.DataFrame({"version": [int(ds[-2:])] * 5}))
+    """
+)
 
-    class CountingStore(LocalStore):  # the real local store, counting its listings
-        listings = 0
 
-        def list(self, prefix_uri: str) -> list[str]:
-            CountingStore.listings += 1
-            return super().list(prefix_uri)
+def test_two_writers_of_different_days_both_land(file_base: str) -> None:
+    """Two processes committing different days of one table at the same time: every day
+    lands (a commit that met the other's is retried), each with its own rows."""
+    write_partition(file_base, TABLE, "2026-06-30", pd.DataFrame({"version": [0] * 5}))
+    a = [f"2026-07-{d:02d}" for d in range(1, 11)]
+    b = [f"2026-07-{d:02d}" for d in range(11, 21)]
+    procs = [start(CONCURRENT_WRITER, file_base, ",".join(days)) for days in (a, b)]
+    for proc in procs:
+        _, err = proc.communicate(timeout=180)
+        assert proc.returncode == 0, err.decode()[-2000:]
+    held = tables_of(file_base).days(TABLE)
+    assert sorted(held) == ["2026-06-30", *a, *b]
+    for ds in a + b:
+        assert set(read_day(file_base, ds)["version"]) == {int(ds[-2:])}
 
-    store = CountingStore()
-    frame = pd.DataFrame({"x": [1, 2]})
-    write_partition(file_base, "ns.t", "2026-07-01", frame)
-    with one_listing_per_table():
-        first = committed_partitions(store, file_base, "ns.t")
-        again = committed_partitions(store, file_base, "ns.t")
-        assert again == first and sorted(first) == ["2026-07-01"]
-        assert CountingStore.listings == 1
-    write_partition(file_base, "ns.t", "2026-07-02", frame)
-    assert sorted(committed_partitions(store, file_base, "ns.t")) == ["2026-07-01", "2026-07-02"]
-    assert CountingStore.listings == 2
+
+def test_the_same_day_at_once_ends_clearly_with_one_winner(file_base: str) -> None:
+    """Two writers of the same day at once: each ends (committed, or failed naming the
+    day), and the day holds exactly one writer's rows."""
+    ds = "2026-07-05"
+    write_partition(file_base, TABLE, ds, pd.DataFrame({"version": [0] * 5, "x": [0.0] * 5, "y": [0.0] * 5}))
+    procs = [start(PANDAS_WRITER, file_base, ds, "200000", str(v)) for v in (7, 8)]
+    outcomes = []
+    for proc in procs:
+        _, err = proc.communicate(timeout=180)
+        outcomes.append((proc.returncode, err.decode()))
+    assert any(rc == 0 for rc, _ in outcomes)
+    for rc, err in outcomes:
+        assert rc == 0 or ("ctr.atomic" in err and ds in err), err[-2000:]
+    versions = set(read_day(file_base, ds)["version"])
+    assert versions in ({7}, {8})
+
+
+def test_an_empty_day_is_committed_and_differs_from_a_missing_one(file_base: str) -> None:
+    write_partition(file_base, TABLE, "2026-07-01", pd.DataFrame({"version": [1, 2]}))
+    write_partition(file_base, TABLE, "2026-07-02", pd.DataFrame({"version": pd.Series([], dtype="int64")}))
+    held = tables_of(file_base).days(TABLE)
+    assert sorted(held) == ["2026-07-01", "2026-07-02"]
+    assert held["2026-07-02"].rows == 0 and held["2026-07-02"].files == ()
+    # written again with rows, the day is no longer marked empty
+    write_partition(file_base, TABLE, "2026-07-02", pd.DataFrame({"version": [4]}))
+    assert tables_of(file_base).days(TABLE)["2026-07-02"].rows == 1
+    assert not any(k.startswith("zipline.empty.") for k in tables_of(file_base).load(TABLE).properties)
+
+
+def test_rows_whose_columns_differ_from_the_table_leave_the_day_as_it_was(file_base: str) -> None:
+    ds = "2026-07-01"
+    write_partition(file_base, TABLE, ds, pd.DataFrame({"version": [1], "x": [0.5]}))
+    with pytest.raises(SchemaMismatch) as err:
+        write_partition(file_base, TABLE, ds, pd.DataFrame({"version": ["one"], "z": [0.5]}))
+    message = str(err.value)
+    assert "ctr.atomic" in message and "missing x" in message and "not in the table: z" in message
+    assert "version is string, the table's is int64" in message
+    assert set(read_day(file_base, ds)["version"]) == {1}
+    assert leftovers(file_base, ds) == []
+
+
+def test_a_catalog_that_cannot_be_reached_is_named_without_its_password(file_base: str) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"postgresql+psycopg2://zipline:s3cr3t-pw@127.0.0.1:{port}/catalog"
+    tables = tables_of(file_base, catalog_uri=url)
+    with pytest.raises(CatalogError) as err:
+        tables.days(TABLE)
+    message = str(err.value)
+    assert f"SQL catalog 'zipline' at postgresql+psycopg2://zipline:***@127.0.0.1:{port}/catalog" in message
+    assert "cannot be reached" in message and "s3cr3t-pw" not in message
+    assert not local(f"{file_base}/ctr").exists()  # nothing written
 
 
 @pytest.mark.parametrize("store_kind", ["file", "s3", "gs", "abfss"])
-def test_a_listing_names_each_committed_partition_with_its_files(
+def test_a_table_holds_each_committed_day_on_every_store(
     store_kind: str, request: pytest.FixtureRequest
 ) -> None:
-    """A table's listing: every committed day with exactly the files its marker lists, in
-    day order, whatever order an object store's marker reads (several at a time) came back
-    in; a first write still in progress is missing; a folder without a marker (another
-    system's) is all its parquet files. On a local disk and on each object store's server."""
+    """On a local disk and on each object store's loopback server: every committed day
+    with exactly its data files, in day order; a day rewritten names its new write."""
     from tests.training.test_assets import BUCKETS
-    from zipline_dagster.storage.tables import begin_partition, days_between
+    from zipline_dagster.storage.tables import days_between
 
     base = str(request.getfixturevalue(BUCKETS[store_kind])) + "/wh"
-    store = blob_store(base)
-    days = days_between("2026-07-01", "2026-07-12")
-    written = {
-        ds: write_partition(base, TABLE, ds, pd.DataFrame({"x": [i]}))
-        for i, ds in enumerate(days[:10])
-    }
-    root = f"{base}/ctr/atomic"
-    begin_partition(store, f"{root}/ds={days[10]}")  # a first write under way
-    store.write_bytes(f"{root}/ds={days[11]}/part-0.parquet", b"not read here")
-    store.write_bytes(f"{root}/ds={days[11]}/_SUCCESS", b"")
-    listed = committed_partitions(store, base, TABLE)
-    assert list(listed) == [*days[:10], days[11]]
-    assert {ds: listed[ds] for ds in days[:10]} == {ds: [written[ds]] for ds in days[:10]}
-    assert listed[days[11]] == [f"{root}/ds={days[11]}/part-0.parquet"]
-
-
-def test_a_commit_whose_replaced_files_cannot_be_deleted_is_still_committed(
-    s3_bucket: str,
-) -> None:
-    """On S3 as a role allowed to write but not to delete (the loopback server behind a
-    proxy that answers every DELETE with S3's 403, a real refusal on the wire): the marker
-    swap commits the partition, readers see exactly the new data, and the file it
-    replaced stays (never read) and is named; the partition's next commit, allowed to
-    delete, removes it."""
-    import io
-
-    from tests.helpers import s3_through_proxy
-    from zipline_dagster.storage.paths import join_uri, table_partition_uri
-    from zipline_dagster.storage.tables import commit_partition
-
-    base, ds = f"{s3_bucket}/wh", "2026-07-02"
-    with s3_through_proxy() as proxy:
-        store = blob_store(base)
-        folder = table_partition_uri(base, TABLE, ds)
-
-        def commit(version: int) -> tuple[list[str], str]:
-            buf = io.BytesIO()
-            pd.DataFrame({"version": [version] * 3}).to_parquet(buf, index=False)
-            new = join_uri(folder, f"part-v{version}.parquet")
-            store.write_bytes(new, buf.getvalue())
-            name = new.rsplit("/", 1)[1]
-            return commit_partition(store, folder, [name], write_id=f"v{version}", rows=3), new
-
-        def read() -> set[int]:
-            (only,) = committed_partitions(store, base, TABLE)[ds]
-            return set(pd.read_parquet(io.BytesIO(store.read_bytes(only)))["version"])
-
-        write_partition(base, TABLE, ds, pd.DataFrame({"version": [1] * 3}))
-        (old,) = committed_partitions(store, base, TABLE)[ds]
-        proxy.deny("DELETE")
-        left, v2 = commit(2)
-        assert proxy.denied >= 1
-        assert left == [old]  # named, not lost
-        assert read() == {2}  # committed: readers see the new data alone
-        assert set(store.list(folder)) == {join_uri(folder, COMMIT_NAME), old, v2}
-        proxy.restore()
-        left, v3 = commit(3)
-        assert left == [] and read() == {3}
-        assert set(store.list(folder)) == {join_uri(folder, COMMIT_NAME), v3}
+    days = days_between("2026-07-01", "2026-07-04")
+    for i, ds in enumerate(days):
+        write_partition(base, TABLE, ds, pd.DataFrame({"x": [i]}))
+    tables = tables_of(base)
+    first = tables.days(TABLE)
+    assert list(first) == days and all(len(d.files) == 1 for d in first.values())
+    assert all(d.files[0].startswith(f"{base}/ctr/atomic/data/ds={d.ds}/") for d in first.values())
+    write_partition(base, TABLE, days[1], pd.DataFrame({"x": [9, 9]}))
+    again = tables.days(TABLE)
+    assert again[days[1]].rows == 2 and again[days[1]].write != first[days[1]].write
+    assert again[days[0]].snapshot_id == first[days[0]].snapshot_id
+    found = tables.load(TABLE)
+    got = found.scan(row_filter=f"ds = '{days[1]}'").to_pandas()
+    assert sorted(got["x"]) == [9, 9]

@@ -10,6 +10,7 @@ setup(
         "xgboost-cpu==3.2.0",
         "pandas>=2.3,<3",
         "pyarrow==26.0.1",
+        "pyiceberg==0.12.0",
         "fsspec==2026.9.0",
         "scikit-learn==1.9.1",
         "matplotlib==3.11.2",

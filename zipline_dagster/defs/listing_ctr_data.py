@@ -12,8 +12,8 @@ from typing import Any
 import dagster as dg
 
 from zipline_dagster.lineage.partitions import daily_partitions, table_asset_key
+from zipline_dagster.storage.metadata import column_schema, day_metadata
 from zipline_dagster.storage.resources import WarehouseResource
-from zipline_dagster.storage.tables import write_partition_frame
 
 LISTINGS = 300
 VIEWS_PER_LISTING_PER_DAY = 8
@@ -65,7 +65,7 @@ def build_listing_views_asset(table: str = "ctr.listing_views") -> dg.AssetsDefi
         partitions_def=daily_partitions,
         backfill_policy=dg.BackfillPolicy.single_run(),
         code_version=f"synthetic-v1-seed{SEED}",
-        kinds={"python", "parquet"},
+        kinds={"python", "iceberg"},
         description="Synthetic listing view events (the demo's stand-in for an event log).",
         metadata={"zipline/table": table},
     )
@@ -73,14 +73,20 @@ def build_listing_views_asset(table: str = "ctr.listing_views") -> dg.AssetsDefi
         context: dg.AssetExecutionContext, warehouse: WarehouseResource
     ) -> dg.MaterializeResult:
         days = daily_partitions.get_partition_keys_in_range(context.partition_key_range)
-        store = warehouse.store(warehouse.uri)
-        rows = {}
-        for ds in days:
-            frame = listing_views(ds)
-            write_partition_frame(store, warehouse.uri, table, ds, frame)
-            rows[ds] = len(frame)
-        return dg.MaterializeResult(
-            metadata={"rows_per_day": dg.MetadataValue.json(rows), "table": table}
-        )
+        tables = warehouse.tables()
+        written = [
+            tables.write_frame(
+                table,
+                ds,
+                listing_views(ds),
+                run_id=context.run.run_id,
+                code_version=f"synthetic-v1-seed{SEED}",
+            )
+            for ds in days
+        ]
+        schema = column_schema(tables, table)
+        for day in written:
+            context.add_asset_metadata(day_metadata(day, schema), partition_key=day.ds)
+        return dg.MaterializeResult()
 
     return _views

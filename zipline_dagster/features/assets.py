@@ -27,14 +27,9 @@ from zipline_dagster.lineage.partitions import (
     record_range,
     table_asset_key,
 )
-from zipline_dagster.storage.paths import table_partition_uri, table_uri
+from zipline_dagster.storage.metadata import column_schema, day_metadata
 from zipline_dagster.storage.resources import WarehouseResource
-from zipline_dagster.storage.tables import (
-    TABLE_URI,
-    WRITE_ID,
-    new_write_id,
-    one_listing_per_table,
-)
+from zipline_dagster.storage.tables import TableDay
 
 # backfill_policy and allow_nonexistent_upstream_partitions are marked beta; we rely on
 # both deliberately and say so once here instead of at every load.
@@ -88,7 +83,7 @@ def build_producer_asset(
         backfill_policy=dg.BackfillPolicy.single_run(),
         code_version=declaration_version(producer),
         deps=_deps(producer),
-        kinds={"spark", "parquet"},
+        kinds={"spark", "iceberg"},
         description=producer.description or f"{kind} {producer.name} -> table {producer.table}",
         metadata={"zipline/table": producer.table, "zipline/producer": kind},
         automation_condition=automation_condition,
@@ -97,53 +92,31 @@ def build_producer_asset(
         context: dg.AssetExecutionContext, spark: SparkResource, warehouse: WarehouseResource
     ) -> dg.MaterializeResult:
         days = daily_partitions.get_partition_keys_in_range(context.partition_key_range)
-        store = warehouse.store(warehouse.uri)
+        tables = warehouse.tables()
         context.log.info(
             f"{kind} {producer.name}: computing {producer.table} for {days[0]}..{days[-1]} on Spark"
         )
         try:
-            with one_listing_per_table():  # each upstream table listed once per run
-                df = compute(
-                    spark.spark_session,
-                    store,
-                    warehouse.uri,
-                    producer,
-                    days,
-                    first_day=PARTITIONS_START,
-                )
+            df = compute(spark.spark_session, tables, producer, days, first_day=PARTITIONS_START)
         except ProducerError as exc:
             raise failure(exc) from None
         errors: dict[str, str] = {}
-        write_id = new_write_id()  # recorded, so that storage's commit can be told from it
+        committed: dict[str, TableDay] = {}
         try:
-            counts = write_days(
+            committed = write_days(
                 df,
-                store,
-                warehouse.uri,
+                tables,
                 producer.table,
                 days,
-                warn=context.log.warning,
-                write_id=write_id,
                 run_id=context.run.run_id,
                 code_version=declaration_version(producer),
             )
-        except DaysNotCommitted as exc:  # the days committed are recorded, the rest fail
-            counts, errors = exc.committed, exc.failed
+        except DaysNotCommitted as exc:  # nothing committed: every day fails, named
+            errors = exc.failed
         # the range, when the run wrote several days in one Spark job
         ranged = {"range": dg.MetadataValue.text(f"{days[0]}..{days[-1]}")} if days[1:] else {}
-        done = {
-            ds: {
-                "table": producer.table,
-                "path": dg.MetadataValue.path(
-                    table_partition_uri(warehouse.uri, producer.table, ds)
-                ),
-                "rows": dg.MetadataValue.int(rows),
-                WRITE_ID: dg.MetadataValue.text(write_id),
-                TABLE_URI: dg.MetadataValue.path(table_uri(warehouse.uri, producer.table)),
-                **ranged,
-            }
-            for ds, rows in counts.items()
-        }
+        schema = column_schema(tables, producer.table) if committed else None
+        done = {ds: day_metadata(day, schema, ranged) for ds, day in committed.items()}
         return record_range(
             context,
             days,

@@ -6,10 +6,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,16 +18,13 @@ from pydantic import Field
 from zipline_dagster.declarations.features import GroupBy, Join, Operation, StagingQuery
 from zipline_dagster.errors import describe
 from zipline_dagster.settings import settings, spark_master
-from zipline_dagster.storage.blobs import BlobStorageError, BlobStore
-from zipline_dagster.storage.paths import join_uri, table_partition_uri, table_uri
+from zipline_dagster.storage.blobs import BlobStorageError
 from zipline_dagster.storage.tables import (
-    STAGING_DIR,
-    begin_partition,
-    commit_partition,
-    committed_partitions,
+    TableDay,
+    TableError,
+    Tables,
     days_between,
     format_days,
-    left_behind,
     new_write_id,
     shift_day,
 )
@@ -46,6 +42,8 @@ DEFAULT_SPARK_CONFIG = {
     "spark.ui.showConsoleProgress": "false",
     "spark.driver.memory": "2g",
     "spark.sql.parquet.compression.codec": "snappy",
+    # Iceberg takes microsecond timestamps, not Spark's default INT96
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     "spark.sql.ansi.enabled": "false",
     "spark.log.level": "WARN",
     # warnings and errors only, without Spark's start-up banner and Hadoop's notes
@@ -163,8 +161,7 @@ def spark_path(uri: str) -> str:
 
 def read_days(
     spark: Any,
-    store: BlobStore,
-    warehouse: str,
+    tables: Tables,
     table: str,
     days: Sequence[str],
     *,
@@ -172,149 +169,95 @@ def read_days(
     who: str,
 ) -> Any:
     """Rows of ``table`` for ``days`` (with a string ``ds`` column), read from exactly the
-    files each partition's commit marker lists.
+    data files of each day in the table's current Iceberg snapshot.
 
     Days before ``first_day`` (the partitions definition's start) do not exist and are
     skipped; any other missing day fails, naming it and what the table has.
     """
     wanted = [d for d in days if d >= first_day]
-    have = committed_partitions(store, warehouse, table)
+    have = tables.days(table)
     missing = [d for d in wanted if d not in have]
     if missing:
         raise UpstreamDataError(
-            f"{who}: upstream table {table} ({table_uri(warehouse, table)}) is missing partitions "
-            f"{format_days(missing)}; it has {format_days(sorted(have))}. Materialize them first."
+            f"{who}: upstream table {table} is missing partitions {format_days(missing)}; it "
+            f"has {format_days(sorted(have))}. Materialize them first."
         )
     if not wanted:
         return None
-    root = spark_path(table_uri(warehouse, table))
-    files = [spark_path(f) for d in wanted for f in have[d]]
-    return spark.read.option("basePath", root).parquet(*files)
+    files = [spark_path(f) for d in wanted for f in have[d].files]
+    if not files:  # every wanted day was computed and had no rows
+        found = tables.load(table)
+        assert found is not None  # it has days
+        return spark.createDataFrame([], _spark_schema(found.schema().as_arrow()))
+    return spark.read.parquet(*files)
+
+
+def _spark_schema(arrow_schema: Any) -> Any:
+    """A Spark schema for an arrow one (an all-empty read still has the table's columns)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(arrow_schema)
 
 
 class DaysNotCommitted(ProducerError):
-    """Some days of a range write could not be committed (each named with why); the
-    others were (``committed``: their rows), and stay committed."""
+    """The range's days could not be committed (why); each is left as it was."""
 
-    def __init__(self, table: str, committed: dict[str, int], failed: dict[str, str]) -> None:
-        self.table, self.committed, self.failed = table, committed, failed
-        lines = "\n".join(f"- {ds}: {why}" for ds, why in sorted(failed.items()))
+    def __init__(self, table: str, days: Sequence[str], why: str) -> None:
+        self.table = table
+        self.failed: dict[str, str] = {ds: why for ds in days}
         super().__init__(
-            f"table {table}: {len(failed)} of {len(committed) + len(failed)} days could not "
-            f"be committed (each is left as it was; {format_days(sorted(committed))} "
-            f"committed):\n{lines}"
+            f"table {table}: {format_days(sorted(days))} could not be committed, so each is "
+            f"left as it was: {why}"
         )
 
 
 def write_days(
     df: Any,
-    store: BlobStore,
-    warehouse: str,
+    tables: Tables,
     table: str,
     days: Sequence[str],
     *,
-    warn: Callable[[str], None] | None = None,
     write_id: str | None = None,
     run_id: str | None = None,
     code_version: str | None = None,
-) -> dict[str, int]:
-    """Replace exactly the partitions ``days`` of ``table`` (re-runs are idempotent); each
-    day's marker names the write, the Dagster run (``run_id``) and the ``code_version``.
+) -> dict[str, TableDay]:
+    """Replace exactly the days ``days`` of ``table`` (re-runs are idempotent), in one
+    Iceberg commit whose snapshot names the write, the Dagster run (``run_id``) and the
+    ``code_version``.
 
-    The whole range is written by one Spark job into a staging folder, then each day is
-    committed atomically (its files moved in, its marker swapped; see ``tables.py``): a
-    crash at any point leaves every partition old or new, never a mix. Every day gets a
-    partition, an empty one too (a schema-only file), so "the day was computed and had
-    no rows" differs from "the day was never computed". Returns rows written per day.
+    The whole range is written by one Spark job into the table's staging folder (one file
+    per day, each holding its ``ds`` column), then committed (``Tables.commit``): a crash
+    at any point leaves every day old or new, never a mix. A day with no rows is
+    committed empty, so "computed, no rows" differs from "never computed". Returns the
+    committed days.
 
     Raises:
-        DaysNotCommitted: a day's files could not be moved in or its marker written;
-            that day is left as it was, and every other day is still committed (the
-            error says which), so that the caller records exactly what storage holds.
-            Tidying after a commit (the replaced files, the staging folder) never fails
-            the write: what is left is never read, and a later write removes it
-            (``warn`` is told what was left).
+        DaysNotCommitted: the commit failed or the rows' columns differ from the table's
+            (named); every day is left as it was.
     """
     from pyspark.sql import functions as F
 
     write_id = write_id or new_write_id()
-    staging = join_uri(table_uri(warehouse, table), STAGING_DIR, write_id)
-    df = df.filter(F.col("ds").isin(list(days))).persist()
+    staging = tables.staging_uri(table, write_id)
+    df = df.filter(F.col("ds").isin(list(days)))
+    # one file per day, all days in one job; ds stays in the files (Iceberg's identity
+    # partition reads it from the file), _ds names the folders
+    df.withColumn("_ds", F.col("ds")).repartition("_ds").write.partitionBy("_ds").parquet(
+        spark_path(staging)
+    )
     try:
-        counts = {r["ds"]: int(r["count"]) for r in df.groupBy("ds").count().collect()}
-        # one file per day, all days in one job
-        df.repartition("ds").write.partitionBy("ds").parquet(spark_path(staging))
-        if any(counts.get(d, 0) == 0 for d in days):
-            df.limit(0).drop("ds").coalesce(1).write.parquet(
-                spark_path(join_uri(staging, "_empty"))
-            )
-    finally:
-        df.unpersist()
-    committed: dict[str, int] = {}
-    failed: dict[str, str] = {}
-    for ds in days:
-        folder = table_partition_uri(warehouse, table, ds)
-        rows = counts.get(ds, 0)
-        src = join_uri(staging, f"ds={ds}") if rows else join_uri(staging, "_empty")
-        try:
-            begin_partition(store, folder)
-            names = []
-            for i, uri in enumerate(u for u in store.list(src) if u.endswith(".parquet")):
-                name = f"part-{write_id}-{i:05d}.parquet"
-                if rows:
-                    store.move(uri, join_uri(folder, name))
-                else:  # the one schema-only file serves every empty day
-                    store.write_bytes(join_uri(folder, name), store.read_bytes(uri))
-                names.append(name)
-            left = commit_partition(
-                store,
-                folder,
-                names,
-                write_id=write_id,
-                rows=rows,
-                run_id=run_id,
-                code_version=code_version,
-            )
-        except (BlobStorageError, OSError) as exc:  # this day only; files moved in unread
-            failed[ds] = (
-                f"committing {folder} failed, so the partition is left as it was "
-                f"({type(exc).__name__}: {describe(exc)})"
-            )
-            continue
-        committed[ds] = rows
-        if left and warn is not None:
-            warn(left_behind(table, ds, left))
-    try:
-        for uri in store.list(staging):
-            store.delete(uri)
-        remove_empty_folders(staging)
-    except (BlobStorageError, OSError) as exc:  # nothing reads a write's staging folder
-        if warn is not None:
-            warn(f"the staging folder {staging} could not be removed: {describe(exc)}")
-    if failed:
-        raise DaysNotCommitted(table, committed, failed)
-    return committed
-
-
-def remove_empty_folders(uri: str) -> None:
-    """Local staging leaves empty folders behind (object stores have none)."""
-    if not uri.startswith("file://"):
-        return
-    import shutil
-
-    from zipline_dagster.storage.blobs import local_path
-
-    path = local_path(uri)
-    if path.is_dir() and not any(p.is_file() for p in path.rglob("*")):
-        shutil.rmtree(path, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            path.parent.rmdir()  # _staging itself, when no other write uses it
+        listed = [u for u in tables.store.list(staging) if u.endswith(".parquet")]
+        staged = {ds: [u for u in listed if f"/_ds={ds}/" in u] for ds in days}
+        return tables.commit(
+            table, staged, write_id=write_id, run_id=run_id, code_version=code_version
+        )
+    except (TableError, BlobStorageError, OSError) as exc:
+        raise DaysNotCommitted(table, days, describe(exc)) from exc
 
 
 def compute_group_by(
     spark: Any,
-    store: BlobStore,
-    warehouse: str,
+    tables: Tables,
     gb: GroupBy,
     days: Sequence[str],
     *,
@@ -327,8 +270,7 @@ def compute_group_by(
     src_days = days_between(shift_day(days[0], -(lookback - 1)), days[-1])
     events = read_days(
         spark,
-        store,
-        warehouse,
+        tables,
         gb.source.table,
         src_days,
         first_day=first_day,
@@ -371,13 +313,13 @@ def compute_group_by(
 
 
 def compute_join(
-    spark: Any, store: BlobStore, warehouse: str, join: Join, days: Sequence[str], *, first_day: str
+    spark: Any, tables: Tables, join: Join, days: Sequence[str], *, first_day: str
 ) -> Any:
     """Left rows of ``days`` with each GroupBy's features as of the end of the previous day."""
     from pyspark.sql import functions as F
 
     left = read_days(
-        spark, store, warehouse, join.left.table, days, first_day=first_day, who=f"Join {join.name}"
+        spark, tables, join.left.table, days, first_day=first_day, who=f"Join {join.name}"
     )
     if left is None:
         raise UpstreamDataError(
@@ -393,8 +335,7 @@ def compute_join(
         feat_days = [shift_day(d, -1) for d in days]
         feats = read_days(
             spark,
-            store,
-            warehouse,
+            tables,
             gb.table,
             feat_days,
             first_day=first_day,
@@ -417,8 +358,7 @@ def compute_join(
 
 def compute_staging_query(
     spark: Any,
-    store: BlobStore,
-    warehouse: str,
+    tables: Tables,
     sq: StagingQuery,
     days: Sequence[str],
     *,
@@ -429,8 +369,7 @@ def compute_staging_query(
         dep_days = days_between(shift_day(days[0], -sq.lookback_days), days[-1])
         df = read_days(
             spark,
-            store,
-            warehouse,
+            tables,
             dep,
             dep_days,
             first_day=first_day,

@@ -26,9 +26,10 @@ from zipline_dagster.lineage.ledger import (
 )
 from zipline_dagster.lineage.partitions import model_asset_key, scored_by
 from zipline_dagster.storage.blobs import BlobStore, blob_store
+from zipline_dagster.storage.catalog import WarehouseError
 from zipline_dagster.storage.commits import Commit
 from zipline_dagster.storage.resources import warehouse_of
-from zipline_dagster.storage.tables import TABLE_URI, WRITE_ID, committed_scan
+from zipline_dagster.storage.tables import TABLE_NAME, WRITE_ID, TableDay, Tables
 
 DATA_VERSION_TAG = "dagster/data_version"
 #: a run in one of these (``DagsterRunStatus`` values, GraphQL's names too) is still going
@@ -101,18 +102,20 @@ class FreshnessResolver:
         *,
         ledger: Ledger | None = None,
         store: Callable[[str], BlobStore] | None = None,
+        tables: Tables | None = None,
     ) -> None:
         self.instance = instance
         self.graph = graph
         self.ledger = ledger or Ledger(instance)
         #: opens storage as the code location's runs do (its warehouse resource)
         self.store = store or blob_store
+        self._tables = tables
         self._ids: dict[dg.AssetKey, dict[str, int]] = {}
         self._versions: dict[dg.AssetKey, dict[str, str]] = {}
         self._artifacts: dict[dg.AssetKey, dict[str, str]] = {}
         #: a table partition's recorded folder and table, and each table's commits on storage
         self._writes: dict[dg.AssetKey, dict[str, tuple[str, str]]] = {}
-        self._stored: dict[str, dict[str, tuple[list[str], Commit]]] = {}
+        self._stored: dict[str, dict[str, TableDay]] = {}
         self._memo: dict[tuple[dg.AssetKey, str], str] = {}
         self._observed: dict[dg.AssetKey, dict[str, str | None]] = {}
         #: the model partition that scored a scores day, when it is not the mapped ds-1
@@ -163,6 +166,17 @@ class FreshnessResolver:
                 return p
         return ""
 
+    def tables_at(self, folder: str, table: str) -> Tables:
+        """The warehouse's tables: the code location's (given), else the embedded catalog
+        of the warehouse a recorded day's folder (``{warehouse}/ns/name/data/ds=...``) is in."""
+        if self._tables is not None:
+            return self._tables
+        from zipline_dagster.storage.resources import WarehouseResource
+
+        suffix = "/" + "/".join([*table.split(".", 1), "data", folder.rsplit("/", 1)[-1]])
+        warehouse = folder[: -len(suffix)] if folder.endswith(suffix) else folder
+        return WarehouseResource(uri=warehouse).tables()
+
     def _code_versions(self, key: dg.AssetKey) -> dict[str, str]:
         if key not in self._versions:
             ids = self.latest_ids(key)
@@ -184,7 +198,7 @@ class FreshnessResolver:
                             artifacts[mat.partition] = str(uri.value)
                         self.ledger.remember(key, mat.partition, r)  # read once, here
                         md = mat.metadata
-                        path, table = md.get("path"), md.get(TABLE_URI)
+                        path, table = md.get("path"), md.get(TABLE_NAME)
                         if path is not None and table is not None and WRITE_ID in md:
                             writes[mat.partition] = (str(path.value), str(table.value))
                         if (used := scored_by(md)) is not None:  # a scores day
@@ -220,10 +234,10 @@ class FreshnessResolver:
                 return None
             folder, table = recorded
             if table not in self._stored:
-                self._stored[table] = committed_scan(self.store(table), table)
+                self._stored[table] = self.tables_at(folder, table).days(table)
             held = self._stored[table].get(partition)
-            return (held[1] if held else None), f"no complete {folder}"
-        except BlobStorageError as exc:
+            return (held.commit if held else None), f"no committed {table} {partition}"
+        except (BlobStorageError, WarehouseError) as exc:
             return f"its storage cannot be read ({exc})"
 
     def settle(self, key: dg.AssetKey, partition: str) -> tuple[Difference, str] | str | None:
@@ -362,7 +376,10 @@ def plan_backfill(
     read (``ledger``: with the models' judge, so that one recorded from storage has its
     checks evaluated)."""
     graph = _checked_graph(defs, target)
-    resolver = FreshnessResolver(instance, graph, ledger=ledger, store=warehouse_of(defs).store)
+    warehouse = warehouse_of(defs)
+    resolver = FreshnessResolver(
+        instance, graph, ledger=ledger, store=warehouse.store, tables=warehouse.tables()
+    )
     plan = Plan()
     needed: dict[dg.AssetKey, set[str]] = {}
     stack = [(target, p) for p in partitions]

@@ -29,7 +29,7 @@ import dagster as dg
 from zipline_dagster.declarations.versions import trainer_version
 from zipline_dagster.lineage.partitions import latest_materialization
 from zipline_dagster.storage.commits import MODEL, Commit
-from zipline_dagster.storage.tables import TABLE_URI, WRITE_ID
+from zipline_dagster.storage.tables import TABLE_NAME, WRITE_ID
 
 #: The materialization metadata naming a model partition's attempt (its write).
 ATTEMPT = "attempt"
@@ -176,8 +176,8 @@ class Ledger:
             ("artifact_uri" if model else "path"): dg.MetadataValue.path(commit.uri),
             "committed_by_run": dg.MetadataValue.text(commit.run_id or "none"),
         }
-        if commit.table_uri:
-            metadata[TABLE_URI] = dg.MetadataValue.path(commit.table_uri)
+        if commit.table:  # a table day: the Iceberg table it is in
+            metadata[TABLE_NAME] = dg.MetadataValue.text(commit.table)
         if model and commit.code_version:
             metadata["version"] = dg.MetadataValue.text(trainer_version(commit.code_version))
         tags = {CODE_VERSION_TAG: commit.code_version} if commit.code_version else None

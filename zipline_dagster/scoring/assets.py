@@ -40,29 +40,23 @@ from zipline_dagster.storage.artifacts import (
     model_commit,
 )
 from zipline_dagster.storage.blobs import BlobStorageError
+from zipline_dagster.storage.catalog import WarehouseError
 from zipline_dagster.storage.commits import Commit
+from zipline_dagster.storage.metadata import column_schema, day_metadata
 from zipline_dagster.storage.paths import (
     join_uri,
     model_archive_uri,
     model_partition_uri,
     table_partition_uri,
-    table_uri,
 )
 from zipline_dagster.storage.resources import WarehouseResource
-from zipline_dagster.storage.tables import (
-    TABLE_URI,
-    WRITE_ID,
-    begin_partition,
-    commit_partition,
-    existing_partitions,
-    left_behind,
-    shift_day,
-)
+from zipline_dagster.storage.tables import TableDay, shift_day, window_snapshot
 from zipline_dagster.training.assets import (
     trainable_partitions,
 )
 from zipline_dagster.training.ranges import Ran, run_days
 from zipline_dagster.training.request import (
+    TableRead,
     TrainingRequest,
 )
 from zipline_dagster.training.resources import TrainingLauncher
@@ -90,7 +84,12 @@ class Chosen:
 
 
 def scoring_request(
-    transforms: ModelTransforms, ds: str, *, warehouse: str, model: Chosen
+    transforms: ModelTransforms,
+    ds: str,
+    *,
+    warehouse: str,
+    model: Chosen,
+    source: TableRead | None = None,
 ) -> TrainingRequest:
     """Day ``ds``'s job: the inference module on the source's day with the ``model``
     partition, its output file named by the attempt (``--write-id``)."""
@@ -102,6 +101,7 @@ def scoring_request(
         f"--warehouse={warehouse}",
         "--write-id=pending",  # the launcher names it after the attempt
         f"--passthrough={','.join(transforms.passthrough_fields)}",
+        *(f"--{k}={v}" for k, v in (source.flags() if source else {}).items()),
     )
     return TrainingRequest(
         model=transforms.model,
@@ -265,11 +265,10 @@ class ScoringWork:
         self.key_prefix = _key_prefix(transforms)
         self.choice = ModelChoice(transforms, warehouse, context.instance, context.log.warning)
         self.chosen: dict[str, Chosen] = {}
+        self.tables = warehouse.tables()
         try:
-            self.have = existing_partitions(
-                warehouse.store(warehouse.uri), warehouse.uri, transforms.source.table
-            )
-        except BlobStorageError as exc:
+            self.metadata, self.have = self.tables.state(transforms.source.table)
+        except (BlobStorageError, WarehouseError) as exc:
             raise failure(exc) from exc
 
     def prepare(self, ds: str) -> TrainingRequest:
@@ -285,13 +284,16 @@ class ScoringWork:
             raise failure(exc) from exc
         self.chosen[ds] = chosen
         self.context.log.info(f"{ds}: scoring {source} with {self.model.name} {chosen.why}")
-        return scoring_request(self.transforms, ds, warehouse=self.warehouse.uri, model=chosen)
+        source_read = TableRead(self.metadata or "", window_snapshot(self.have, [ds]))
+        return scoring_request(
+            self.transforms, ds, warehouse=self.warehouse.uri, model=chosen, source=source_read
+        )
 
     def reuse(self, ready: list[TrainingRequest]) -> dict[str, dict[str, Any]]:
         return {}
 
     def begin(self, request: TrainingRequest) -> None:
-        begin_partition(self.warehouse.store(self.warehouse.uri), request.marker_dir)
+        pass
 
     def finish(self, request: TrainingRequest, ran: Ran) -> dict[str, Any]:
         return commit_day(
@@ -326,10 +328,12 @@ def commit_day(
     import numpy as np
     import pyarrow.parquet as pq
 
-    ds, folder, job_id = request.ds, request.marker_dir, ran.job_id
-    store = warehouse.store(warehouse.uri)
-    name = f"part-{job_id}-00000.parquet"
-    written = join_uri(folder, name)
+    ds, job_id = request.ds, ran.job_id
+    tables = warehouse.tables()
+    written = join_uri(
+        tables.staging_uri(transforms.table, job_id), f"_ds={ds}", "part-00000.parquet"
+    )
+    store = tables.store
     if not store.exists(written):
         raise dg.Failure(
             f"the scoring job {job_id} succeeded but wrote no {written}; "
@@ -345,19 +349,17 @@ def commit_day(
         ) from exc
     rows = len(scores)
     try:
-        left = commit_partition(
-            store,
-            folder,
-            [name],
+        day: TableDay = tables.commit(
+            transforms.table,
+            {ds: [written]},
             write_id=job_id,
-            rows=rows,
             run_id=run_id,
             code_version=scores_code_version(transforms),
-        )
-    except (BlobStorageError, OSError) as exc:
+        )[ds]
+    except (BlobStorageError, WarehouseError, OSError) as exc:
         raise dg.Failure(
             f"{transforms.table} {ds}: committing {written} failed ({exc}); readers see the "
-            "old scores or the new ones, never a mix (the marker is swapped in one write)"
+            "old scores or the new ones, never a mix (one Iceberg commit)"
         ) from exc
     md: dict[str, Any] = {
         "rows": dg.MetadataValue.int(rows),
@@ -369,11 +371,8 @@ def commit_day(
         ),
         "score_with": dg.MetadataValue.text(ScoreWith(transforms.score_with).value),
         "scored_by": dg.MetadataValue.text(chosen.why),
-        "uri": dg.MetadataValue.path(written),
-        "path": dg.MetadataValue.path(folder),
         "job_id": dg.MetadataValue.text(job_id),
-        WRITE_ID: dg.MetadataValue.text(job_id),
-        TABLE_URI: dg.MetadataValue.path(table_uri(warehouse.uri, transforms.table)),
+        **day_metadata(day, column_schema(tables, transforms.table)),
     }
     values = scores.to_numpy().astype("float64", copy=False)  # a null is NaN here
     values = values[~np.isnan(values)]
@@ -384,8 +383,6 @@ def commit_day(
         md["ray_job"] = dg.MetadataValue.url(ran.url)
     if ran.span:
         md["range"] = dg.MetadataValue.text(ran.span)
-    if left:
-        warn(left_behind(transforms.table, ds, left))
     return md
 
 

@@ -35,13 +35,9 @@ from zipline_dagster.rollout.assets import judge_partitions
 from zipline_dagster.scoring.assets import scoring_partitions
 from zipline_dagster.storage.artifacts import report_metrics
 from zipline_dagster.storage.blobs import BlobStore
-from zipline_dagster.storage.paths import model_dir_uri, table_uri
+from zipline_dagster.storage.paths import model_dir_uri
 from zipline_dagster.storage.resources import WarehouseResource
-from zipline_dagster.storage.tables import (
-    committed_partitions,
-    committed_scan,
-    shift_day,
-)
+from zipline_dagster.storage.tables import shift_day
 
 
 class MonitoringError(RuntimeError):
@@ -173,19 +169,20 @@ def build_monitoring_asset(
         context: dg.AssetExecutionContext, warehouse: WarehouseResource
     ) -> dg.MaterializeResult:
         store = warehouse.store(warehouse.uri)
+        tables = warehouse.tables()
         days = list(context.partition_keys)
-        # each table listed once for the run's days
-        scores = committed_scan(store, table_uri(warehouse.uri, transforms.table))
+        # each table read from the catalog once for the run's days
+        scores = tables.days(transforms.table)
         committed = {
-            transforms.table: {ds: files for ds, (files, _) in scores.items()},
-            labels_table: committed_partitions(store, warehouse.uri, labels_table),
+            transforms.table: {ds: list(d.files) for ds, d in scores.items()},
+            labels_table: {ds: list(d.files) for ds, d in tables.days(labels_table).items()},
         }
         done: dict[str, dict[str, Any]] = {}
         errors: dict[str, str] = {}
         ledger = Ledger(context.instance)
         for ds in days:
             try:
-                day = ledger.settle(scores_key, ds, scores[ds][1] if ds in scores else None)
+                day = ledger.settle(scores_key, ds, scores[ds].commit if ds in scores else None)
                 if day.state is State.RECORDED:
                     context.log.warning(f"{transforms.table} {ds}: {day.describe()}")
                 elif day.state is State.IN_FLIGHT:  # left to the run that is writing them

@@ -1,9 +1,8 @@
 """One shape for a partition committed on storage, whatever kind it is.
 
-A table or scores day is committed by its ``_COMMITTED.json`` marker
-(``storage.tables``), a model partition by its ``_MANIFEST.json``
-(``storage.artifacts``). Each names its write (a table day's write id, a model
-partition's attempt id), the Dagster run that made it, when, and the code version that
+A table or scores day is committed by an Iceberg snapshot (``storage.tables``), a model
+partition by its ``_MANIFEST.json`` (``storage.artifacts``). Each names its write (a
+table day's write id, from its snapshot's summary; a model partition's attempt id), the Dagster run that made it, when, and the code version that
 wrote it. The ledger (``lineage.ledger``) compares these with Dagster's records.
 """
 
@@ -23,7 +22,7 @@ class Commit:
     #: ``TABLE`` (a table or scores day) or ``MODEL`` (a model partition)
     kind: str
     partition: str
-    #: the partition's folder
+    #: the partition's folder (a table day's: its data folder in the table)
     uri: str
     #: the write that committed it (a write id, or a model's attempt id); None for a table
     #: day written outside the platform (no marker, or one naming no write)
@@ -34,5 +33,5 @@ class Commit:
     at: float | None = None
     #: the code version that wrote it (a producer's declaration version, a trainer version)
     code_version: str | None = None
-    #: a table day's table (its root folder, ``TABLE_URI`` in the materialization)
-    table_uri: str | None = None
+    #: a table day's Iceberg table (``dagster/table_name`` in the materialization)
+    table: str | None = None

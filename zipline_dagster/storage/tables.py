@@ -1,37 +1,66 @@
-"""Warehouse tables: ``{warehouse}/ns/name/ds=YYYY-MM-DD/*.parquet``, one folder per day.
+"""Warehouse tables: Apache Iceberg tables partitioned by ``ds`` (identity), in one catalog.
 
-Partitions are replaced atomically. A writer puts its new data files (named by its write
-id) beside the old ones, then swaps the partition's commit marker ``_COMMITTED.json``
-(one atomic object write) to list the new files, then deletes the rest. Readers read
-exactly the files the marker lists, so at any moment, whatever dies in between, they
-see the old partition or the new one, never a mix. A first write of a partition starts
-with a marker that says "in progress" (``"files": null``): until it commits, the
-partition is missing, not partial. A folder with no marker (a table another system
-writes) is read as all its parquet files.
+The one module that reads and writes them (``Tables``). A day, or a range of days, is
+replaced in one Iceberg commit: the new data files are staged, moved into the table's
+``data/ds=...`` folder, and one transaction deletes the days and adds the files, so a
+reader sees the old days or the new ones, never a mix, whatever dies in between. Each
+snapshot's summary names the write (``zipline.write``), the Dagster run, the days and the
+code version; a day's data version is the snapshot that last wrote it. A day computed
+with no rows has no data file: the same transaction marks it in the table's properties
+(``zipline.empty.{ds}``), so "computed, empty" differs from "never computed".
+
+Everything else in the platform reads days through here (``Tables.days``): no folder is
+listed to learn what a table holds. Other engines read the same tables through the
+catalog with no platform code.
 """
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import datetime as dt
 import json
+import re
 import time
 import uuid
-from collections.abc import Iterator
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
-from zipline_dagster.storage.blobs import BlobStorageError, BlobStore, LocalStore
+from zipline_dagster.storage.blobs import BlobStorageError, BlobStore
+from zipline_dagster.storage.catalog import CatalogError, WarehouseError, reason
 from zipline_dagster.storage.commits import TABLE, Commit
-from zipline_dagster.storage.paths import join_uri, table_partition_uri, table_uri
+from zipline_dagster.storage.paths import join_uri, table_uri
 
-#: The partition's commit marker; the trainers read the same file (``trainer/io.py``).
-COMMIT_NAME = "_COMMITTED.json"
-#: Where a Spark range write lands before its partitions are committed one by one.
+#: The partition column of every table.
+DAY = "ds"
+#: Where a write's files land before their commit (``{table}/_staging/{write id}``).
 STAGING_DIR = "_staging"
-#: Commit markers read at once from an object store, where each read's time is mostly the
-#: store's latency (a year of daily partitions is 365 reads per listing); a local store
-#: reads them one after another.
-CONCURRENT_READS = 8
+#: Snapshot summary properties of the platform's commits.
+WRITE = "zipline.write"
+RUN = "zipline.dagster-run-id"
+DAYS = "zipline.days"
+CODE_VERSION = "zipline.code-version"
+#: Table property marking a day computed with no rows (its value: the commit's summary).
+EMPTY = "zipline.empty."
+#: Optimistic commits that meet another writer's are retried this many times.
+COMMIT_ATTEMPTS = 6
+#: The materialization metadata naming the write that committed a table day: what the
+#: ledger compares with the catalog's record of the day.
+WRITE_ID = "write_id"
+#: The materialization metadata naming a table day's Iceberg table (its identifier).
+TABLE_NAME = "dagster/table_name"
+SNAPSHOT_ID = "snapshot_id"
+#: a platform write's data file: ``{write id}-{n}.parquet``
+_WRITE_FILE = re.compile(r"^(.+)-\d{5}\.parquet$")
+
+
+class TableError(WarehouseError):
+    """A table cannot be read or written; names the table and why."""
+
+
+class SchemaMismatch(TableError):
+    """A write's columns differ from its table's; names both. The days are left as they were."""
 
 
 def days_between(start: str, end: str) -> list[str]:
@@ -44,185 +73,7 @@ def shift_day(ds: str, days: int) -> str:
     return (dt.date.fromisoformat(ds) + dt.timedelta(days=days)).isoformat()
 
 
-_LISTINGS: contextvars.ContextVar[dict[tuple[str, str], dict[str, list[str]]] | None] = (
-    contextvars.ContextVar("zipline_table_listings", default=None)
-)
-
-
-@contextlib.contextmanager
-def one_listing_per_table() -> Iterator[None]:
-    """Within this block (one step of a run), each table is listed once: later reads of
-    the same table reuse the first listing. For steps that read tables they do not write."""
-    token = _LISTINGS.set({})
-    try:
-        yield
-    finally:
-        _LISTINGS.reset(token)
-
-
-def committed_partitions(
-    store: BlobStore, warehouse: str, table: str, *, listed: list[str] | None = None
-) -> dict[str, list[str]]:
-    """{ds: URIs of its committed parquet files} for every complete partition, from one
-    listing of the table (plus one read of each partition's marker); inside
-    ``one_listing_per_table`` the first listing is reused. ``listed``: the table's
-    objects, when the caller has just listed them."""
-    cache = _LISTINGS.get()
-    if cache is not None and listed is None:
-        key = (warehouse, table)
-        if key not in cache:
-            cache[key] = _list_committed(store, warehouse, table)
-        return cache[key]
-    return _list_committed(store, warehouse, table, listed)
-
-
-def _list_committed(
-    store: BlobStore, warehouse: str, table: str, listed: list[str] | None = None
-) -> dict[str, list[str]]:
-    return {
-        ds: files
-        for ds, (files, _) in committed_scan(store, table_uri(warehouse, table), listed).items()
-    }
-
-
-def committed_scan(
-    store: BlobStore, root: str, listed: list[str] | None = None
-) -> dict[str, tuple[list[str], Commit]]:
-    """{ds: (URIs of its committed parquet files, its commit)} for every complete
-    partition of the table at ``root``, from one listing (``listed``: the table's objects,
-    when the caller has just listed them) plus one read per marker."""
-    parquet: dict[str, list[str]] = {}
-    markers: set[str] = set()
-    for uri in store.list(root) if listed is None else listed:
-        rel = uri[len(root) :].lstrip("/")
-        part, _, name = rel.partition("/")
-        if not part.startswith("ds=") or "/" in name:
-            continue
-        if name == COMMIT_NAME:
-            markers.add(part[3:])
-        elif name.endswith(".parquet"):
-            parquet.setdefault(part[3:], []).append(uri)
-    marked = sorted(markers)
-    folders = {ds: join_uri(root, f"ds={ds}") for ds in marked}
-    reads = _read_all(store, [join_uri(folders[ds], COMMIT_NAME) for ds in marked])
-    bodies = dict(zip(marked, reads, strict=True))
-    out: dict[str, tuple[list[str], Commit]] = {}
-    for ds in sorted(markers | set(parquet)):
-        folder = join_uri(root, f"ds={ds}")
-        if ds in bodies:
-            body = json.loads(bodies[ds])
-            files = body.get("files")
-            if files is not None:  # None: a first write still in progress
-                commit = Commit(
-                    TABLE,
-                    ds,
-                    folder,
-                    _text(body.get("write_id")),
-                    run_id=_text(body.get("dagster_run_id")),
-                    at=body.get("committed_at"),
-                    code_version=_text(body.get("code_version")),
-                    table_uri=root,
-                )
-                out[ds] = ([join_uri(folder, n) for n in files], commit)
-        else:  # written by another system, with no marker: no write named
-            out[ds] = (sorted(parquet[ds]), Commit(TABLE, ds, folder, None, table_uri=root))
-    return out
-
-
-def _text(value: object) -> str | None:
-    return str(value) if value else None
-
-
-def _read_all(store: BlobStore, uris: list[str]) -> list[bytes]:
-    """The objects at ``uris``, in order: ``CONCURRENT_READS`` at a time on an object
-    store, one after another on a local one. An error is the first, in order, to fail."""
-    if isinstance(store, LocalStore) or len(uris) <= 1:
-        return [store.read_bytes(uri) for uri in uris]
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(min(CONCURRENT_READS, len(uris))) as pool:
-        return list(pool.map(store.read_bytes, uris))
-
-
-def existing_partitions(store: BlobStore, warehouse: str, table: str) -> dict[str, int]:
-    """{ds: number of committed parquet files} for every complete partition of the table."""
-    return {ds: len(files) for ds, files in committed_partitions(store, warehouse, table).items()}
-
-
-#: The materialization metadata naming the write that committed a table partition (with
-#: ``path``, the partition's folder): what the planner compares with storage's marker.
-WRITE_ID = "write_id"
-#: The materialization metadata naming a table partition's table (its root folder): where
-#: the planner scans for the table's commits, so nothing parses it out of ``path``.
-TABLE_URI = "table_uri"
-
-
-def new_write_id() -> str:
-    """Names one write's files: sortable by time, unique across writers."""
-    return f"{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
-
-
-def begin_partition(store: BlobStore, folder: str) -> None:
-    """Before a partition's first write: mark it in progress (readers see it missing)."""
-    marker = join_uri(folder, COMMIT_NAME)
-    if not store.exists(marker):
-        store.write_bytes(marker, json.dumps({"files": None, "in_progress": True}).encode())
-
-
-def commit_partition(
-    store: BlobStore,
-    folder: str,
-    files: list[str],
-    *,
-    write_id: str,
-    rows: int,
-    run_id: str | None = None,
-    code_version: str | None = None,
-) -> list[str]:
-    """Swap the marker to ``files`` (names inside ``folder``), then delete the rest. The
-    marker names the write, the Dagster run that made it (``run_id``) and the
-    ``code_version`` that wrote it, as a model's manifest does.
-
-    The partition is committed once the marker is written: only that write's failure
-    raises. Deleting the files it replaced is tidying (readers never read them), so a
-    delete that fails (a role allowed to write but not to delete, say) leaves the file
-    where it is, for the partition's next commit to delete; returns those left behind
-    (the folder itself when it could not even be listed).
-    """
-    marker = join_uri(folder, COMMIT_NAME)
-    body = {
-        "files": files,
-        "write_id": write_id,
-        "rows": rows,
-        "committed_at": time.time(),
-        "dagster_run_id": run_id,
-        "code_version": code_version,
-    }
-    store.write_bytes(marker, json.dumps(body, sort_keys=True).encode())
-    keep = {join_uri(folder, f) for f in files} | {marker}
-    left = []
-    try:
-        replaced = [uri for uri in store.list(folder) if uri not in keep]
-    except (BlobStorageError, OSError):  # not even listed: the next commit lists again
-        return [folder]
-    for uri in replaced:
-        try:
-            store.delete(uri)
-        except (BlobStorageError, OSError):
-            left.append(uri)
-    return left
-
-
-def left_behind(table: str, ds: str, left: list[str]) -> str:
-    """The warning for a committed partition whose replaced files ``commit_partition``
-    could not delete."""
-    return (
-        f"{table} {ds} is committed, but the files it replaced could not be deleted (left "
-        f"for the partition's next commit to delete, never read): {', '.join(left)}"
-    )
-
-
-def format_days(days: list[str]) -> str:
+def format_days(days: Sequence[str]) -> str:
     """Compact day ranges: 2026-07-01..2026-07-03, 2026-07-05."""
     if not days:
         return "none"
@@ -238,20 +89,477 @@ def format_days(days: list[str]) -> str:
     return ", ".join(parts)
 
 
-def write_partition_frame(
-    store: BlobStore, warehouse: str, table: str, ds: str, frame: object
-) -> str:
-    """Replace partition ``ds`` of ``table`` with a pandas frame (one parquet file),
-    atomically (see the module doc). Timestamps are stored in microseconds, the finest
-    unit Spark reads."""
-    import io
+def new_write_id() -> str:
+    """Names one write's files: sortable by time, unique across writers."""
+    return f"{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
 
-    folder = table_partition_uri(warehouse, table, ds)
-    write_id = new_write_id()
-    name = f"part-{write_id}-00000.parquet"
-    buf = io.BytesIO()
-    frame.to_parquet(buf, index=False, coerce_timestamps="us", allow_truncated_timestamps=True)  # type: ignore[attr-defined]
-    begin_partition(store, folder)
-    store.write_bytes(join_uri(folder, name), buf.getvalue())
-    commit_partition(store, folder, [name], write_id=write_id, rows=len(frame))  # type: ignore[arg-type]
-    return join_uri(folder, name)
+
+@dataclass(frozen=True)
+class TableDay:
+    """One committed day of a table, as the catalog holds it."""
+
+    table: str
+    ds: str
+    #: its data files (URIs), in the order the snapshot lists them
+    files: tuple[str, ...]
+    rows: int
+    #: the snapshot that last wrote the day (None: an empty day, or its snapshot expired)
+    snapshot_id: int | None
+    #: the platform write that committed it (None: written by another engine)
+    write: str | None
+    run_id: str | None = None
+    code_version: str | None = None
+    at: float | None = None
+    uri: str = ""
+    #: the snapshot's sequence number: which of two snapshots is newer
+    sequence: int = 0
+
+    @property
+    def data_version(self) -> str:
+        """The snapshot that last wrote the day (an empty day: the write that emptied it)."""
+        return str(self.snapshot_id) if self.snapshot_id is not None else f"empty-{self.write}"
+
+    @property
+    def commit(self) -> Commit:
+        return Commit(
+            TABLE,
+            self.ds,
+            self.uri,
+            self.write,
+            run_id=self.run_id,
+            at=self.at,
+            code_version=self.code_version,
+            table=self.table,
+        )
+
+
+def _summary(snapshot: Any) -> dict[str, str]:
+    return dict(snapshot.summary.additional_properties) if snapshot is not None else {}
+
+
+def _day_of(entry: Any) -> str:
+    value = entry.data_file.partition[0]
+    return value.isoformat() if isinstance(value, dt.date) else str(value)
+
+
+class Tables:
+    """The warehouse's tables in its catalog (``catalog``: a pyiceberg catalog, or what
+    loads it on first use); ``store`` moves staged files and tidies."""
+
+    def __init__(self, catalog: Callable[[], Any], warehouse: str, store: BlobStore) -> None:
+        self._load_catalog, self._catalog = catalog, None
+        self.warehouse, self.store = warehouse, store
+
+    @property
+    def catalog(self) -> Any:
+        if self._catalog is None:
+            self._catalog = self._load_catalog()
+        return self._catalog
+
+    def location(self, table: str) -> str:
+        return table_uri(self.warehouse, table)
+
+    def staging_uri(self, table: str, write_id: str) -> str:
+        return join_uri(self.location(table), STAGING_DIR, write_id)
+
+    def load(self, table: str) -> Any | None:
+        """The Iceberg table ``ns.name``; None when the catalog has none."""
+        from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+
+        try:
+            return self.catalog.load_table(table)
+        except (NoSuchTableError, NoSuchNamespaceError):
+            return None
+        except CatalogError:
+            raise
+        except Exception as exc:
+            raise TableError(f"table {table}: the catalog cannot load it ({reason(exc)})") from exc
+
+    def metadata_location(self, table: str) -> str | None:
+        found = self.load(table)
+        return None if found is None else str(found.metadata_location)
+
+    def state(self, table: str) -> tuple[str | None, dict[str, TableDay]]:
+        """The table's metadata file and committed days, from one load (None, {} when the
+        catalog has no such table)."""
+        found = self.load(table)
+        if found is None:
+            return None, {}
+        return str(found.metadata_location), table_days(table, found)
+
+    def days(self, table: str, *, snapshot_id: int | None = None) -> dict[str, TableDay]:
+        """{ds: the day} for every committed day of ``table`` (at ``snapshot_id``, else
+        its current snapshot); {} when the table does not exist."""
+        found = self.load(table)
+        return {} if found is None else table_days(table, found, snapshot_id=snapshot_id)
+
+    def commit(
+        self,
+        table: str,
+        staged: dict[str, list[str]],
+        *,
+        write_id: str,
+        run_id: str | None = None,
+        code_version: str | None = None,
+    ) -> dict[str, TableDay]:
+        """Replace days ``staged`` ({ds: its staged parquet files; [] for a day with no
+        rows}) in one commit; the days as committed.
+
+        Raises:
+            SchemaMismatch: a staged file's columns differ from the table's (nothing of
+                this write is committed, and its files are removed).
+            TableError: the files could not be moved in or the commit failed (named);
+                the days are left as they were.
+        """
+        files = [f for ds in sorted(staged) for f in staged[ds]]
+        existing = self.load(table)
+        schema = self._check_schema(table, existing, files) if files else None
+        if existing is None and schema is None:
+            raise TableError(f"table {table}: a first write needs rows to give it its columns")
+        moved = self._move_in(table, staged, write_id)
+        props = {WRITE: write_id, DAYS: ",".join(sorted(staged)), RUN: run_id or ""}
+        props[CODE_VERSION] = code_version or ""
+        try:
+            self._commit_retrying(table, existing, schema, staged, moved, props)
+        except WarehouseError:
+            for uri in moved:  # never committed: nothing of this write stays
+                _quietly(self.store.delete, uri)
+            raise
+        self._tidy(table, staged, write_id)
+        after = self.days(table)
+        return {ds: after[ds] for ds in staged if ds in after}
+
+    def _commit_retrying(
+        self,
+        table: str,
+        existing: Any | None,
+        schema: Any,
+        staged: dict[str, list[str]],
+        moved: list[str],
+        props: dict[str, str],
+    ) -> None:
+        for attempt in range(COMMIT_ATTEMPTS):
+            current = self.load(table) if attempt or existing is None else existing
+            if current is None:
+                current = self._create(table, schema)
+            if self._try_commit(table, current, staged, moved, props):
+                return
+            time.sleep(0.05 * 2**attempt)
+        else:
+            raise TableError(
+                f"table {table}: {COMMIT_ATTEMPTS} commits of {format_days(sorted(staged))} met "
+                "other writers' commits; the days are left as they were"
+            )
+
+    def write_frame(
+        self,
+        table: str,
+        ds: str,
+        frame: Any,
+        *,
+        run_id: str | None = None,
+        code_version: str | None = None,
+    ) -> TableDay:
+        """Replace day ``ds`` of ``table`` with a pandas frame or arrow table, in one commit
+        (timestamps stored in microseconds, the finest unit Iceberg and Spark take)."""
+        import pyarrow.parquet as pq
+
+        write_id = new_write_id()
+        arrow = day_arrow(frame, ds)
+        staged: list[str] = []
+        if arrow.num_rows:
+            uri = join_uri(self.staging_uri(table, write_id), f"_{DAY}={ds}", "part-00000.parquet")
+            sink = _BufferSink()
+            pq.write_table(arrow, sink.buffer)
+            self.store.write_bytes(uri, sink.value())
+            staged.append(uri)
+        elif self.load(table) is None:  # an empty first day still gives the table columns
+            self._create(table, arrow.schema)
+        return self.commit(
+            table, {ds: staged}, write_id=write_id, run_id=run_id, code_version=code_version
+        )[ds]
+
+    # -- writing -------------------------------------------------------------------------
+
+    def _create(self, table: str, schema: Any) -> Any:
+        """Create ``table`` with the arrow ``schema``, partitioned by ``ds`` (identity)."""
+        from pyiceberg.exceptions import TableAlreadyExistsError
+
+        ns = table.split(".", 1)[0]
+        try:
+            self.catalog.create_namespace_if_not_exists(ns)
+            tx = self.catalog.create_table_transaction(
+                table, schema=schema, location=self.location(table)
+            )
+            with tx.update_spec() as spec:
+                spec.add_identity(DAY)
+            tx.commit_transaction()
+            return self.catalog.load_table(table)
+        except TableAlreadyExistsError:  # another writer made it first
+            return self.catalog.load_table(table)
+        except (CatalogError, TableError):
+            raise
+        except Exception as exc:
+            raise TableError(f"table {table}: it cannot be created ({reason(exc)})") from exc
+
+    def _check_schema(self, table: str, existing: Any | None, files: list[str]) -> Any:
+        """The staged files' arrow schema, checked against the table's columns."""
+        import io
+
+        import pyarrow.parquet as pq
+
+        try:
+            if existing is not None:  # the footer only
+                with existing.io.new_input(files[0]).open() as f:
+                    schema = pq.read_schema(f)
+            else:
+                schema = pq.read_schema(io.BytesIO(self.store.read_bytes(files[0])))
+        except (BlobStorageError, OSError) as exc:
+            raise TableError(
+                f"table {table}: the staged file {files[0]} cannot be read: {exc}"
+            ) from exc
+        if DAY not in schema.names:
+            raise SchemaMismatch(f"table {table}: the staged files have no {DAY} column")
+        if existing is not None:
+            problems = schema_problems(existing.schema().as_arrow(), schema)
+            if problems:
+                for f in files:  # nothing of this write will be committed
+                    _quietly(self.store.delete, f)
+                raise SchemaMismatch(
+                    f"table {table}: the new rows' columns do not match the table's "
+                    f"({'; '.join(problems)}); the days are left as they were"
+                )
+        return schema
+
+    def _move_in(self, table: str, staged: dict[str, list[str]], write_id: str) -> list[str]:
+        moved: list[str] = []
+        for ds in sorted(staged):
+            for n, src in enumerate(staged[ds]):
+                dst = join_uri(
+                    self.location(table), "data", f"{DAY}={ds}", f"{write_id}-{n:05d}.parquet"
+                )
+                try:
+                    self.store.move(src, dst)
+                except (BlobStorageError, OSError) as exc:
+                    for uri in moved:  # nothing of this write stays in the table's folder
+                        _quietly(self.store.delete, uri)
+                    raise TableError(
+                        f"table {table}: moving {src} in failed ({exc}); "
+                        f"{format_days(sorted(staged))} left as they were"
+                    ) from exc
+                moved.append(dst)
+        return moved
+
+    def _try_commit(
+        self,
+        table: str,
+        current: Any,
+        staged: dict[str, list[str]],
+        moved: list[str],
+        props: dict[str, str],
+    ) -> bool:
+        """One optimistic commit; False when another writer's commit came first."""
+        from pyiceberg.exceptions import CommitFailedException
+
+        days = sorted(staged)
+        held = set(table_days(table, current))
+        empties = {f"{EMPTY}{ds}" for ds in days} & set(current.properties)
+        try:
+            with warnings.catch_warnings(), current.transaction() as tx:
+                warnings.simplefilter("ignore")  # "Delete operation did not match any records"
+                if held & set(days):
+                    tx.delete(days_filter(days), snapshot_properties=props)
+                if moved:
+                    tx.add_files(moved, snapshot_properties=props, check_duplicate_files=False)
+                if empties:
+                    tx.remove_properties(*empties)
+                marks = {f"{EMPTY}{ds}": json.dumps(props) for ds in days if not staged[ds]}
+                if marks:
+                    tx.set_properties(marks)
+        except CommitFailedException:
+            return False
+        except (CatalogError, TableError):
+            raise
+        except Exception as exc:
+            raise TableError(
+                f"table {table}: committing {format_days(days)} failed ({reason(exc)}); "
+                "the days are left as they were"
+            ) from exc
+        return True
+
+    def _tidy(self, table: str, staged: dict[str, list[str]], write_id: str) -> None:
+        """After a commit: remove this write's staging folder, and what writers killed
+        before their commit left of the same days (their staged files; files moved in
+        that no snapshot names). Tidying never fails the write."""
+        root = join_uri(self.location(table), STAGING_DIR)
+        days = {f"/_{DAY}={ds}/" for ds in staged}
+        try:
+            for uri in self.store.list(root):
+                if f"/{write_id}/" in uri or any(d in uri for d in days):
+                    _quietly(self.store.delete, uri)
+            found = self.load(table)
+            writes = {_summary(s).get(WRITE) for s in found.snapshots()} if found else set()
+            live = (
+                {f for d in table_days(table, found).values() for f in d.files} if found else set()
+            )
+            for ds in staged:
+                for uri in self.store.list(join_uri(self.location(table), "data", f"{DAY}={ds}")):
+                    name = _WRITE_FILE.match(uri.rsplit("/", 1)[-1])
+                    if name and name.group(1) not in writes and uri not in live:
+                        _quietly(self.store.delete, uri)
+        except (BlobStorageError, OSError, TableError):
+            return
+        _remove_local_staging(root, write_id, list(staged))
+
+
+def table_days(table: str, found: Any, *, snapshot_id: int | None = None) -> dict[str, TableDay]:
+    """{ds: day} of an Iceberg table (``found``) at ``snapshot_id`` or its current snapshot."""
+    snapshot = found.snapshot_by_id(snapshot_id) if snapshot_id else found.current_snapshot()
+    snapshots = {s.snapshot_id: s for s in found.snapshots()}
+    _check_spec(table, found)
+    per_day: dict[str, list[Any]] = {}
+    if snapshot is not None:
+        for manifest in snapshot.manifests(found.io):
+            for entry in manifest.fetch_manifest_entry(found.io, discard_deleted=True):
+                per_day.setdefault(_day_of(entry), []).append(entry)
+    out: dict[str, TableDay] = {}
+    root = str(found.location()).rstrip("/")
+    for ds, entries in sorted(per_day.items()):
+        sid = max(e.snapshot_id for e in entries)
+        snap = snapshots.get(sid)
+        summary = _summary(snap)
+        out[ds] = TableDay(
+            table,
+            ds,
+            tuple(e.data_file.file_path for e in entries),
+            sum(e.data_file.record_count for e in entries),
+            sid,
+            summary.get(WRITE),
+            run_id=summary.get(RUN) or None,
+            code_version=summary.get(CODE_VERSION) or None,
+            at=snap.timestamp_ms / 1000 if snap is not None else None,
+            uri=f"{root}/data/{DAY}={ds}",
+            sequence=max(e.sequence_number or 0 for e in entries),
+        )
+    if snapshot_id is None:
+        for key, value in found.properties.items():
+            if key.startswith(EMPTY) and key[len(EMPTY) :] not in out:
+                ds, body = key[len(EMPTY) :], json.loads(value)
+                out[ds] = TableDay(
+                    table,
+                    ds,
+                    (),
+                    0,
+                    None,
+                    body.get(WRITE),
+                    run_id=body.get(RUN) or None,
+                    code_version=body.get(CODE_VERSION) or None,
+                    uri=f"{root}/data/{DAY}={ds}",
+                )
+    return dict(sorted(out.items()))
+
+
+def days_filter(days: Sequence[str]) -> str:
+    """An Iceberg row filter selecting ``days`` (ISO days: nothing to escape)."""
+    return f"{DAY} IN ({', '.join(repr(dt.date.fromisoformat(d).isoformat()) for d in days)})"
+
+
+def window_snapshot(days: dict[str, TableDay], window: Sequence[str]) -> int | None:
+    """The snapshot a window is read at: the newest that wrote one of its days. Each
+    window day is there exactly as it is now (no later snapshot touched it), and a
+    retrain of a window nobody rewrote reads the same snapshot again. None: no day of
+    the window has a data file (all empty)."""
+    written = [days[d] for d in window if d in days and days[d].snapshot_id is not None]
+    return max(written, key=lambda d: d.sequence).snapshot_id if written else None
+
+
+def _check_spec(table: str, found: Any) -> None:
+    spec = found.spec()
+    fields = list(spec.fields)
+    names = [found.schema().find_column_name(f.source_id) for f in fields]
+    if not fields or names[0] != DAY or str(fields[0].transform) != "identity":
+        raise TableError(
+            f"table {table} is partitioned by {names or 'nothing'}; the platform reads tables "
+            f"partitioned by {DAY} (identity) first"
+        )
+
+
+def day_arrow(frame: Any, ds: str) -> Any:
+    """``frame`` (pandas or arrow) as an arrow table of day ``ds``: a string ``ds`` column
+    (added when absent) and microsecond timestamps."""
+    import pyarrow as pa
+
+    arrow = (
+        frame if isinstance(frame, pa.Table) else pa.Table.from_pandas(frame, preserve_index=False)
+    )
+    if DAY in arrow.column_names:
+        arrow = arrow.drop_columns([DAY])
+    arrow = arrow.append_column(DAY, pa.array([ds] * arrow.num_rows, pa.string()))
+    fields = []
+    for f in arrow.schema:
+        if pa.types.is_timestamp(f.type) and f.type.unit != "us":
+            f = f.with_type(pa.timestamp("us", tz=f.type.tz))
+        fields.append(f)
+    return arrow.cast(pa.schema(fields), safe=False)
+
+
+def schema_problems(table_schema: Any, file_schema: Any) -> list[str]:
+    """How ``file_schema``'s columns differ from the table's (arrow schemas); [] when
+    they match (string and large string, binary and large binary count the same)."""
+    import pyarrow as pa
+
+    def norm(t: Any) -> str:
+        if pa.types.is_large_string(t):
+            t = pa.string()
+        if pa.types.is_large_binary(t):
+            t = pa.binary()
+        return str(t)
+
+    have = {f.name: norm(f.type) for f in table_schema}
+    new = {f.name: norm(f.type) for f in file_schema}
+    problems = []
+    if missing := sorted(set(have) - set(new)):
+        problems.append(f"missing {', '.join(missing)}")
+    if extra := sorted(set(new) - set(have)):
+        problems.append(f"not in the table: {', '.join(extra)}")
+    for name in sorted(set(have) & set(new)):
+        if have[name] != new[name]:
+            problems.append(f"{name} is {new[name]}, the table's is {have[name]}")
+    return problems
+
+
+class _BufferSink:
+    def __init__(self) -> None:
+        import io
+
+        self.buffer = io.BytesIO()
+
+    def value(self) -> bytes:
+        return self.buffer.getvalue()
+
+
+def _quietly(fn: Callable[[str], None], uri: str) -> None:
+    with contextlib.suppress(BlobStorageError, OSError):
+        fn(uri)
+
+
+def _remove_local_staging(root: str, write_id: str, days: list[str]) -> None:
+    """On a local disk, also what a listing does not show: a killed writer's temp files
+    in the staging folders of these days, and the folders left empty."""
+    if not root.startswith("file://"):
+        return
+    import shutil
+
+    from zipline_dagster.storage.blobs import local_path
+
+    path = local_path(root)
+    if not path.is_dir():
+        return
+    for ds in days:
+        for folder in path.glob(f"*/_{DAY}={ds}"):
+            shutil.rmtree(folder, ignore_errors=True)
+    for folder in [path / write_id, *path.iterdir()]:
+        if folder.is_dir() and not any(p.is_file() for p in folder.rglob("*")):
+            shutil.rmtree(folder, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        path.rmdir()  # _staging itself, when no other write uses it

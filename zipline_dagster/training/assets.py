@@ -27,19 +27,22 @@ from zipline_dagster.storage.artifacts import (
     read_report,
 )
 from zipline_dagster.storage.blobs import BlobNotFoundError, BlobStorageError
-from zipline_dagster.storage.paths import join_uri, model_root_uri, table_uri
+from zipline_dagster.storage.catalog import WarehouseError
+from zipline_dagster.storage.paths import join_uri, model_root_uri
 from zipline_dagster.storage.resources import WarehouseResource
-from zipline_dagster.storage.tables import committed_scan
+from zipline_dagster.storage.tables import window_snapshot
 from zipline_dagster.tracking import MlflowResource, Partition, Tracker
 from zipline_dagster.tracking import metadata as mlflow_metadata
 from zipline_dagster.training.metadata import report_metadata
 from zipline_dagster.training.pins import Drift, drift_of
 from zipline_dagster.training.ranges import Ran, run_days
 from zipline_dagster.training.request import (
+    TableRead,
     TrainingDataError,
     TrainingRequest,
     build_training_request,
     check_training_window,
+    window_days,
 )
 from zipline_dagster.training.resources import TrainingLauncher
 from zipline_dagster.training.retries import reusable_partitions
@@ -180,24 +183,24 @@ class TrainingWork:
         self.together = model.training_conf.resource_config.workers == 0
         self.ledger = Ledger(context.instance)
         try:  # the training table listed once for the step
-            self.scan = committed_scan(
-                warehouse.store(warehouse.uri), table_uri(warehouse.uri, model.table)
-            )
-        except BlobStorageError as exc:
+            self.metadata, self.scan = warehouse.tables().state(model.table)
+        except (BlobStorageError, WarehouseError) as exc:
             raise failure(exc) from None
-        self.files = {day: len(files) for day, (files, _) in self.scan.items()}
+        self.files = {day: len(held.files) for day, held in self.scan.items()}
 
     def prepare(self, ds: str) -> TrainingRequest:
         model = self.model
         try:
-            request = build_training_request(model, ds, warehouse=self.warehouse.uri)
-            store = self.warehouse.store(request.warehouse)
-            counts = check_training_window(store, request, have=self.files)
+            days = window_days(ds, model.window_days)
+            check_training_window(model, ds, days, have=self.files)
+            read = TableRead(self.metadata or "", window_snapshot(self.scan, days))
+            request = build_training_request(model, ds, warehouse=self.warehouse.uri, table=read)
+            counts = {d: self.files[d] for d in days}
         except (TrainingDataError, BlobStorageError) as exc:
             raise failure(exc) from None
         in_flight = {}
         for day in request.days:
-            diff = self.ledger.settle(self.upstream, day, self.scan[day][1])
+            diff = self.ledger.settle(self.upstream, day, self.scan[day].commit)
             if diff.state is State.RECORDED:
                 self.context.log.warning(f"{model.table} {day}: {diff.describe()}")
             elif diff.state is State.IN_FLIGHT:
@@ -210,7 +213,8 @@ class TrainingWork:
                 + ". Train it once that run has ended, so that it trains on what Dagster records"
             )
         self.context.log.info(
-            f"{ds}: window {request.start_ds}..{request.end_ds}, parquet files per day {counts}"
+            f"{ds}: window {request.start_ds}..{request.end_ds} at snapshot {read.snapshot_id}, "
+            f"data files per day {counts}"
         )
         return request
 
@@ -222,6 +226,17 @@ class TrainingWork:
 
     def finish(self, request: TrainingRequest, ran: Ran) -> dict[str, Any]:
         return finish_partition(self.context, request, ran, self.tracker)
+
+
+def input_read(request: TrainingRequest) -> dict[str, Any]:
+    """The input table, its metadata file and the snapshot the job read (its flags)."""
+    flags = dict(f[2:].split("=", 1) for f in request.flags if f.startswith("--") and "=" in f)
+    snapshot = flags.get("snapshot-id")
+    return {
+        "table": request.model.table,
+        "metadata": flags.get("table-metadata"),
+        "snapshot_id": int(snapshot) if snapshot else None,
+    }
 
 
 def finish_partition(
@@ -259,6 +274,8 @@ def finish_partition(
                 "dagster_run_id": context.run.run_id,
                 # what MLflow logs as params, also for a partition logged from storage
                 "flags": list(request.flags),
+                # the Iceberg snapshot it read: `reproduce` reads it again
+                "input": input_read(request),
             },
         )
         report = promotion.report or read_report(artifacts, request.canonical_dir)
@@ -291,6 +308,8 @@ def finish_partition(
         "job_seconds": dg.MetadataValue.float(round(ran.seconds, 3)),
         "reattached": ran.attached,
         "window": f"{request.start_ds}..{request.end_ds}",
+        "input_snapshot_id": str(input_read(request).get("snapshot_id")),
+        "input_table_metadata": dg.MetadataValue.path(str(input_read(request).get("metadata"))),
         "artifact_files": dg.MetadataValue.json([f["path"] for f in promotion.manifest["files"]]),
         **({"range": ran.span} if ran.span else {}),
         **report_metadata(report, pr_curve_png=png),

@@ -17,14 +17,12 @@ from typing import Protocol
 
 from zipline_dagster.declarations.model import Model
 from zipline_dagster.storage.artifacts import CHECKPOINTS_DIR, attempt_dir
-from zipline_dagster.storage.blobs import BlobStore
 from zipline_dagster.storage.paths import (
     join_uri,
     model_archive_uri,
     model_partition_uri,
-    table_uri,
 )
-from zipline_dagster.storage.tables import days_between, existing_partitions, format_days, shift_day
+from zipline_dagster.storage.tables import days_between, format_days, shift_day
 from zipline_dagster.training.channel import DRIVER_MODULE, attempt_flags, driver_argv
 
 
@@ -171,8 +169,29 @@ class TrainingRequest:
         return self.job_key_override or f"{self.model.name}-{self.model.version}-{self.ds}"
 
 
+@dataclass(frozen=True)
+class TableRead:
+    """Where a job reads its input table: the Iceberg metadata file and the snapshot the
+    platform resolved for its window (``tables.window_snapshot``)."""
+
+    metadata: str
+    snapshot_id: int | None
+
+    def flags(self) -> dict[str, str]:
+        out = {"table-metadata": self.metadata}
+        if self.snapshot_id is not None:
+            out["snapshot-id"] = str(self.snapshot_id)
+        return out
+
+
 def trainer_flags(
-    model: Model, *, start_ds: str, end_ds: str, warehouse: str, model_dir: str
+    model: Model,
+    *,
+    start_ds: str,
+    end_ds: str,
+    warehouse: str,
+    model_dir: str,
+    table: TableRead | None = None,
 ) -> list[str]:
     """The one place ``job_configs`` become flags.
 
@@ -188,6 +207,7 @@ def trainer_flags(
         "end-ds": end_ds,
         "model-dir": conf.pop("model-dir", model_dir),
         "warehouse": conf.pop("warehouse", warehouse),
+        **(table.flags() if table is not None else {}),
     }
     if model.columns:
         # the training source's selects: the only columns the trainer reads
@@ -205,14 +225,21 @@ def trainer_flags(
     return [f"--{k}={v}" for k, v in flags.items()]
 
 
-def build_training_request(model: Model, ds: str, *, warehouse: str) -> TrainingRequest:
+def build_training_request(
+    model: Model, ds: str, *, warehouse: str, table: TableRead | None = None
+) -> TrainingRequest:
     dt.date.fromisoformat(ds)
     days = window_days(ds, model.window_days)
     derived_dir = model_partition_uri(model, ds)
     model_dir = model.training_conf.job_configs.get("model-dir", derived_dir)
     warehouse = model.training_conf.job_configs.get("warehouse", warehouse)
     flags = trainer_flags(
-        model, start_ds=days[0], end_ds=days[-1], warehouse=warehouse, model_dir=model_dir
+        model,
+        start_ds=days[0],
+        end_ds=days[-1],
+        warehouse=warehouse,
+        model_dir=model_dir,
+        table=table,
     )
     env = {}
     if model.training_conf.resource_config.workers > 0:
@@ -280,33 +307,25 @@ def build_range_request(
     )
 
 
-def check_training_window(
-    store: BlobStore, request: TrainingRequest, *, have: dict[str, int] | None = None
-) -> dict[str, int]:
+def check_training_window(model: Model, ds: str, days: list[str], *, have: dict[str, int]) -> None:
     """Fail before anything is submitted when a window partition is missing.
 
-    ``have`` is the table's listing when the caller already has it (a range lists the
-    table once for all its partitions).
-
-    Returns:
-        {ds: parquet file count} of the window.
+    ``have``: {ds: data file count} of the table's committed days (a range reads the
+    catalog once for all its partitions).
 
     Raises:
         TrainingDataError: names the missing partitions and what the table has.
     """
-    table = request.model.table
-    if have is None:
-        have = existing_partitions(store, request.warehouse, table)
-    missing = [d for d in request.days if d not in have]
+    table = model.table
+    missing = [d for d in days if d not in have]
     if missing:
         raise TrainingDataError(
-            f"model {request.model.name!r} partition {request.ds}: training table {table} "
-            f"({table_uri(request.warehouse, table)}) is missing partitions {format_days(missing)} "
-            f"of the window {request.start_ds}..{request.end_ds}; the table has "
+            f"model {model.name!r} partition {ds}: training table {table} "
+            f"is missing partitions {format_days(missing)} "
+            f"of the window {days[0]}..{days[-1]}; the table has "
             f"{format_days(sorted(have))}. Materialize the upstream partitions first "
             "(a backfill of the model does it)."
         )
-    return {d: have[d] for d in request.days}
 
 
 def read_install_requires(archive: bytes, *, uri: str = "the trainer archive") -> list[str]:

@@ -21,8 +21,8 @@ from zipline_dagster.lineage.internals import ASSET_RESUME_RETRY_TAG, RESUME_RET
 from zipline_dagster.lineage.ledger import CODE_VERSION_TAG
 from zipline_dagster.storage.artifacts import committed_manifest, model_commit
 from zipline_dagster.storage.blobs import BlobStore
-from zipline_dagster.storage.commits import Commit
 from zipline_dagster.storage.resources import WarehouseResource
+from zipline_dagster.storage.tables import TableDay
 from zipline_dagster.training.request import (
     TrainingRequest,
 )
@@ -46,7 +46,7 @@ def earlier_attempt_runs(context: dg.AssetExecutionContext) -> set[str]:
 
 
 def why_input_changed(
-    store: BlobStore, request: TrainingRequest, scan: dict[str, tuple[list[str], Commit]]
+    store: BlobStore, request: TrainingRequest, scan: dict[str, TableDay]
 ) -> str | None:
     """Why the partition's model on storage cannot stand for its window as committed now
     (``scan``: the training table's commits): a window day committed after the model was
@@ -59,7 +59,7 @@ def why_input_changed(
     table = request.model.table
     for day in request.days:
         held = scan.get(day)
-        at = held[1].at if held is not None else None
+        at = held.at if held is not None else None
         if not isinstance(at, (int, float)):
             return f"its input {table} {day} has no commit time"
         if at > model.at:
@@ -71,7 +71,7 @@ def reusable_partitions(
     context: dg.AssetExecutionContext,
     requests: list[TrainingRequest],
     warehouse: WarehouseResource,
-    scan: dict[str, tuple[list[str], Commit]],
+    scan: dict[str, TableDay],
 ) -> dict[str, dict[str, Any]]:
     """{ds: its earlier materialization's metadata} for the partitions of ``requests`` a
     run this one resumes (``earlier_attempt_runs``) trained and materialized, when
@@ -86,7 +86,10 @@ def reusable_partitions(
     key = context.asset_key
     # the run's job's graph: the asset, its checks and what it reads
     resolver = FreshnessResolver(
-        context.instance, context.job_def.asset_layer.asset_graph, store=warehouse.store
+        context.instance,
+        context.job_def.asset_layer.asset_graph,
+        store=warehouse.store,
+        tables=warehouse.tables(),
     )
     latest = resolver.latest_ids(key)
     wanted = {latest[r.ds]: r for r in requests if r.ds in latest}

@@ -5,16 +5,16 @@ module ``zipline_trainer_io`` (beside the trainer's package), so a job on any cl
 imports it without the platform installed; run by hand from this repository, trainers
 import it from ``zipline_dagster.training.trainer_io``. It holds the trainer contract's
 shared half: the platform flags, the training window, reading committed table
-partitions (with the ``--columns`` projection) and writing artifacts, for local paths,
-``file://``, ``s3://``, ``gs://`` and ``abfss://`` through fsspec (the platform's storage
-layer). Standard library, fsspec and pyarrow only.
+partitions of an Iceberg table (the snapshot the platform resolved, planned by pyiceberg,
+with the ``--columns`` projection) and writing artifacts, for local paths, ``file://``,
+``s3://``, ``gs://`` and ``abfss://`` through fsspec (the platform's storage layer).
+Standard library, fsspec, pyarrow and pyiceberg only.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 from typing import Any
 from urllib.parse import urlparse
@@ -85,12 +85,6 @@ def write_bytes(dir_uri: str, name: str, data: bytes) -> str:
     return uri
 
 
-#: A partition's commit marker: the data files of its current version (the platform
-#: writes new files first and swaps this marker last, so a reader sees the old version or
-#: the new one, never a mix). ``"files": null`` marks a first write still in progress.
-COMMIT_NAME = "_COMMITTED.json"
-
-
 class TrainingDataError(RuntimeError):
     """The training window's data is missing, incomplete or lacks a requested column."""
 
@@ -115,30 +109,61 @@ def file_version(f: Any) -> tuple[Any, ...]:
     return (st.st_size, st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
 
 
-def partition_files(fs: Any, directory: str) -> list[str]:
-    """The committed parquet files of one partition folder; [] when it has none.
+#: A day computed with no rows: the table property the platform sets in the same commit.
+EMPTY_DAY = "zipline.empty."
 
-    With a commit marker, exactly the files it lists; without one (a table written by
-    another system), every parquet file in the folder.
-    """
-    marker = f"{directory}/{COMMIT_NAME}"
-    # One request on an object store: a GET from byte 0 (asking whether the marker exists
-    # first, and s3fs asking its size before a whole-object GET, cost two more).
+
+def iceberg_io_properties() -> dict[str, str]:
+    """pyiceberg FileIO properties from the job's environment (as ``filesystem``)."""
+    props = {"py-io-impl": "pyiceberg.io.fsspec.FsspecFileIO"}
+    for key, names in (
+        ("s3.endpoint", ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")),
+        ("s3.region", ("AWS_REGION", "AWS_DEFAULT_REGION")),
+        ("gcs.service.host", ("STORAGE_EMULATOR_HOST",)),
+        ("adls.connection-string", ("AZURE_STORAGE_CONNECTION_STRING",)),
+    ):
+        value = next((os.environ[n] for n in names if os.environ.get(n)), None)
+        if value:
+            props[key] = value
+    return props
+
+
+def newest_metadata(warehouse: str, table: str) -> str:
+    """By hand, without ``--table-metadata``: the table's newest metadata file under its
+    location (``{warehouse}/ns/name/metadata/NNNNN-....metadata.json``, as pyiceberg's SQL
+    catalog writes them). The platform always passes ``--table-metadata``."""
+    ns, name = table.split(".", 1)
+    fs, path = filesystem(join(warehouse, ns, name, "metadata"))
     try:
-        listed = json.loads(fs.cat_file(marker, start=0)).get("files")
+        found = [str(p) for p in fs.ls(path, detail=False) if str(p).endswith(".metadata.json")]
     except FileNotFoundError:
-        pass
-    else:
-        return [f"{directory}/{name}" for name in listed] if listed is not None else []
-    try:
-        entries = fs.ls(directory, detail=True)
-    except FileNotFoundError:
-        return []
-    return sorted(
-        str(e["name"]).rstrip("/")
-        for e in entries
-        if e.get("type") == "file" and str(e["name"]).endswith(".parquet")
-    )
+        found = []
+    if not found:
+        raise TrainingDataError(
+            f"table {table}: no Iceberg metadata under {join(warehouse, ns, name)}; pass "
+            "--table-metadata (the platform always does)"
+        )
+    newest = max(found, key=lambda p: p.rsplit("/", 1)[-1])
+    return newest if "://" in newest or not warehouse.startswith("file:") else f"file://{newest}"
+
+
+def iceberg_days(
+    metadata: str, snapshot_id: int | None, window: list[str], partition_column: str
+) -> tuple[dict[str, list[str]], set[str]]:
+    """({day: its data files' URIs}, the days marked empty) of ``window`` at
+    ``snapshot_id`` (None: the metadata's current snapshot), planned by pyiceberg."""
+    from pyiceberg.table import StaticTable
+
+    table = StaticTable.from_metadata(metadata, properties=iceberg_io_properties())
+    days = ", ".join(repr(_day(d)) for d in window)
+    scan = table.scan(row_filter=f"{partition_column} IN ({days})", snapshot_id=snapshot_id)
+    files: dict[str, list[str]] = {}
+    for task in scan.plan_files():
+        value = task.file.partition[0]
+        day = value.isoformat() if isinstance(value, dt.date) else str(value)
+        files.setdefault(day, []).append(task.file.file_path)
+    empty = {k[len(EMPTY_DAY) :] for k in table.properties if k.startswith(EMPTY_DAY)}
+    return {d: sorted(f) for d, f in files.items()}, empty & set(window)
 
 
 #: Requests in flight at once on an object store, where each one's time is mostly the
@@ -166,21 +191,24 @@ class WindowFiles:
         window: list[str],
         partition_column: str,
         columns: list[str],
+        *,
+        metadata: str | None = None,
+        snapshot_id: int | None = None,
     ) -> None:
         ns, name = table.split(".", 1)
-        self.fs, root = filesystem(join(warehouse, ns, name))
+        self.fs, _ = filesystem(join(warehouse, ns, name))
         self.warehouse, self.table, self.window = warehouse, table, window
         self.partition_column, self.projection = partition_column, list(columns)
         self._concurrent = 1 if is_local(self.fs) else CONCURRENT_REQUESTS
-        listed = self._map(
-            lambda ds: partition_files(self.fs, f"{root}/{partition_column}={ds}"), window
-        )
+        self.metadata = metadata or newest_metadata(warehouse, table)
+        self.snapshot_id = snapshot_id
+        planned, empty = iceberg_days(self.metadata, snapshot_id, window, partition_column)
         self.days: list[tuple[str, list[str]]] = []
         self.missing: list[str] = []
-        for ds, files in zip(window, listed, strict=True):
-            if files:
-                self.days.append((ds, files))
-            else:
+        for ds in window:
+            if planned.get(ds):
+                self.days.append((ds, [filesystem(f)[1] for f in planned[ds]]))
+            elif ds not in empty:
                 self.missing.append(ds)
         self._schema: Any = None
         #: each file's parquet footer and version (``file_version``), read once (a request
@@ -350,10 +378,25 @@ def _check_window(
 
 
 def read_window(
-    warehouse: str, table: str, window: list[str], partition_column: str, columns: list[str]
+    warehouse: str,
+    table: str,
+    window: list[str],
+    partition_column: str,
+    columns: list[str],
+    *,
+    metadata: str | None = None,
+    snapshot_id: int | None = None,
 ) -> Any:
     """``WindowFiles.read_frame`` of the window's partitions."""
-    return WindowFiles(warehouse, table, window, partition_column, columns).read_frame()
+    return WindowFiles(
+        warehouse,
+        table,
+        window,
+        partition_column,
+        columns,
+        metadata=metadata,
+        snapshot_id=snapshot_id,
+    ).read_frame()
 
 
 def read_flags_window(args: argparse.Namespace) -> Any:
@@ -369,6 +412,8 @@ def flags_window_files(args: argparse.Namespace) -> WindowFiles:
         window_days(args.start_ds, args.end_ds),
         args.partition_column,
         column_list(args.columns),
+        metadata=args.table_metadata,
+        snapshot_id=args.snapshot_id,
     )
 
 
@@ -419,7 +464,22 @@ def add_platform_flags(p: argparse.ArgumentParser) -> None:
         default="",
         help="comma list: read only these columns (the model's selects); default: all",
     )
+    _add_table_flags(p)
+
+
+def _add_table_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--partition-column", default="ds")
+    p.add_argument(
+        "--table-metadata",
+        default=None,
+        help="the input table's Iceberg metadata file (platform-set; by hand: its newest)",
+    )
+    p.add_argument(
+        "--snapshot-id",
+        type=int,
+        default=None,
+        help="the snapshot to read (platform-set: the one resolved for the window)",
+    )
 
 
 def check_window(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
@@ -456,7 +516,7 @@ def add_inference_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warehouse", required=True, help="warehouse root URI")
     p.add_argument("--write-id", required=True, help="names the output file (platform-set)")
     p.add_argument("--passthrough", default="", help="comma list: source columns to copy")
-    p.add_argument("--partition-column", default="ds")
+    _add_table_flags(p)
 
 
 def model_partition_of(model_dir: str) -> tuple[str, str]:
@@ -466,12 +526,14 @@ def model_partition_of(model_dir: str) -> tuple[str, str]:
 
 
 def write_table_file(warehouse: str, table: str, ds: str, write_id: str, frame: Any) -> str:
-    """Write ``frame`` as partition ``ds``'s file of this write, for the platform to commit
-    (readers see it only once the partition's marker lists it)."""
+    """Stage ``frame`` as day ``ds``'s file of this write, for the platform to commit into
+    the Iceberg table (``{table}/_staging/{write id}/_ds={ds}/``; readers see it only once
+    committed). The file holds the ``ds`` column, as Iceberg's identity partition needs."""
     import io
 
     ns, name = table.split(".", 1)
-    folder = join(warehouse, ns, name, f"ds={ds}")
+    folder = join(warehouse, ns, name, "_staging", write_id, f"_ds={ds}")
+    frame = frame.assign(ds=ds)
     buf = io.BytesIO()
-    frame.to_parquet(buf, index=False)
-    return write_bytes(folder, f"part-{write_id}-00000.parquet", buf.getvalue())
+    frame.to_parquet(buf, index=False, coerce_timestamps="us", allow_truncated_timestamps=True)
+    return write_bytes(folder, "part-00000.parquet", buf.getvalue())

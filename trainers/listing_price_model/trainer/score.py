@@ -54,6 +54,8 @@ def score(argv: Sequence[str] | None = None) -> dict[str, Any]:
         [args.ds],
         args.partition_column,
         sorted(set(columns) | set(passthrough)),
+        metadata=args.table_metadata,
+        snapshot_id=args.snapshot_id,
     )
     matrix = xgb.DMatrix(data[columns].to_numpy(dtype=float), feature_names=names)
     version, model_ds = tio.model_partition_of(args.model_dir)
