@@ -200,36 +200,28 @@ def test_an_external_table_observed_again_unchanged_retrains_nothing(file_base: 
 def test_observing_an_external_table_reads_no_data_file(
     s3_bucket: str, s3_env: dict[str, str]
 ) -> None:
-    """A day's data version comes from the listing (each committed file's name, size and
-    ETag) and its commit marker: observing a table of any size costs the listings and a
-    marker read per day, not its bytes. A committed file changed in place changes its
-    day's version only; a marker naming a file that is gone fails the observation,
-    naming it."""
+    """A day's data version is the Iceberg snapshot that last wrote it, read from the
+    table's metadata: observing a table of any size costs its metadata files, not its
+    bytes. A day written again changes that day's version only."""
     from collections import Counter
 
-    from tests.helpers import ctr_rows, days_ending, s3_requests, write_partition
+    from tests.helpers import ctr_rows, days_ending, s3_requests, tables_of, write_partition
     from tests.training.test_assets import TABLE
     from zipline_dagster.definitions import observed_versions
-    from zipline_dagster.storage.blobs import blob_store
-    from zipline_dagster.storage.tables import committed_partitions
 
     base = f"{s3_bucket}/wh"
     days = days_ending("2026-07-10", 3)
     for ds in days:
         write_partition(base, TABLE, ds, ctr_rows(ds, 5_000))
-    store = blob_store(base)
+    tables = tables_of(base)
     with s3_requests(s3_env["AWS_ENDPOINT_URL"]) as requests:
-        versions = observed_versions(store, base, TABLE)
+        versions = observed_versions(tables, TABLE)
     assert sorted(versions) == days
-    # one listing of the table (a bucket request), then each day's marker: no data file
-    assert Counter(requests) == Counter({("GET", ""): 1, ("GET", "_COMMITTED.json"): len(days)})
-    assert observed_versions(store, base, TABLE) == versions
+    assert versions == {ds: str(d.snapshot_id) for ds, d in tables.days(TABLE).items()}
+    read = Counter(name.rsplit(".", 1)[-1] for _, name in requests)
+    assert "parquet" not in read and read["avro"] >= 1, read  # metadata only
+    assert observed_versions(tables, TABLE) == versions
 
-    (changed,) = committed_partitions(store, base, TABLE)[days[1]]
-    store.write_bytes(changed, store.read_bytes(changed)[::-1])  # same name and size
-    again = observed_versions(store, base, TABLE)
+    write_partition(base, TABLE, days[1], ctr_rows(days[1], 10))
+    again = observed_versions(tables, TABLE)
     assert [d for d in days if again[d] != versions[d]] == [days[1]]
-
-    store.delete(changed)
-    with pytest.raises(dg.Failure, match=f"not hold \\({changed}\\)"):
-        observed_versions(store, base, TABLE)

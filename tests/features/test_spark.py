@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.helpers import partition_writes, write_partition
+from tests.helpers import partition_writes, tables_of, write_partition
 from zipline_dagster.declarations.features import (
     Aggregation,
     EventTable,
@@ -27,7 +27,6 @@ from zipline_dagster.features.spark import (
     compute_staging_query,
     write_days,
 )
-from tests.helpers import tables_of
 from zipline_dagster.storage.tables import days_between
 
 pytestmark = pytest.mark.spark
@@ -131,9 +130,7 @@ def test_group_by_matches_pandas(spark_resource: Any, file_base: str) -> None:
     write_events(file_base)
     spark = spark_resource.spark_session
     days = ["2026-07-02", "2026-07-03", "2026-07-04"]
-    got = to_pandas(
-        compute_group_by(spark, tables_of(file_base), GB, days, first_day=FIRST)
-    )
+    got = to_pandas(compute_group_by(spark, tables_of(file_base), GB, days, first_day=FIRST))
     want = pd.concat([pandas_group_by(events_frame(), d) for d in days], ignore_index=True)
     want = want.sort_values(["ds", "listing_id"]).reset_index(drop=True)
     pd.testing.assert_frame_equal(got[want.columns], want, check_dtype=False)
@@ -159,9 +156,7 @@ def test_join_is_point_in_time_correct(spark_resource: Any, file_base: str) -> N
         ),
         right_parts=[JoinPart(group_by=GB)],
     )
-    got = to_pandas(
-        compute_join(spark, store, join, ["2026-07-04", "2026-07-05"], first_day=FIRST)
-    )
+    got = to_pandas(compute_join(spark, store, join, ["2026-07-04", "2026-07-05"], first_day=FIRST))
     ref_features = pd.concat(
         [pandas_group_by(events_frame(), d) for d in ["2026-07-03", "2026-07-04"]]
     )

@@ -24,11 +24,13 @@ from sklearn.metrics import log_loss, roc_auc_score
 
 from tests.conftest import TRAINERS
 from tests.helpers import (
+    local,
     attempt_of,
     copy_run_as_failed,
     ctr_rows,
     days_ending,
     run_days,
+    tables_of,
     write_partition,
 )
 from tests.training.test_assets import TABLE, make_model, resources
@@ -52,7 +54,6 @@ from zipline_dagster.rollout import by_hand
 from zipline_dagster.rollout import champion as ch
 from zipline_dagster.scoring.monitoring import monitoring_asset_key
 from zipline_dagster.storage.blobs import blob_store
-from zipline_dagster.storage.tables import committed_partitions
 from zipline_dagster.training.archive import publish_trainer_archive
 
 LABELS = "ctr.labels_t"
@@ -170,6 +171,11 @@ def champion_metadata(result: Any) -> dict[str, Any]:
     return {k: v.value for k, v in mat.metadata.items()}
 
 
+def committed_partitions(_store: Any, base: str, table: str) -> dict[str, list[str]]:
+    """{ds: its data files} of every committed day of ``table``, from its catalog."""
+    return {ds: list(d.files) for ds, d in tables_of(base).days(table).items()}
+
+
 def read_partition(base: str, table: str, ds: str) -> tuple[list[str], pd.DataFrame]:
     store = blob_store(base)
     files = committed_partitions(store, base, table)[ds]
@@ -211,6 +217,7 @@ def test_scores_served_by_the_day_before_and_monitored(
         "model_version",
         "model_ds",
         "model_age_days",
+        "ds",  # Iceberg's identity partition reads the day from the file
     ]
     _, source = read_partition(file_base, TABLE, D2)
     model_dir = Path(file_base[len("file://") :]) / "models" / model.name / version / D1
@@ -243,7 +250,8 @@ def test_scores_served_by_the_day_before_and_monitored(
     run(scores_key, D2)
     files_again, _ = read_partition(file_base, t.table, D2)
     assert files_again != files and store.read_bytes(files_again[0]) == before
-    assert not store.exists(files[0])
+    # the replaced file leaves the day; the snapshot before keeps it (time travel)
+    assert files[0] not in files_again and store.exists(files[0])
 
     # Monitoring: realized metrics equal an independent computation.
     monitored = run(monitoring_asset_key(t), D2)
@@ -289,7 +297,7 @@ def test_a_range_of_days_scores_in_one_ray_job_and_a_failing_day_fails_only_itse
 ) -> None:
     """A backfill run of four scores days: on Ray one job scores them (one task a day),
     on the local launcher one run after another; either way each day is its own commit
-    and materialization. Day 3's source rows are unreadable (its run fails inside the
+    and materialization. Day 3's source data file is garbled (its run fails inside the
     job) and day 4's model partition was never trained (it never reaches the job): both
     fail, alone, and are left uncommitted; the others are exactly what a run of their
     own writes."""
@@ -300,9 +308,9 @@ def test_a_range_of_days_scores_in_one_ray_job_and_a_failing_day_fails_only_itse
     for ds in days:
         rows = ctr_rows(ds, 200)
         write_partition(file_base, LABELS, ds, rows[["listing_id", "label"]])
-        if ds == bad:
-            rows["price_log"] = rows["price_log"].map(lambda v: f"x{v:.2f}")
         write_partition(file_base, TABLE, ds, rows)
+    (broken,) = tables_of(file_base).days(TABLE)[bad].files  # its data file, garbled
+    local(broken).write_bytes(b"not a parquet file")
     _, model, t, defs = scoring_defs(TRAINERS / "listing_ctr_model", file_base, launcher)
     job = defs.resolve_implicit_global_asset_job_def()
     instance = dg.DagsterInstance.ephemeral()
@@ -326,7 +334,7 @@ def test_a_range_of_days_scores_in_one_ray_job_and_a_failing_day_fails_only_itse
         # active exception"); the day fails alone with the module's own error either way
         assert f"- {bad}: local trainer local-score-" in text
         assert re.search(r"FAILED \(exit code (1|-6)\)", text), text
-    assert "could not convert string to float" in text  # the module's own error
+    assert "Parquet" in text, text  # the module's own error: pyarrow's, on the garbled file
     assert f"- {scored[3]}: {t.table} {scored[3]} is scored by {model.name} partition" in text
 
     records = instance.fetch_materializations(
@@ -349,12 +357,8 @@ def test_a_range_of_days_scores_in_one_ray_job_and_a_failing_day_fails_only_itse
         _, frame = read_partition(file_base, t.table, ds)
         assert md["score_mean"] == pytest.approx(frame["score"].mean())
         assert md["score_p50"] == pytest.approx(frame["score"].median())
-    # a committed day's folder holds its marker and its file: the job's end marker (a
-    # Ray job writes it in its first day's folder) went with the commit
-    first_folder = f"{file_base}/ctr/listing_ctr_model_scores/ds={scored[0]}"
-    assert store.list(first_folder) == sorted(
-        [f"{first_folder}/_COMMITTED.json", committed[scored[0]][0]]
-    )
+    # the job's end marker (a Ray job writes it for its first day) went with the commit
+    assert store.list(f"{file_base}/ctr/listing_ctr_model_scores/_jobs/ds={scored[0]}") == []
     job_ids = {mats[ds]["job_id"] for ds in scored[:2]}
     if launcher is not None:  # one Ray job scored the days that reached it
         (sid,) = job_ids
@@ -419,9 +423,7 @@ def test_a_scores_file_that_cannot_be_read_is_never_committed(
         text.replace(
             wrote,
             wrote
-            + "    ns, table = args.output_table.split('.', 1)\n"
-            + "    folder = tio.join(args.warehouse, ns, table, f'ds={args.ds}')\n"
-            + "    tio.write_bytes(folder, uri.rsplit('/', 1)[1], b'not a parquet file')\n",
+            + "    tio.write_bytes(uri.rsplit('/', 1)[0], uri.rsplit('/', 1)[1], b'not a parquet file')\n",
         )
     )
     for ds in days_ending(D2, 5):
@@ -580,17 +582,16 @@ def test_scores_storage_holds_but_dagster_never_recorded_are_recorded_from_stora
 
     again = run(elsewhere, scores_key, D2)
     assert again.success
-    folder = str(recorded["path"].value)
-    marker = json.loads(Path(folder[len("file://") :], "_COMMITTED.json").read_text())
-    held = marker["write_id"]
-    assert held != write and marker["dagster_run_id"] == again.run_id
-    assert marker["code_version"] == scores_code_version(t)
+    stored = tables_of(file_base).days(t.table)[D2]
+    held = stored.write
+    assert held != write and stored.run_id == again.run_id
+    assert stored.code_version == scores_code_version(t)
 
     plan = plan_backfill(defs, ours, monitoring_asset_key(t), [D2])
     assert plan.steps == [(monitoring_asset_key(t), [D2])]
     md = latest_metadata(ours, scores_key, D2)
-    # the table is named, not parsed out of the folder: where the planner scans for it
-    assert md["table_uri"] == folder.rsplit("/ds=", 1)[0] == recorded["table_uri"].value
+    # the Iceberg table is named: where the planner reads the day's snapshot
+    assert md["dagster/table_name"] == t.table == recorded["dagster/table_name"].value
     assert md["write_id"] == held and md["zipline/recorded_from_storage"] == (
         f"storage holds write {held}, committed by run {again.run_id}, which ended without "
         f"recording it (Dagster had write {write} (run {scored.run_id})): recorded from storage"
@@ -599,9 +600,9 @@ def test_scores_storage_holds_but_dagster_never_recorded_are_recorded_from_stora
     monitored = run(ours, monitoring_asset_key(t), D2)
     assert monitored.success
 
-    shutil.rmtree(folder[len("file://") :])
+    tables_of(file_base).load(t.table).delete(f"ds = '{D2}'")  # another engine removes it
     assert FreshnessResolver(ours, graph).status(scores_key, D2) == (
-        f"stale: it is not committed on storage (no complete {folder})"
+        f"stale: it is not committed on storage (no committed {t.table} {D2})"
     )
 
 

@@ -78,7 +78,11 @@ def leftovers(base: str, ds: str) -> list[str]:
     found = tables.load(TABLE)
     named = {f for s in found.snapshots() for f in _snapshot_files(found, s)}
     data = local(f"{base}/ctr/atomic/data/ds={ds}")
-    stray = [f"file://{p}" for p in data.iterdir() if f"file://{p}" not in named] if data.is_dir() else []
+    stray = (
+        [f"file://{p}" for p in data.iterdir() if f"file://{p}" not in named]
+        if data.is_dir()
+        else []
+    )
     staging = local(f"{base}/ctr/atomic/{STAGING_DIR}")
     return stray + [str(p) for p in staging.rglob("*") if p.is_file()]
 
@@ -210,7 +214,9 @@ def test_the_same_day_at_once_ends_clearly_with_one_winner(file_base: str) -> No
     """Two writers of the same day at once: each ends (committed, or failed naming the
     day), and the day holds exactly one writer's rows."""
     ds = "2026-07-05"
-    write_partition(file_base, TABLE, ds, pd.DataFrame({"version": [0] * 5, "x": [0.0] * 5, "y": [0.0] * 5}))
+    write_partition(
+        file_base, TABLE, ds, pd.DataFrame({"version": [0] * 5, "x": [0.0] * 5, "y": [0.0] * 5})
+    )
     procs = [start(PANDAS_WRITER, file_base, ds, "200000", str(v)) for v in (7, 8)]
     outcomes = []
     for proc in procs:
@@ -225,14 +231,18 @@ def test_the_same_day_at_once_ends_clearly_with_one_winner(file_base: str) -> No
 
 def test_an_empty_day_is_committed_and_differs_from_a_missing_one(file_base: str) -> None:
     write_partition(file_base, TABLE, "2026-07-01", pd.DataFrame({"version": [1, 2]}))
-    write_partition(file_base, TABLE, "2026-07-02", pd.DataFrame({"version": pd.Series([], dtype="int64")}))
+    write_partition(
+        file_base, TABLE, "2026-07-02", pd.DataFrame({"version": pd.Series([], dtype="int64")})
+    )
     held = tables_of(file_base).days(TABLE)
     assert sorted(held) == ["2026-07-01", "2026-07-02"]
     assert held["2026-07-02"].rows == 0 and held["2026-07-02"].files == ()
     # written again with rows, the day is no longer marked empty
     write_partition(file_base, TABLE, "2026-07-02", pd.DataFrame({"version": [4]}))
     assert tables_of(file_base).days(TABLE)["2026-07-02"].rows == 1
-    assert not any(k.startswith("zipline.empty.") for k in tables_of(file_base).load(TABLE).properties)
+    assert not any(
+        k.startswith("zipline.empty.") for k in tables_of(file_base).load(TABLE).properties
+    )
 
 
 def test_rows_whose_columns_differ_from_the_table_leave_the_day_as_it_was(file_base: str) -> None:
@@ -258,7 +268,10 @@ def test_a_catalog_that_cannot_be_reached_is_named_without_its_password(file_bas
     with pytest.raises(CatalogError) as err:
         tables.days(TABLE)
     message = str(err.value)
-    assert f"SQL catalog 'zipline' at postgresql+psycopg2://zipline:***@127.0.0.1:{port}/catalog" in message
+    assert (
+        f"SQL catalog 'zipline' at postgresql+psycopg2://zipline:***@127.0.0.1:{port}/catalog"
+        in message
+    )
     assert "cannot be reached" in message and "s3cr3t-pw" not in message
     assert not local(f"{file_base}/ctr").exists()  # nothing written
 

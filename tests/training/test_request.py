@@ -291,7 +291,7 @@ def test_scoring_runs_under_the_driver_with_its_marker_beside_the_scores() -> No
     argv = shlex.split(runner.entrypoint(one, "zd-s-1"))
     assert argv[:4] == ["python", "-m", "zipline_channel", "--attempt-id=zd-s-1"]
     assert "--module=trainer.score" in argv and "--attempt-flag=write-id" in argv
-    scores = "s3://b/tables/ctr/listing_ctr_model_scores/ds=2026-07-11"
+    scores = "s3://b/tables/ctr/listing_ctr_model_scores/_jobs/ds=2026-07-11"
     assert f"--done-uri={scores}/_attempts/zd-s-1.done" in argv
     spec = json.loads(next(a for a in argv if a.startswith("--partitions="))[13:])
     assert f"--model-dir={model_dir}/2026-07-10" in spec["2026-07-11"]  # never an attempt

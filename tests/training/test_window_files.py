@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import days_ending, s3_requests, write_partition
+from tests.helpers import days_ending, s3_requests, tables_of, write_partition
 from tests.training.test_assets import BUCKETS, DS, TABLE
 from tests.training.test_fanout import market_rows
 from zipline_dagster.training.trainer_io import TrainingDataError, WindowFiles, filesystem
@@ -52,11 +52,12 @@ def test_reads_of_different_columns_are_the_same_rows_in_the_same_order(
 
 
 @pytest.mark.parametrize("store", ["file", "s3"])
-def test_the_files_are_listed_once(store: str, request: pytest.FixtureRequest) -> None:
-    """Both reads are of the files listed when the window was opened: a day written again
-    in between (its old files replaced) is an error naming it, never a mix of versions.
-    With two days written again, the error names the first of the window, however the
-    reads were spread over requests at once."""
+def test_every_read_is_of_the_snapshot_the_window_opened(
+    store: str, request: pytest.FixtureRequest
+) -> None:
+    """Both reads are of the Iceberg snapshot planned when the window was opened: days
+    written again in between (new files, in new snapshots) do not reach the second read,
+    which returns the same rows as the first; a window opened afresh reads the new days."""
     base = str(request.getfixturevalue(BUCKETS[store])) + "/wh"
     for ds in DAYS:
         write_partition(base, TABLE, ds, market_rows(ds, 3, 10))
@@ -64,12 +65,8 @@ def test_the_files_are_listed_once(store: str, request: pytest.FixtureRequest) -
     assert len(files.read_table(["market"])) == 3 * 3 * 10
     for ds in (DAYS[2], DAYS[0]):
         write_partition(base, TABLE, ds, market_rows(ds, 5, 10))  # more rows
-    with pytest.raises(TrainingDataError) as err:
-        files.read_table(["price"])
-    assert f"table {TABLE} partition {DAYS[0]} was written again while this job read it" in str(
-        err.value
-    )
-    assert len(window(base).read_table(["price"])) == (5 + 3 + 5) * 10  # a new listing
+    assert len(files.read_table(["price"])) == 3 * 3 * 10
+    assert len(window(base).read_table(["price"])) == (5 + 3 + 5) * 10  # a new snapshot
 
 
 def test_a_file_rewritten_in_place_between_reads_is_an_error(file_base: str) -> None:
@@ -179,15 +176,14 @@ def test_a_read_beyond_the_projection_is_refused(file_base: str) -> None:
         window(file_base, ["price", "margin"])
 
 
-def test_a_day_without_a_column_is_named(file_base: str) -> None:
+def test_a_column_the_table_lacks_is_named(file_base: str) -> None:
     for ds in DAYS:
-        frame = market_rows(ds, 3, 10)
-        write_partition(file_base, TABLE, ds, frame.drop(columns="noise") if ds == DS else frame)
+        write_partition(file_base, TABLE, ds, market_rows(ds, 3, 10))
     with pytest.raises(TrainingDataError) as err:
-        window(file_base).read_table(["noise"])
+        window(file_base).read_table(["noise", "nosie"])
     assert (
-        f"table {TABLE} partition {DS} has no columns ['noise'] (asked for by the trainer); "
-        "it has ['label', 'market', 'price']"
+        f"table {TABLE} partition {DAYS[0]} has no columns ['nosie'] (asked for by the "
+        "trainer); it has ['ds', 'label', 'market', 'noise', 'price']"
     ) in str(err.value)
 
 
@@ -200,26 +196,37 @@ def test_missing_days_are_named_before_anything_is_read(file_base: str) -> None:
         assert f"is missing partitions {DAYS[0]}, {DAYS[2]} of the window" in str(err.value)
 
 
-def test_a_window_costs_a_request_per_day_and_two_per_file_and_read_on_s3(
+def test_a_window_costs_its_metadata_and_two_requests_per_file_and_read_on_s3(
     s3_bucket: str, s3_env: dict[str, str]
 ) -> None:
     """On an object store every request is latency (and money). With a projection (the
-    platform's --columns) the window's listing costs one request per day (its commit
-    marker), the projection check fetches each file's footer once, and every read after
-    costs two requests per file: the open's HEAD (which names the version the read must
-    be of) and one GET of the columns, never the footer again."""
+    platform's --columns) opening the window reads the table's Iceberg metadata (the
+    metadata file, its manifest list and the manifests holding its days) and each file's
+    footer once; every read after costs two requests per file: the
+    open's HEAD (which names the version the read must be of) and one GET of the
+    columns, never the footer again."""
     base = f"{s3_bucket}/wh"
     for ds in DAYS:  # files larger than the 64 KB a parquet reader takes from the end for
         write_partition(base, TABLE, ds, market_rows(ds, 3, 4000))  # the footer
+    metadata = tables_of(base).metadata_location(TABLE)
     names = sorted(path.rsplit("/", 1)[-1] for _, paths in window(base).days for path in paths)
     assert len(names) == len(DAYS)  # one file a day
     endpoint = s3_env["AWS_ENDPOINT_URL"]
+
+    def opened(days: list[str]) -> Counter[tuple[str, str]]:
+        with s3_requests(endpoint) as opening:
+            WindowFiles(base, TABLE, days, "ds", ["market", "label", "price"], metadata=metadata)
+        return Counter(r for r in opening if not r[1].endswith(".parquet"))
+
+    one, three = opened(DAYS[:1]), opened(DAYS)
+    # the metadata file, its manifest list, and the manifests of the days asked for (a
+    # manifest per commit here; pyiceberg skips those whose partitions are not asked for)
+    assert all(name.endswith((".metadata.json", ".avro")) for _, name in three)
+    assert sum(one.values()) < sum(three.values()) <= 2 * (2 + len(DAYS))
     with s3_requests(endpoint) as opening:
         files = window(base, ["market", "label", "price"])
-    assert Counter(opening) == Counter(
-        [("GET", "_COMMITTED.json")] * len(DAYS)
-        + [(method, name) for name in names for method in ("HEAD", "GET")]
-    )
+    data = Counter(r for r in opening if r[1].endswith(".parquet"))
+    assert data == Counter((method, name) for name in names for method in ("HEAD", "GET"))
     for columns in (["market", "label"], ["price"]):
         with s3_requests(endpoint) as reading:
             assert len(files.read_table(columns)) == 3 * 3 * 4000
@@ -235,29 +242,39 @@ def test_a_window_costs_a_request_per_day_and_two_per_file_and_read_on_s3(
 
 
 @pytest.mark.parametrize("store", ["file", "s3", "gs", "abfss"])
-def test_a_table_another_system_wrote_is_read_from_its_parquet_files(
+def test_a_table_another_engine_wrote_is_read_through_its_metadata(
     store: str, request: pytest.FixtureRequest
 ) -> None:
-    """A table without commit markers (one another system wrote: Spark's part files and
-    its ``_SUCCESS`` beside them): every parquet file of a day's folder is read and
-    nothing else; a day whose folder holds no parquet file is missing, named."""
-    base = str(request.getfixturevalue(BUCKETS[store])) + "/wh"
-    fs, root = filesystem(f"{base}/ctr/training_v1")
-    for ds, segments in zip(DAYS, (3, 2, 0), strict=True):
-        folder = f"{root}/ds={ds}"
-        fs.makedirs(folder, exist_ok=True)
-        fs.pipe_file(f"{folder}/_SUCCESS", b"")
-        for part in range(segments and 2):
-            frame = market_rows(ds, segments, 10 + part)
-            fs.pipe_file(f"{folder}/part-{part:05d}.parquet", plain_parquet(frame))
-    files = window(base)
+    """An Iceberg table written with plain pyiceberg (another team's engine: its own
+    catalog, its own file names, no platform code): the window reads exactly its days'
+    rows; a day it has no data for is missing, named."""
+    import pyarrow as pa
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    base = str(request.getfixturevalue(BUCKETS[store])) + "/other"
+    db = request.getfixturevalue("tmp_path") / "their-catalog.db"
+    catalog = SqlCatalog(
+        "theirs",
+        uri=f"sqlite:///{db}",
+        warehouse=base,
+        **{"py-io-impl": "pyiceberg.io.fsspec.FsspecFileIO"},
+    )
+    catalog.create_namespace("ctr")
+    first = pa.Table.from_pandas(market_rows(DAYS[0], 3, 11).assign(ds=DAYS[0]))
+    theirs = catalog.create_table(TABLE, schema=first.schema, location=f"{base}/ctr/training_v1")
+    with theirs.update_spec() as spec:
+        spec.add_identity("ds")
+    theirs.append(first)
+    theirs.append(pa.Table.from_pandas(market_rows(DAYS[1], 2, 11).assign(ds=DAYS[1])))
+    metadata = catalog.load_table(TABLE).metadata_location
+    files = WindowFiles(base, TABLE, DAYS, "ds", ["market", "price"], metadata=metadata)
     assert files.missing == [DAYS[2]]
     with pytest.raises(TrainingDataError) as err:
         files.read_table(["price"])
     assert f"is missing partitions {DAYS[2]} of the window {DAYS[0]}..{DAYS[2]}" in str(err.value)
-    two = WindowFiles(base, TABLE, DAYS[:2], "ds", ["market", "price"])
+    two = WindowFiles(base, TABLE, DAYS[:2], "ds", ["market", "price"], metadata=metadata)
     table = two.read_table(["market", "price"])
-    assert Counter(table.column("ds").to_pylist()) == {DAYS[0]: 3 * 21, DAYS[1]: 2 * 21}
+    assert Counter(table.column("ds").to_pylist()) == {DAYS[0]: 3 * 11, DAYS[1]: 2 * 11}
 
 
 @pytest.mark.parametrize("store", ["s3", "gs", "abfss"])

@@ -47,7 +47,7 @@ from zipline_dagster.storage.paths import (
     join_uri,
     model_archive_uri,
     model_partition_uri,
-    table_partition_uri,
+    table_uri,
 )
 from zipline_dagster.storage.resources import WarehouseResource
 from zipline_dagster.storage.tables import TableDay, shift_day, window_snapshot
@@ -114,8 +114,14 @@ def scoring_request(
         module=transforms.inference_module,
         attempt_flag="write-id",
         job_key_override=f"{_key_prefix(transforms)}-{model.version}-{model.ds}-{ds}",
-        marker_dir=table_partition_uri(warehouse, transforms.table, ds),
+        marker_dir=jobs_dir(warehouse, transforms.table, ds),
     )
+
+
+def jobs_dir(warehouse: str, table: str, ds: str) -> str:
+    """Where a scores day's job leaves its end marker (``_attempts/``): beside the
+    Iceberg table's data and metadata, removed when the day commits."""
+    return join_uri(table_uri(warehouse, table), "_jobs", f"ds={ds}")
 
 
 def _key_prefix(transforms: ModelTransforms) -> str:
@@ -361,6 +367,11 @@ def commit_day(
             f"{transforms.table} {ds}: committing {written} failed ({exc}); readers see the "
             "old scores or the new ones, never a mix (one Iceberg commit)"
         ) from exc
+    try:  # the job's end marker went with the commit
+        for uri in store.list(request.marker_dir):
+            store.delete(uri)
+    except (BlobStorageError, OSError) as exc:
+        warn(f"{transforms.table} {ds}: the job's markers in {request.marker_dir} stay ({exc})")
     md: dict[str, Any] = {
         "rows": dg.MetadataValue.int(rows),
         "model_dir": dg.MetadataValue.path(chosen.uri),
@@ -372,6 +383,7 @@ def commit_day(
         "score_with": dg.MetadataValue.text(ScoreWith(transforms.score_with).value),
         "scored_by": dg.MetadataValue.text(chosen.why),
         "job_id": dg.MetadataValue.text(job_id),
+        **({"uri": dg.MetadataValue.path(day.files[0])} if day.files else {}),
         **day_metadata(day, column_schema(tables, transforms.table)),
     }
     values = scores.to_numpy().astype("float64", copy=False)  # a null is NaN here

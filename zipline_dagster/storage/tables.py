@@ -388,14 +388,14 @@ class Tables:
         return True
 
     def _tidy(self, table: str, staged: dict[str, list[str]], write_id: str) -> None:
-        """After a commit: remove this write's staging folder, and what writers killed
-        before their commit left of the same days (their staged files; files moved in
-        that no snapshot names). Tidying never fails the write."""
+        """After a commit, remove the staged files of the days committed (this write's,
+        and those writers killed before their commit left), and the files of those days
+        moved in that no snapshot names. Tidying never fails the write."""
         root = join_uri(self.location(table), STAGING_DIR)
         days = {f"/_{DAY}={ds}/" for ds in staged}
         try:
             for uri in self.store.list(root):
-                if f"/{write_id}/" in uri or any(d in uri for d in days):
+                if any(d in uri for d in days):  # a range job stages its other days here too
                     _quietly(self.store.delete, uri)
             found = self.load(table)
             writes = {_summary(s).get(WRITE) for s in found.snapshots()} if found else set()

@@ -144,7 +144,7 @@ def newest_metadata(warehouse: str, table: str) -> str:
             "--table-metadata (the platform always does)"
         )
     newest = max(found, key=lambda p: p.rsplit("/", 1)[-1])
-    return newest if "://" in newest or not warehouse.startswith("file:") else f"file://{newest}"
+    return f"file://{newest}" if is_local(fs) else str(fs.unstrip_protocol(newest))
 
 
 def iceberg_days(
@@ -269,6 +269,8 @@ class WindowFiles:
             if self.missing:
                 _check_window(self.warehouse, self.table, self.window, self.missing, 0)
             schema = self._footer(self.days[0][1][0]).schema.to_arrow_schema()
+            if self.partition_column in schema.names:  # the day is not a column to read
+                schema = schema.remove(schema.get_field_index(self.partition_column))
             if self.projection:
                 schema = pa.schema([schema.field(c) for c in self.projection])
             self._schema = schema.remove_metadata()
