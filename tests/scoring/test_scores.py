@@ -10,7 +10,6 @@ import functools
 import io
 import json
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +23,11 @@ from sklearn.metrics import log_loss, roc_auc_score
 
 from tests.conftest import TRAINERS
 from tests.helpers import (
-    local,
     attempt_of,
     copy_run_as_failed,
     ctr_rows,
     days_ending,
+    local,
     run_days,
     tables_of,
     write_partition,
