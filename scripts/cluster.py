@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import secrets
@@ -39,6 +40,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -63,6 +65,8 @@ TRAINING_POOL = "zipline_training"
 TRAINING_POOL_LIMIT = 2
 BUCKET = "zipline-cluster"
 PG_USER, PG_DB = "zipline", "dagster"
+#: the warehouse's Iceberg catalog: a database of its own on the same server
+CATALOG_DB = "iceberg_catalog"
 #: ``up`` starts these together, wave after wave: what depends on nothing; a Ray and the
 #: Spark worker (on their head and master) and Dagster's daemon (on Postgres, whose schema
 #: it creates, and S3, where the code location's trainer archives are); then the
@@ -160,6 +164,18 @@ class Cluster:
         return f"spark://127.0.0.1:{self.ports['spark']}"
 
     @property
+    def pg_dir(self) -> Path:
+        """PostgreSQL's folder: the deployment's, unless the server's user (Debian's
+        ``postgres``, when this runs as root) cannot reach it (a checkout in a mode-700
+        home, as root's is): then a folder of its own under the system's temp folder,
+        named after the deployment's."""
+        mine = self.dir / "postgres"
+        if os.geteuid() != 0 or _others_can_reach(self.dir):
+            return mine
+        digest = hashlib.sha256(str(self.dir).encode()).hexdigest()[:12]
+        return Path(tempfile.gettempdir()) / f"zipline-postgres-{digest}"
+
+    @property
     def dsn(self) -> str:
         """The Postgres DSN, without its password."""
         return f"postgresql://{PG_USER}@127.0.0.1:{self.ports['postgres']}/{PG_DB}"
@@ -193,6 +209,11 @@ class Cluster:
         }
         if secret:
             env["ZIPLINE_PG_PASSWORD"] = self.password()
+            # the tables' pyiceberg catalog (a secret: Dagster shows it as the variable)
+            env["ZIPLINE_CATALOG_URI"] = (
+                f"postgresql+psycopg2://{PG_USER}:{self.password()}@127.0.0.1:"
+                f"{self.ports['postgres']}/{CATALOG_DB}"
+            )
         return env
 
     # -- processes --------------------------------------------------------------------
@@ -310,7 +331,7 @@ class Cluster:
                 "no PostgreSQL server: run scripts/system-deps postgres (Debian's postgresql)"
             )
         pg = bins[-1].parent
-        data = self.dir / "postgres" / "data"
+        data = self.pg_dir / "data"
         as_user = _as_postgres_user()
         secret_dir = self.dir / "secrets"
         if not (data / "PG_VERSION").exists():
@@ -319,9 +340,9 @@ class Cluster:
             (secret_dir / "pg_password").write_text(password)
             os.chmod(secret_dir / "pg_password", 0o600)
             data.mkdir(parents=True, exist_ok=True)
-            pwfile = self.dir / "postgres" / "initdb.pw"
+            pwfile = self.pg_dir / "initdb.pw"
             pwfile.write_text(password)
-            _chown_postgres(self.dir / "postgres")
+            _chown_postgres(self.pg_dir)
             try:
                 subprocess.run(
                     [*as_user, str(pg / "initdb"), "-D", str(data), "-U", PG_USER,
@@ -333,7 +354,7 @@ class Cluster:
             finally:
                 pwfile.unlink(missing_ok=True)
         port = self.port("postgres")
-        sockets = self.dir / "postgres" / "run"
+        sockets = self.pg_dir / "run"
         sockets.mkdir(exist_ok=True)
         _chown_postgres(sockets)
         self._spawn(
@@ -343,19 +364,20 @@ class Cluster:
         )  # fmt: skip
         env = {**os.environ, "PGPASSWORD": self.password()}
 
-        def has_db() -> subprocess.CompletedProcess[str]:
+        def has_db(db: str = PG_DB) -> subprocess.CompletedProcess[str]:
             return subprocess.run(
                 [str(pg / "psql"), "-h", "127.0.0.1", "-p", str(port), "-U", PG_USER, "-d",
-                 "postgres", "-tAc", f"SELECT 1 FROM pg_database WHERE datname='{PG_DB}'"],
+                 "postgres", "-tAc", f"SELECT 1 FROM pg_database WHERE datname='{db}'"],
                 env=env, capture_output=True, text=True, timeout=10,
             )  # fmt: skip
 
         self._wait(name, lambda: has_db().returncode == 0)
-        if has_db().stdout.strip() != "1":
-            subprocess.run(
-                [str(pg / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", PG_USER, PG_DB],
-                env=env, check=True, capture_output=True, timeout=30,
-            )  # fmt: skip
+        for db in (PG_DB, CATALOG_DB):  # Dagster's instance, the tables' catalog
+            if has_db(db).stdout.strip() != "1":
+                subprocess.run(
+                    [str(pg / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", PG_USER, db],
+                    env=env, check=True, capture_output=True, timeout=30,
+                )  # fmt: skip
 
     def _start_s3(self, name: str) -> None:
         port = self.port("s3")
@@ -575,6 +597,7 @@ concurrency:
             "spark-conf",
         ):
             shutil.rmtree(self.dir / folder, ignore_errors=True)
+        shutil.rmtree(self.pg_dir, ignore_errors=True)  # a fresh deployment's server too
         from concurrent.futures import ThreadPoolExecutor
 
         ports = {"spark": free_port(7077)}
@@ -668,6 +691,11 @@ def _daemon_heartbeating(env: dict[str, str]) -> bool:
         env={**os.environ, **env}, cwd=ROOT, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     return out.returncode == 0
+
+
+def _others_can_reach(path: Path) -> bool:
+    """Whether another user can walk down to ``path`` (every folder above it is o+x)."""
+    return all(p.stat().st_mode & 0o001 for p in [*reversed(path.resolve().parents)] if p.exists())
 
 
 def _as_postgres_user() -> list[str]:

@@ -311,6 +311,22 @@ def _promote(args: argparse.Namespace) -> int:
     return _moved(args, model, store, pointer, left, configured)
 
 
+def _reproduce(args: argparse.Namespace) -> int:
+    from zipline_dagster.storage.resources import warehouse_of
+    from zipline_dagster.training.reproduce import reproduce
+    from zipline_dagster.training.resources import RayJobsResource, TrainingLauncher
+
+    module = args.module or project_code_location()
+    defs = load_definitions(module)
+    model = find_model(module, args.model)
+    launcher = (getattr(defs, "resources", None) or {}).get("launcher")
+    if not isinstance(launcher, TrainingLauncher):
+        launcher = RayJobsResource()
+    done = reproduce(model, args.ds, warehouse_of(defs), launcher)  # type: ignore[arg-type]
+    print("\n".join(done.lines()))
+    return 0
+
+
 def _rollback(args: argparse.Namespace) -> int:
     from zipline_dagster.rollout.by_hand import rollback
 
@@ -697,6 +713,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--module", default=None, help=module_help)
     p.set_defaults(func=_promote)
 
+    p = sub.add_parser(
+        "reproduce",
+        help="train a model partition again at the Iceberg snapshot it read (a new attempt, "
+        "not promoted) and print each metric beside the recorded one",
+    )
+    p.add_argument("model", help="model name")
+    p.add_argument("ds", help="the partition (day)")
+    p.add_argument("--module", default=None, help=module_help)
+    p.set_defaults(func=_reproduce)
+
     p = sub.add_parser("rollback", help="point a model's champion back at the one it replaced")
     p.add_argument("model", help="model name")
     p.add_argument("--module", default=None, help=module_help)
@@ -712,8 +738,10 @@ def user_errors() -> tuple[type[Exception], ...]:
     from zipline_dagster.rollout.champion import ChampionError
     from zipline_dagster.settings import SettingsError
     from zipline_dagster.storage.blobs import BlobStorageError
+    from zipline_dagster.storage.catalog import WarehouseError
     from zipline_dagster.training.archive import ArchiveVerificationError, TrainerArchiveError
     from zipline_dagster.training.launchers.ray_head import RayHeadError
+    from zipline_dagster.training.reproduce import ReproduceError
 
     return (
         ArchiveVerificationError,
@@ -726,6 +754,8 @@ def user_errors() -> tuple[type[Exception], ...]:
         SettingsError,
         CliError,
         ChampionError,
+        ReproduceError,
+        WarehouseError,
     )
 
 
