@@ -31,6 +31,10 @@ from zipline_dagster.storage.commits import Commit
 from zipline_dagster.storage.resources import warehouse_of
 from zipline_dagster.storage.tables import TABLE_NAME, WRITE_ID, TableDay, Tables
 
+#: A table asset's definition metadata naming its Iceberg table: where a day Dagster has
+#: no record of is looked for (a new or restored instance adopts what the catalog holds).
+TABLE_OF_ASSET = "zipline/table"
+
 DATA_VERSION_TAG = "dagster/data_version"
 #: a run in one of these (``DagsterRunStatus`` values, GraphQL's names too) is still going
 IN_PROGRESS = frozenset({"QUEUED", "NOT_STARTED", "MANAGED", "STARTING", "STARTED", "CANCELING"})
@@ -211,9 +215,10 @@ class FreshnessResolver:
 
     def _commit(self, key: dg.AssetKey, partition: str) -> tuple[Commit | None, str] | str | None:
         """What storage holds committed for a partition (its commit, or None, and where it
-        was looked for), found where Dagster's record of it, or the model asset's
-        ``ARTIFACT_ROOT``, says; None when neither says where (an external table, or a
-        table day never recorded); a reason when storage cannot be read."""
+        was looked for), found where Dagster's record of it, the model asset's
+        ``ARTIFACT_ROOT`` or the table asset's Iceberg table (with the code location's
+        tables) says; None when none says where (an external table); a reason when
+        storage cannot be read."""
         from zipline_dagster.storage.artifacts import committed_manifest, model_commit
         from zipline_dagster.storage.blobs import BlobStorageError
         from zipline_dagster.storage.paths import MANIFEST_NAME, join_uri
@@ -230,9 +235,10 @@ class FreshnessResolver:
                     f"no complete {join_uri(model_dir, MANIFEST_NAME)}"
                 )
             recorded = self._writes.get(key, {}).get(partition)
-            if recorded is None:
-                return None
-            folder, table = recorded
+            declared = self.graph.get(key).metadata.get(TABLE_OF_ASSET)
+            if recorded is None and (declared is None or self._tables is None):
+                return None  # nothing says where it would be
+            folder, table = recorded or ("", str(getattr(declared, "value", declared)))
             if table not in self._stored:
                 self._stored[table] = self.tables_at(folder, table).days(table)
             held = self._stored[table].get(partition)
@@ -309,6 +315,13 @@ class FreshnessResolver:
         name = node.metadata.get("zipline/model_name")
         return model_asset_key(str(getattr(name, "value", name))) if name else None
 
+    def _adoptable(self, node: Any) -> bool:
+        """Whether storage says where the asset's partitions are without Dagster's record:
+        a model (its artifact root), or a table with the code location's catalog."""
+        return ARTIFACT_ROOT in node.metadata or (
+            TABLE_OF_ASSET in node.metadata and self._tables is not None
+        )
+
     def status(self, key: dg.AssetKey, partition: str) -> str:
         """'fresh', 'missing', 'stale: <why>', or 'in flight: <why>' (a model partition
         a run still going committed and has not recorded yet: left to that run)."""
@@ -318,8 +331,12 @@ class FreshnessResolver:
         node = self.graph.get(key)
         ids = self.latest_ids(key)
         settled = None
-        if node.is_materializable and partition not in ids and ARTIFACT_ROOT in node.metadata:
-            # a model partition storage holds and Dagster never recorded: the ledger's rule
+        if node.is_materializable and partition not in ids and self._adoptable(node):
+            # a partition storage holds and Dagster never recorded (a model partition, a
+            # table day): the ledger's rule, upstream first, so that what it read is
+            # recorded before it
+            for pkey, ppart in self.parents(key, partition):
+                self.status(pkey, ppart)
             settled = self.settle(key, partition)
             ids = self.latest_ids(key)
         if isinstance(settled, tuple) and settled[0].state is State.IN_FLIGHT:
