@@ -195,6 +195,8 @@ class Cluster:
             # env built there by two nodes at once collides, and this environment already
             # holds the trainer's requirements (as a cluster's image would).
             "ZIPLINE_RAY_INSTALL_REQUIREMENTS": "false",
+            # snapshots expire and manifests compact daily (champions' snapshots kept)
+            "ZIPLINE_WAREHOUSE_MAINTENANCE": "on",
             "SPARK_MASTER": self.spark_master,
             # each application (one per Dagster run) takes one core of the worker, so two
             # runs' Spark jobs go on at once instead of queueing for all of them

@@ -100,8 +100,8 @@ def _main() -> int:
     import dagster as dg
 
     from zipline_dagster.defs import defs
+    from zipline_dagster.storage.days import shift_day
     from zipline_dagster.storage.resources import warehouse_of
-    from zipline_dagster.storage.tables import shift_day
 
     t0 = time.monotonic()
     pairs = demo_models()
@@ -353,8 +353,8 @@ def cluster_main(web_url: str) -> int:
 
     from zipline_dagster.defs import defs
     from zipline_dagster.scoring.monitoring import monitoring_asset_key
+    from zipline_dagster.storage.days import days_between, shift_day
     from zipline_dagster.storage.resources import warehouse_of
-    from zipline_dagster.storage.tables import days_between, shift_day
 
     t0 = time.monotonic()
     pairs = demo_models()

@@ -32,6 +32,7 @@ from zipline_dagster.rollout.assets import (
     build_champion_sensor,
     build_model_checks,
 )
+from zipline_dagster.rollout.maintenance import build_maintenance
 from zipline_dagster.scoring.assets import build_scores_asset
 from zipline_dagster.scoring.monitoring import (
     build_monitoring_asset,
@@ -329,9 +330,13 @@ def build_definitions(
             assets.append(build_monitoring_asset(mt, automation_condition=condition))
             checks += build_monitoring_checks(mt)
     assets += list(extra_assets)
+    ours = [s.table for s in sources] + [p.table for p in producers] + [t.table for t in transforms]
+    upkeep, schedule = build_maintenance(ours, models, running=settings().warehouse_maintenance)
     return dg.Definitions(
         assets=assets,
         asset_checks=checks,
+        jobs=[upkeep],
+        schedules=[schedule],
         sensors=sensors(models, transforms) if automation else [],
         # MLflow is off unless configured (MLFLOW_TRACKING_URI, or a resource given here)
         resources={"mlflow": MlflowResource.from_settings(), **(resources or {})},

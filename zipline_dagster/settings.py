@@ -25,6 +25,7 @@ the library calls ``os.environ.get``. Trainers read only their flags.
 | copy model files into MLflow runs | ``ZIPLINE_MLFLOW_COPY_ARTIFACTS`` (``true``/``false``) | ``false`` (a reference) |
 | the Dagster UI's URL (links back from MLflow) | ``ZIPLINE_DAGSTER_URL`` | none |
 | the Dagster instance the CLI records in (backfill, promote) | ``DAGSTER_HOME`` | none |
+| the ``warehouse_maintenance`` schedule started (``on``) | ``ZIPLINE_WAREHOUSE_MAINTENANCE`` | stopped |
 
 Credentials are never settings: the AWS, Google and Azure SDKs and Ray read them from the
 environment of the process (or the cluster) that needs them. The Azure connection string
@@ -90,6 +91,7 @@ class Settings:
     mlflow_copy_artifacts: bool = False
     dagster_url: str | None = None
     dagster_home: str | None = None
+    warehouse_maintenance: bool = False
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -151,6 +153,7 @@ class Settings:
             ),
             dagster_url=get("ZIPLINE_DAGSTER_URL"),
             dagster_home=get("DAGSTER_HOME"),
+            warehouse_maintenance=get("ZIPLINE_WAREHOUSE_MAINTENANCE") == "on",
         )
 
     @property

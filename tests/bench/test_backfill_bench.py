@@ -34,8 +34,8 @@ from zipline_dagster.lineage.backfill import model_partitions, plan_backfill
 from zipline_dagster.lineage.internals import execute_plan_in_process
 from zipline_dagster.lineage.partitions import daily_partitions
 from zipline_dagster.rollout.assets import build_model_checks
+from zipline_dagster.storage.days import shift_day
 from zipline_dagster.storage.resources import WarehouseResource
-from zipline_dagster.storage.tables import shift_day
 from zipline_dagster.training.archive import publish_trainer_archive
 from zipline_dagster.training.assets import build_model_asset
 from zipline_dagster.training.request import (

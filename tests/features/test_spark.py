@@ -27,7 +27,7 @@ from zipline_dagster.features.spark import (
     compute_staging_query,
     write_days,
 )
-from zipline_dagster.storage.tables import days_between
+from zipline_dagster.storage.days import days_between
 
 pytestmark = pytest.mark.spark
 FIRST = "2026-07-01"

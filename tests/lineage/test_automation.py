@@ -12,7 +12,7 @@ from zipline_dagster.declarations.versions import model_code_version
 from zipline_dagster.definitions import build_definitions
 from zipline_dagster.defs import defs as code_location
 from zipline_dagster.defs.resources import resources
-from zipline_dagster.storage.tables import days_between
+from zipline_dagster.storage.days import days_between
 
 NOW = dt.datetime(2026, 7, 15, 6, 0, tzinfo=dt.UTC)  # latest daily partition: 2026-07-14
 MODEL = dg.AssetKey(["models", "listing_ctr_model"])

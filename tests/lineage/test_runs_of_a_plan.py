@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from zipline_dagster.lineage.backfill import contiguous_runs
 from zipline_dagster.lineage.partitions import PARTITIONS_PER_RUN
-from zipline_dagster.storage.tables import days_between
+from zipline_dagster.storage.days import days_between
 
 
 def test_a_long_range_runs_in_bounded_consecutive_runs() -> None:

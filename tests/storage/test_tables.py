@@ -283,7 +283,7 @@ def test_a_table_holds_each_committed_day_on_every_store(
     """On a local disk and on each object store's loopback server: every committed day
     with exactly its data files, in day order; a day rewritten names its new write."""
     from tests.training.test_assets import BUCKETS
-    from zipline_dagster.storage.tables import days_between
+    from zipline_dagster.storage.days import days_between
 
     base = str(request.getfixturevalue(BUCKETS[store_kind])) + "/wh"
     days = days_between("2026-07-01", "2026-07-04")

@@ -49,7 +49,9 @@ def test_reproduce_trains_at_the_recorded_snapshot_into_an_unpromoted_attempt(
     for name, (was, now) in compared.items():
         assert now == pytest.approx(was, rel=1e-6, abs=1e-9), name
     lines = done.lines()
-    assert lines[0].startswith(f"listing_ctr_model {DS}: retrained at snapshot {newest.snapshot_id}")
+    assert lines[0].startswith(
+        f"listing_ctr_model {DS}: retrained at snapshot {newest.snapshot_id}"
+    )
     assert any(line.startswith("holdout_auc") for line in lines)
     # not promoted: the partition's manifest is the one it had
     assert committed_manifest(store, model_dir, checksums=False) == manifest

@@ -19,15 +19,8 @@ from zipline_dagster.declarations.features import GroupBy, Join, Operation, Stag
 from zipline_dagster.errors import describe
 from zipline_dagster.settings import settings, spark_master
 from zipline_dagster.storage.blobs import BlobStorageError
-from zipline_dagster.storage.tables import (
-    TableDay,
-    TableError,
-    Tables,
-    days_between,
-    format_days,
-    new_write_id,
-    shift_day,
-)
+from zipline_dagster.storage.days import days_between, format_days, shift_day
+from zipline_dagster.storage.tables import TableDay, TableError, Tables, new_write_id
 
 #: A local session's driver: on loopback only.
 LOOPBACK_DRIVER = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}

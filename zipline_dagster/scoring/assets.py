@@ -42,6 +42,7 @@ from zipline_dagster.storage.artifacts import (
 from zipline_dagster.storage.blobs import BlobStorageError
 from zipline_dagster.storage.catalog import WarehouseError
 from zipline_dagster.storage.commits import Commit
+from zipline_dagster.storage.days import shift_day
 from zipline_dagster.storage.metadata import column_schema, day_metadata
 from zipline_dagster.storage.paths import (
     join_uri,
@@ -50,7 +51,7 @@ from zipline_dagster.storage.paths import (
     table_uri,
 )
 from zipline_dagster.storage.resources import WarehouseResource
-from zipline_dagster.storage.tables import TableDay, shift_day, window_snapshot
+from zipline_dagster.storage.tables import TableDay, window_snapshot
 from zipline_dagster.training.assets import (
     trainable_partitions,
 )

@@ -35,9 +35,9 @@ from zipline_dagster.rollout.assets import judge_partitions
 from zipline_dagster.scoring.assets import scoring_partitions
 from zipline_dagster.storage.artifacts import report_metrics
 from zipline_dagster.storage.blobs import BlobStore
+from zipline_dagster.storage.days import shift_day
 from zipline_dagster.storage.paths import model_dir_uri
 from zipline_dagster.storage.resources import WarehouseResource
-from zipline_dagster.storage.tables import shift_day
 
 
 class MonitoringError(RuntimeError):

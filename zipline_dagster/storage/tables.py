@@ -30,10 +30,10 @@ from typing import Any
 from zipline_dagster.storage.blobs import BlobStorageError, BlobStore
 from zipline_dagster.storage.catalog import CatalogError, WarehouseError, reason
 from zipline_dagster.storage.commits import TABLE, Commit
+from zipline_dagster.storage.days import DAY, days_filter, format_days
 from zipline_dagster.storage.paths import join_uri, table_uri
+from zipline_dagster.storage.rows import day_arrow, schema_problems
 
-#: The partition column of every table.
-DAY = "ds"
 #: Where a write's files land before their commit (``{table}/_staging/{write id}``).
 STAGING_DIR = "_staging"
 #: Snapshot summary properties of the platform's commits.
@@ -61,32 +61,6 @@ class TableError(WarehouseError):
 
 class SchemaMismatch(TableError):
     """A write's columns differ from its table's; names both. The days are left as they were."""
-
-
-def days_between(start: str, end: str) -> list[str]:
-    """Every day from ``start`` to ``end``, inclusive."""
-    d0, d1 = dt.date.fromisoformat(start), dt.date.fromisoformat(end)
-    return [(d0 + dt.timedelta(days=n)).isoformat() for n in range((d1 - d0).days + 1)]
-
-
-def shift_day(ds: str, days: int) -> str:
-    return (dt.date.fromisoformat(ds) + dt.timedelta(days=days)).isoformat()
-
-
-def format_days(days: Sequence[str]) -> str:
-    """Compact day ranges: 2026-07-01..2026-07-03, 2026-07-05."""
-    if not days:
-        return "none"
-    parts: list[str] = []
-    start = prev = dt.date.fromisoformat(days[0])
-    for d in [dt.date.fromisoformat(x) for x in days[1:]] + [None]:
-        if d is not None and d - prev == dt.timedelta(days=1):
-            prev = d
-            continue
-        parts.append(start.isoformat() if start == prev else f"{start}..{prev}")
-        if d is not None:
-            start = prev = d
-    return ", ".join(parts)
 
 
 def new_write_id() -> str:
@@ -262,6 +236,8 @@ class Tables:
     ) -> TableDay:
         """Replace day ``ds`` of ``table`` with a pandas frame or arrow table, in one commit
         (timestamps stored in microseconds, the finest unit Iceberg and Spark take)."""
+        import io
+
         import pyarrow.parquet as pq
 
         write_id = new_write_id()
@@ -269,9 +245,9 @@ class Tables:
         staged: list[str] = []
         if arrow.num_rows:
             uri = join_uri(self.staging_uri(table, write_id), f"_{DAY}={ds}", "part-00000.parquet")
-            sink = _BufferSink()
-            pq.write_table(arrow, sink.buffer)
-            self.store.write_bytes(uri, sink.value())
+            sink = io.BytesIO()
+            pq.write_table(arrow, sink)
+            self.store.write_bytes(uri, sink.getvalue())
             staged.append(uri)
         elif self.load(table) is None:  # an empty first day still gives the table columns
             self._create(table, arrow.schema)
@@ -459,11 +435,6 @@ def table_days(table: str, found: Any, *, snapshot_id: int | None = None) -> dic
     return dict(sorted(out.items()))
 
 
-def days_filter(days: Sequence[str]) -> str:
-    """An Iceberg row filter selecting ``days`` (ISO days: nothing to escape)."""
-    return f"{DAY} IN ({', '.join(repr(dt.date.fromisoformat(d).isoformat()) for d in days)})"
-
-
 def window_snapshot(days: dict[str, TableDay], window: Sequence[str]) -> int | None:
     """The snapshot a window is read at: the newest that wrote one of its days. Each
     window day is there exactly as it is now (no later snapshot touched it), and a
@@ -482,60 +453,6 @@ def _check_spec(table: str, found: Any) -> None:
             f"table {table} is partitioned by {names or 'nothing'}; the platform reads tables "
             f"partitioned by {DAY} (identity) first"
         )
-
-
-def day_arrow(frame: Any, ds: str) -> Any:
-    """``frame`` (pandas or arrow) as an arrow table of day ``ds``: a string ``ds`` column
-    (added when absent) and microsecond timestamps."""
-    import pyarrow as pa
-
-    arrow = (
-        frame if isinstance(frame, pa.Table) else pa.Table.from_pandas(frame, preserve_index=False)
-    )
-    if DAY in arrow.column_names:
-        arrow = arrow.drop_columns([DAY])
-    arrow = arrow.append_column(DAY, pa.array([ds] * arrow.num_rows, pa.string()))
-    fields = []
-    for f in arrow.schema:
-        if pa.types.is_timestamp(f.type) and f.type.unit != "us":
-            f = f.with_type(pa.timestamp("us", tz=f.type.tz))
-        fields.append(f)
-    return arrow.cast(pa.schema(fields), safe=False)
-
-
-def schema_problems(table_schema: Any, file_schema: Any) -> list[str]:
-    """How ``file_schema``'s columns differ from the table's (arrow schemas); [] when
-    they match (string and large string, binary and large binary count the same)."""
-    import pyarrow as pa
-
-    def norm(t: Any) -> str:
-        if pa.types.is_large_string(t):
-            t = pa.string()
-        if pa.types.is_large_binary(t):
-            t = pa.binary()
-        return str(t)
-
-    have = {f.name: norm(f.type) for f in table_schema}
-    new = {f.name: norm(f.type) for f in file_schema}
-    problems = []
-    if missing := sorted(set(have) - set(new)):
-        problems.append(f"missing {', '.join(missing)}")
-    if extra := sorted(set(new) - set(have)):
-        problems.append(f"not in the table: {', '.join(extra)}")
-    for name in sorted(set(have) & set(new)):
-        if have[name] != new[name]:
-            problems.append(f"{name} is {new[name]}, the table's is {have[name]}")
-    return problems
-
-
-class _BufferSink:
-    def __init__(self) -> None:
-        import io
-
-        self.buffer = io.BytesIO()
-
-    def value(self) -> bytes:
-        return self.buffer.getvalue()
 
 
 def _quietly(fn: Callable[[str], None], uri: str) -> None:

@@ -17,12 +17,12 @@ from typing import Protocol
 
 from zipline_dagster.declarations.model import Model
 from zipline_dagster.storage.artifacts import CHECKPOINTS_DIR, attempt_dir
+from zipline_dagster.storage.days import days_between, format_days, shift_day
 from zipline_dagster.storage.paths import (
     join_uri,
     model_archive_uri,
     model_partition_uri,
 )
-from zipline_dagster.storage.tables import days_between, format_days, shift_day
 from zipline_dagster.training.channel import DRIVER_MODULE, attempt_flags, driver_argv
 
 
