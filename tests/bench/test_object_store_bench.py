@@ -3,10 +3,8 @@ loopback (moto), behind a proxy that holds every request for 20 ms (an object st
 first-byte time). Requests one at a time (as before) against several at a time, in the
 same run, for what every step and every trainer does with a table:
 
-- the platform lists a table's committed partitions (a listing, then each day's commit
-  marker), as each step that reads or checks a table does;
-- the fan-out trainer opens its window with a projection (each day's commit marker, each
-  file's footer), then reads its segment and label columns, then its features.
+- the fan-out trainer opens its window with a projection (the table's Iceberg metadata,
+  each file's footer), then reads its segment and label columns, then its features.
 
 The server runs for this module only: on 2 cores an idle emulator is not free, and the
 Ray cases need both."""
@@ -23,8 +21,6 @@ from tests.conftest import _fresh_bucket, moto_server
 from tests.helpers import days_ending, s3_through_proxy, write_partition
 from tests.training.test_assets import DS, TABLE
 from tests.training.test_fanout import market_rows
-from zipline_dagster.storage import tables
-from zipline_dagster.storage.blobs import blob_store
 from zipline_dagster.training import trainer_io as tio
 
 pytestmark = [pytest.mark.bench]
@@ -93,28 +89,6 @@ def compare(
     )
 
 
-def test_table_listing_on_a_distant_object_store(
-    distant_s3: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    store = blob_store(distant_s3)
-
-    def listing() -> None:
-        assert len(tables.committed_partitions(store, distant_s3, TABLE)) == DAYS
-
-    compare(
-        monkeypatch,
-        (tables, "CONCURRENT_READS"),
-        listing,
-        "table listing of {days} days on S3 {ms} ms away (the platform, each step that "
-        "reads or checks a table)",
-        lambda n: (
-            "one listing of the table's objects, then each day's commit marker read, "
-            f"{n} at a time; a real S3 server (moto) on loopback behind a proxy holding each "
-            f"request {LATENCY * 1000:.0f} ms"
-        ),
-    )
-
-
 def test_training_window_on_a_distant_object_store(
     distant_s3: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -133,7 +107,7 @@ def test_training_window_on_a_distant_object_store(
         "training window of {days} days on S3 {ms} ms away: open with a projection, then "
         "two reads (the fan-out trainer)",
         lambda n: (
-            f"{DAYS} files of {ROWS:,} rows, {n} requests at a time; 7 requests a "
-            "day: its commit marker, a file's footer (HEAD, GET), and a HEAD and a GET per read"
+            f"{DAYS} files of {ROWS:,} rows, {n} requests at a time; the table's Iceberg "
+            "metadata, then 6 requests a file: its footer (HEAD, GET), a HEAD and a GET per read"
         ),
     )

@@ -190,3 +190,24 @@ def test_a_backfill_launched_and_followed_through_the_webserver(
     )
     assert again.returncode == 0, again.stderr
     assert "backfill_id=none (every partition is fresh)" in again.stdout
+
+
+def test_a_table_partition_shows_its_columns_row_count_and_snapshot(
+    dagster_dev: dict[str, Any],
+) -> None:
+    """The training table's page: the Iceberg table it is (``dagster/table_name``), its
+    columns (``dagster/column_schema``), the row count and the snapshot that wrote the
+    latest day, as the catalog holds them."""
+    from zipline_dagster.storage.resources import WarehouseResource
+
+    held = WarehouseResource(uri=dagster_dev["warehouse"]).tables().days("ctr.training_v1")
+    snapshots = {str(d.snapshot_id) for d in held.values()}
+    url = f"{dagster_dev['url']}/assets/ctr/training_v1"
+    with browser_page() as page:
+        reload_until(page, url, "snapshot_id", timeout_s=120, what="no table metadata shown")
+        page.screenshot(path=str(SCREENSHOTS / "table_metadata.png"), full_page=True)
+        body = page.locator("body").inner_text()
+        assert any(s in body for s in snapshots), "no snapshot of the table is shown"
+        assert "ctr.training_v1" in body  # dagster/table_name
+        assert "price_log" in body and "label" in body  # its columns
+        assert any(f"{d.rows:,}" in body or str(d.rows) in body for d in held.values())

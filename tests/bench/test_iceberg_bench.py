@@ -1,0 +1,174 @@
+"""The warehouse on Iceberg, against what it replaces, in the same run:
+
+- a 30-day Spark range committed to an Iceberg table (staged, moved in, one commit)
+  against a plain parquet write of the same rows (``partitionBy("ds")``, no commit);
+- a trainer's window read (files planned by pyiceberg at a snapshot, then read) against
+  reading the same files with pyarrow straight away;
+- planning (resolving a table's days to their snapshot and files) on a table of 365 days
+  each rewritten 3 times, before and after ``warehouse_maintenance``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.bench.record import Case, Series, record, repeat
+from tests.helpers import tables_of
+from zipline_dagster.storage.days import days_between, shift_day
+from zipline_dagster.storage.maintenance import maintain
+from zipline_dagster.storage.tables import window_snapshot
+from zipline_dagster.training import trainer_io as tio
+
+pytestmark = [pytest.mark.bench, pytest.mark.spark]
+REPEATS = 3
+DAYS = days_between("2026-06-01", "2026-06-30")
+ROWS_PER_DAY = 20_000
+
+
+def frame(spark: Any, version: int) -> Any:
+    from pyspark.sql import functions as F
+
+    days = F.array(*[F.lit(d) for d in DAYS])
+    return (
+        spark.range(0, ROWS_PER_DAY * len(DAYS))
+        .withColumn("ds", F.element_at(days, (F.col("id") % len(DAYS) + 1).cast("int")))
+        .withColumn("x", F.rand(version))
+        .withColumn("y", F.randn(version))
+        .withColumn("version", F.lit(version))
+    )
+
+
+def test_a_spark_range_committed_to_iceberg_against_a_plain_parquet_write(
+    spark_resource: Any, tmp_path: Path
+) -> None:
+    from zipline_dagster.features.spark import spark_path, write_days
+
+    spark = spark_resource.spark_session
+    base = (tmp_path / "wh").as_uri()
+    tables = tables_of(base)
+    plain: list[float] = []
+    iceberg: list[float] = []
+    for n in range(REPEATS):  # interleaved, so drift hits both alike
+        df = frame(spark, n).cache()
+        df.count()
+        out = tmp_path / f"plain-{n}"
+        t0 = time.perf_counter()
+        df.repartition("ds").write.partitionBy("ds").parquet(spark_path(out.as_uri()))
+        plain.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        committed = write_days(df, tables, "bench.range", DAYS)
+        iceberg.append(time.perf_counter() - t0)
+        assert sum(d.rows for d in committed.values()) == ROWS_PER_DAY * len(DAYS)
+        df.unpersist()
+        shutil.rmtree(out)
+    overhead = statistics_ratio(iceberg, plain) - 1
+    record(
+        Case(
+            name=f"a {len(DAYS)}-day Spark range committed to an Iceberg table",
+            baseline=Series("plain parquet write", plain),
+            measured=Series("Iceberg: staged, moved in, one commit", iceberg),
+            goal="commit overhead <= 10% of the Spark write",
+            value=overhead,
+            value_text=f"{overhead * 100:+.0f}% of the write",
+            met=overhead <= 0.10,
+            notes=[
+                f"{ROWS_PER_DAY:,} rows a day (4 columns), local Spark (2 cores), file:// "
+                "warehouse, SQLite catalog; the same cached frame for both writes"
+            ],
+        )
+    )
+
+
+def statistics_ratio(measured: list[float], baseline: list[float]) -> float:
+    import statistics
+
+    return statistics.median(measured) / statistics.median(baseline)
+
+
+def test_a_trainers_window_read_against_reading_its_files_with_pyarrow(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests.helpers import write_partition
+    from tests.training.test_fanout import market_rows
+
+    base = (tmp_path / "wh").as_uri()
+    table = "bench.window"
+    for ds in DAYS:
+        write_partition(base, table, ds, market_rows(ds, 50, 400))
+    tables = tables_of(base)
+    metadata, held = tables.state(table)
+    snapshot = window_snapshot(held, DAYS)
+    files = [tio.filesystem(f)[1] for d in DAYS for f in held[d].files]
+    columns = ["market", "price", "label"]
+
+    def planned() -> None:
+        window = tio.WindowFiles(
+            base, table, DAYS, "ds", columns, metadata=metadata, snapshot_id=snapshot
+        )
+        assert window.read_table(columns).num_rows == len(DAYS) * 50 * 400
+
+    def straight() -> None:
+        read = pa.concat_tables([pq.read_table(f, columns=columns) for f in files])
+        assert read.num_rows == len(DAYS) * 50 * 400
+
+    planned(), straight()  # warm
+    theirs, ours = [], []
+    for _ in range(REPEATS):
+        theirs += repeat(lambda: straight(), 1)
+        ours += repeat(lambda: planned(), 1)
+    ratio = statistics_ratio(ours, theirs)
+    record(
+        Case(
+            name=f"a trainer's window of {len(DAYS)} days read",
+            baseline=Series("the same files read with pyarrow", theirs),
+            measured=Series("planned by pyiceberg at its snapshot, then read", ours),
+            goal="<= 1.2x",
+            value=ratio,
+            value_text=f"{ratio:.2f}x",
+            met=ratio <= 1.2,
+            notes=[f"{len(DAYS)} files of 20,000 rows (3 of 4 columns read), file://"],
+        )
+    )
+
+
+def test_planning_a_window_on_a_year_rewritten_three_times(tmp_path: Path) -> None:
+    import pandas as pd
+
+    base = (tmp_path / "wh").as_uri()
+    table = "bench.year"
+    tables = tables_of(base)
+    year = days_between("2025-07-01", shift_day("2025-07-01", 364))
+    for rewrite in range(3):
+        for ds in year:
+            tables.write_frame(table, ds, pd.DataFrame({"x": [rewrite]}))
+    window = year[-30:]
+
+    def plan() -> None:
+        held = tables.days(table)
+        assert all(d in held for d in window)
+        window_snapshot(held, window)
+
+    plan()
+    before = repeat(plan)
+    done = maintain(tables, table, retain=dt.timedelta(0))
+    assert done is not None
+    after = repeat(plan)
+    record(
+        Case(
+            name="planning a window on a table of 365 days each rewritten 3 times",
+            baseline=Series("before maintenance", before),
+            measured=Series("after warehouse_maintenance", after),
+            goal="<= 200 ms after maintenance",
+            value=Series("after", after).median,
+            value_text=f"{Series('after', after).median * 1000:.0f} ms",
+            met=Series("after", after).median <= 0.2,
+            notes=[done.describe() + "; SQLite catalog, file://"],
+        )
+    )
