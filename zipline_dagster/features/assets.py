@@ -27,6 +27,7 @@ from zipline_dagster.lineage.partitions import (
     record_range,
     table_asset_key,
 )
+from zipline_dagster.storage.catalog import WarehouseError
 from zipline_dagster.storage.metadata import column_schema, day_metadata
 from zipline_dagster.storage.resources import WarehouseResource
 from zipline_dagster.storage.tables import TableDay
@@ -98,7 +99,7 @@ def build_producer_asset(
         )
         try:
             df = compute(spark.spark_session, tables, producer, days, first_day=PARTITIONS_START)
-        except ProducerError as exc:
+        except (ProducerError, WarehouseError) as exc:  # the catalog unreachable, say
             raise failure(exc) from None
         errors: dict[str, str] = {}
         committed: dict[str, TableDay] = {}
@@ -125,6 +126,7 @@ def build_producer_asset(
             name=producer.table,
             verb="committed",
             code_version=declaration_version(producer),
+            data_versions={ds: day.data_version for ds, day in committed.items()},
         )
 
     return _producer_asset

@@ -19,8 +19,9 @@ from zipline_dagster.declarations.features import GroupBy, Join, Operation, Stag
 from zipline_dagster.errors import describe
 from zipline_dagster.settings import settings, spark_master
 from zipline_dagster.storage.blobs import BlobStorageError
+from zipline_dagster.storage.catalog import WarehouseError
 from zipline_dagster.storage.days import days_between, format_days, shift_day
-from zipline_dagster.storage.tables import TableDay, TableError, Tables, new_write_id
+from zipline_dagster.storage.tables import TableDay, Tables, new_write_id
 
 #: A local session's driver: on loopback only.
 LOOPBACK_DRIVER = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
@@ -244,7 +245,7 @@ def write_days(
         return tables.commit(
             table, staged, write_id=write_id, run_id=run_id, code_version=code_version
         )
-    except (TableError, BlobStorageError, OSError) as exc:
+    except (WarehouseError, BlobStorageError, OSError) as exc:  # a table's or its catalog's
         raise DaysNotCommitted(table, days, describe(exc)) from exc
 
 

@@ -76,14 +76,19 @@ def record_range(
     name: str,
     verb: str,
     code_version: str | None = None,
+    data_versions: dict[str, str] | None = None,
 ) -> dg.MaterializeResult:
     """A range step's outcome in Dagster: each finished partition its own materialization
     with its own metadata; when any failed, exactly the finished ones are recorded and
     the step fails naming each failed partition and why (``verb``: what finishing one
-    means, for the message)."""
+    means, for the message). ``data_versions``: each day's (an Iceberg snapshot); Dagster
+    takes one data version per step, so it is given for a step of one day only (a range's
+    days each name theirs in their metadata: dagster-io/dagster#34013)."""
     if not errors:
         for ds, md in done.items():
             context.add_asset_metadata(md, partition_key=ds)
+        if data_versions and len(days) == 1 and days[0] in data_versions:
+            return dg.MaterializeResult(data_version=dg.DataVersion(data_versions[days[0]]))
         return dg.MaterializeResult()
     for ds, md in done.items():
         context.log_event(
