@@ -313,6 +313,12 @@ class Cluster:
 
     # -- the services -------------------------------------------------------------------
     def start(self, name: str) -> None:
+        if name == "ray-head":
+            running = self.running()
+            workers = [n for n in running if n.startswith("ray-worker")]
+            if workers and name not in running:
+                self._restart_ray_cluster(workers)
+                return
         starts = {
             "postgres": self._start_postgres,
             "s3": self._start_s3,
@@ -410,6 +416,19 @@ class Cluster:
         # `down` removes them
         self.ray_temp.mkdir(parents=True, exist_ok=True)
         return {**env, "TMPDIR": str(self.ray_temp)}
+
+    def _restart_ray_cluster(self, workers: list[str]) -> None:
+        """The head started again while its worker nodes outlived it (a rescheduled head
+        pod): they hang on the dead head's GCS, and their session makes ``ray start
+        --head`` refuse ("already running"). They stop, the head starts, and they start
+        again and join it, so the cluster comes back whole."""
+        for worker in workers:
+            self._terminate(worker)
+            self.state["services"].pop(worker, None)
+        self._save()
+        self._start_ray_head("ray-head")
+        for worker in workers:
+            self._start_ray_worker(worker)
 
     def _start_ray_head(self, name: str) -> None:
         ports = self.ports

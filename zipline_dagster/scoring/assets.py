@@ -7,8 +7,9 @@ Partition ``ds`` depends on the source table's partition ``ds`` and on the model
 partition ``ds-1`` (or the champion), so retraining that model partition makes exactly
 the scores it served stale. By default the day is scored by the newest model partition at
 or before ``ds-1`` whose blocking gates pass (``ScoreWith``, ``ModelChoice``). The job
-writes one file per day named by its attempt; the step commits a day (``_COMMITTED.json``) only when that day's run succeeded, so readers
-see the old scores or the new ones, never a mix.
+stages one file per day named by its attempt; the step commits a day into the Iceberg
+scores table (one commit) only when that day's run succeeded, so readers see the old
+scores or the new ones, never a mix.
 """
 
 import datetime as dt

@@ -47,11 +47,8 @@ def model_partition_uri(model: Model, ds: str) -> str:
 
 
 def table_uri(warehouse: str, table: str) -> str:
-    """A table ``ns.name`` lives at ``{warehouse}/ns/name``."""
+    """A table ``ns.name`` lives at ``{warehouse}/ns/name`` (its Iceberg location: the
+    platform creates its tables there)."""
     ns, name = table.split(".", 1)
     return join_uri(warehouse, ns, name)
 
-
-def table_partition_uri(warehouse: str, table: str, ds: str) -> str:
-    """Hive-style daily partition: ``{warehouse}/ns/name/ds=YYYY-MM-DD``."""
-    return join_uri(table_uri(warehouse, table), f"ds={ds}")

@@ -167,7 +167,7 @@ def iceberg_days(
 
 
 #: Requests in flight at once on an object store, where each one's time is mostly the
-#: store's latency: the days' commit markers, the files' footers, the files' reads.
+#: store's latency: the files' footers, the files' reads.
 #: Local files are read one after another (pyarrow decodes each on every core already).
 CONCURRENT_REQUESTS = 8
 
