@@ -51,4 +51,3 @@ def table_uri(warehouse: str, table: str) -> str:
     platform creates its tables there)."""
     ns, name = table.split(".", 1)
     return join_uri(warehouse, ns, name)
-

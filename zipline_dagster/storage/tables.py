@@ -370,9 +370,16 @@ class Tables:
         root = join_uri(self.location(table), STAGING_DIR)
         days = {f"/_{DAY}={ds}/" for ds in staged}
         try:
+            by_write: dict[str, list[str]] = {}
             for uri in self.store.list(root):
-                if any(d in uri for d in days):  # a range job stages its other days here too
-                    _quietly(self.store.delete, uri)
+                by_write.setdefault(uri[len(root) :].strip("/").split("/", 1)[0], []).append(uri)
+            for uris in by_write.values():
+                # a range job stages its other days here too: only what holds no day still
+                # to commit goes (Spark's _SUCCESS and checksums with the last day)
+                pending = [u for u in uris if f"/_{DAY}=" in u and not any(d in u for d in days)]
+                for uri in uris:
+                    if any(d in uri for d in days) or not pending:
+                        _quietly(self.store.delete, uri)
             found = self.load(table)
             writes = {_summary(s).get(WRITE) for s in found.snapshots()} if found else set()
             live = (
@@ -472,11 +479,11 @@ def _remove_local_staging(root: str, write_id: str, days: list[str]) -> None:
     path = local_path(root)
     if not path.is_dir():
         return
-    for ds in days:
-        for folder in path.glob(f"*/_{DAY}={ds}"):
+    for ds in days:  # at any depth: a killed Spark writer's _temporary/.../_ds=... too
+        for folder in list(path.rglob(f"_{DAY}={ds}")):
             shutil.rmtree(folder, ignore_errors=True)
     for folder in [path / write_id, *path.iterdir()]:
-        if folder.is_dir() and not any(p.is_file() for p in folder.rglob("*")):
+        if folder.is_dir() and not any(folder.rglob("*.parquet")):
             shutil.rmtree(folder, ignore_errors=True)
     with contextlib.suppress(OSError):
         path.rmdir()  # _staging itself, when no other write uses it

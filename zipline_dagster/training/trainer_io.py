@@ -114,18 +114,9 @@ EMPTY_DAY = "zipline.empty."
 
 
 def iceberg_io_properties() -> dict[str, str]:
-    """pyiceberg FileIO properties from the job's environment (as ``filesystem``)."""
-    props = {"py-io-impl": "pyiceberg.io.fsspec.FsspecFileIO"}
-    for key, names in (
-        ("s3.endpoint", ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")),
-        ("s3.region", ("AWS_REGION", "AWS_DEFAULT_REGION")),
-        ("gcs.service.host", ("STORAGE_EMULATOR_HOST",)),
-        ("adls.connection-string", ("AZURE_STORAGE_CONNECTION_STRING",)),
-    ):
-        value = next((os.environ[n] for n in names if os.environ.get(n)), None)
-        if value:
-            props[key] = value
-    return props
+    """pyiceberg's FileIO for the job: fsspec's, whose SDKs read their endpoints and
+    credentials from the job's environment themselves (as ``filesystem``)."""
+    return {"py-io-impl": "pyiceberg.io.fsspec.FsspecFileIO"}
 
 
 def newest_metadata(warehouse: str, table: str) -> str:
