@@ -281,6 +281,18 @@ def sensors(
     return out
 
 
+def maintenance_of(
+    sources: Sequence[SourceTable],
+    producers: Sequence[Producer],
+    transforms: Sequence[ModelTransforms],
+    models: Sequence[Model],
+) -> tuple[dg.JobDefinition, dg.ScheduleDefinition]:
+    """The ``warehouse_maintenance`` job and schedule over every table these write (not
+    the external ones: another team keeps those)."""
+    ours = [s.table for s in sources] + [p.table for p in producers] + [t.table for t in transforms]
+    return build_maintenance(ours, models, running=settings().warehouse_maintenance)
+
+
 def build_definitions(
     *,
     producers: Sequence[Producer] = (),
@@ -330,8 +342,7 @@ def build_definitions(
             assets.append(build_monitoring_asset(mt, automation_condition=condition))
             checks += build_monitoring_checks(mt)
     assets += list(extra_assets)
-    ours = [s.table for s in sources] + [p.table for p in producers] + [t.table for t in transforms]
-    upkeep, schedule = build_maintenance(ours, models, running=settings().warehouse_maintenance)
+    upkeep, schedule = maintenance_of(sources, producers, transforms, models)
     return dg.Definitions(
         assets=assets,
         asset_checks=checks,

@@ -322,6 +322,14 @@ class FreshnessResolver:
             TABLE_OF_ASSET in node.metadata and self._tables is not None
         )
 
+    def _adopt(self, key: dg.AssetKey, partition: str) -> tuple[Difference, str] | str | None:
+        """A partition storage holds and Dagster never recorded (a model partition, a
+        table day): the ledger's rule, upstream first, so that what it read is recorded
+        before it."""
+        for pkey, ppart in self.parents(key, partition):
+            self.status(pkey, ppart)
+        return self.settle(key, partition)
+
     def status(self, key: dg.AssetKey, partition: str) -> str:
         """'fresh', 'missing', 'stale: <why>', or 'in flight: <why>' (a model partition
         a run still going committed and has not recorded yet: left to that run)."""
@@ -332,12 +340,7 @@ class FreshnessResolver:
         ids = self.latest_ids(key)
         settled = None
         if node.is_materializable and partition not in ids and self._adoptable(node):
-            # a partition storage holds and Dagster never recorded (a model partition, a
-            # table day): the ledger's rule, upstream first, so that what it read is
-            # recorded before it
-            for pkey, ppart in self.parents(key, partition):
-                self.status(pkey, ppart)
-            settled = self.settle(key, partition)
+            settled = self._adopt(key, partition)
             ids = self.latest_ids(key)
         if isinstance(settled, tuple) and settled[0].state is State.IN_FLIGHT:
             result = f"{State.IN_FLIGHT}: {settled[0].describe()}"

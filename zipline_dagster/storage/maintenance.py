@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
+from typing import Any
 
 from zipline_dagster.storage.catalog import reason
 from zipline_dagster.storage.tables import TableError, Tables
@@ -65,19 +66,9 @@ def maintain(
     known = {s.snapshot_id for s in found.snapshots()}
     tags = {name: sid for name, sid in (keep or {}).items() if sid in known}
     try:
-        fresh = [name for name in tags if name not in found.refs()]
-        if fresh:
-            with found.manage_snapshots() as refs:
-                for name in fresh:
-                    refs.create_tag(tags[name], name)
+        _tag(found, tags)
         if before > 1:
-            with found.transaction() as tx:  # read by the merge, so set first
-                tx.set_properties({MERGE_AT: "2", MERGE_ON: "true"})
-            with found.transaction() as tx:
-                compact = tx.update_snapshot(snapshot_properties={MAINTENANCE: "compact"})
-                with compact.merge_append():
-                    pass  # no new file: the existing manifests merge
-                tx.set_properties({MERGE_ON: "false"})  # the platform's appends stay fast
+            _compact(found)
         cutoff = (now or dt.datetime.now(dt.UTC)) - retain
         found = tables.load(table)
         assert found is not None
@@ -94,3 +85,23 @@ def maintain(
         len(found.snapshots()),
         tuple(sorted(tags)),
     )
+
+
+def _tag(found: Any, tags: dict[str, int]) -> None:
+    """Tag the snapshots to keep (a tagged snapshot never expires)."""
+    fresh = [name for name in tags if name not in found.refs()]
+    if fresh:
+        with found.manage_snapshots() as refs:
+            for name in fresh:
+                refs.create_tag(tags[name], name)
+
+
+def _compact(found: Any) -> None:
+    """Merge the current snapshot's manifests: an empty merge append."""
+    with found.transaction() as tx:  # read by the merge, so set first
+        tx.set_properties({MERGE_AT: "2", MERGE_ON: "true"})
+    with found.transaction() as tx:
+        compact = tx.update_snapshot(snapshot_properties={MAINTENANCE: "compact"})
+        with compact.merge_append():
+            pass  # no new file: the existing manifests merge
+        tx.set_properties({MERGE_ON: "false"})  # the platform's appends stay fast

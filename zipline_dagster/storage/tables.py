@@ -368,78 +368,96 @@ class Tables:
         and those writers killed before their commit left), and the files of those days
         moved in that no snapshot names. Tidying never fails the write."""
         root = join_uri(self.location(table), STAGING_DIR)
-        days = {f"/_{DAY}={ds}/" for ds in staged}
         try:
-            by_write: dict[str, list[str]] = {}
-            for uri in self.store.list(root):
-                by_write.setdefault(uri[len(root) :].strip("/").split("/", 1)[0], []).append(uri)
-            for uris in by_write.values():
-                # a range job stages its other days here too: only what holds no day still
-                # to commit goes (Spark's _SUCCESS and checksums with the last day)
-                pending = [u for u in uris if f"/_{DAY}=" in u and not any(d in u for d in days)]
-                for uri in uris:
-                    if any(d in uri for d in days) or not pending:
-                        _quietly(self.store.delete, uri)
-            found = self.load(table)
-            writes = {_summary(s).get(WRITE) for s in found.snapshots()} if found else set()
-            live = (
-                {f for d in table_days(table, found).values() for f in d.files} if found else set()
-            )
-            for ds in staged:
-                for uri in self.store.list(join_uri(self.location(table), "data", f"{DAY}={ds}")):
-                    name = _WRITE_FILE.match(uri.rsplit("/", 1)[-1])
-                    if name and name.group(1) not in writes and uri not in live:
-                        _quietly(self.store.delete, uri)
+            self._tidy_staging(root, {f"/_{DAY}={ds}/" for ds in staged})
+            self._tidy_data(table, list(staged))
         except (BlobStorageError, OSError, TableError):
             return
         _remove_local_staging(root, write_id, list(staged))
 
+    def _tidy_staging(self, root: str, days: set[str]) -> None:
+        by_write: dict[str, list[str]] = {}
+        for uri in self.store.list(root):
+            by_write.setdefault(uri[len(root) :].strip("/").split("/", 1)[0], []).append(uri)
+        for uris in by_write.values():
+            # a range job stages its other days here too: only what holds no day still to
+            # commit goes (Spark's _SUCCESS and checksums with the last day)
+            pending = [u for u in uris if f"/_{DAY}=" in u and not any(d in u for d in days)]
+            for uri in uris:
+                if not pending or any(d in uri for d in days):
+                    _quietly(self.store.delete, uri)
+
+    def _tidy_data(self, table: str, days: list[str]) -> None:
+        found = self.load(table)
+        if found is None:
+            return
+        writes = {_summary(s).get(WRITE) for s in found.snapshots()}
+        live = {f for d in table_days(table, found).values() for f in d.files}
+        for ds in days:
+            for uri in self.store.list(join_uri(self.location(table), "data", f"{DAY}={ds}")):
+                name = _WRITE_FILE.match(uri.rsplit("/", 1)[-1])
+                if name and name.group(1) not in writes and uri not in live:
+                    _quietly(self.store.delete, uri)
+
 
 def table_days(table: str, found: Any, *, snapshot_id: int | None = None) -> dict[str, TableDay]:
-    """{ds: day} of an Iceberg table (``found``) at ``snapshot_id`` or its current snapshot."""
+    """{ds: day} of an Iceberg table (``found``) at ``snapshot_id`` or its current snapshot;
+    at the current one, with the days committed empty."""
     snapshot = found.snapshot_by_id(snapshot_id) if snapshot_id else found.current_snapshot()
-    snapshots = {s.snapshot_id: s for s in found.snapshots()}
     _check_spec(table, found)
     per_day: dict[str, list[Any]] = {}
     if snapshot is not None:
         for manifest in snapshot.manifests(found.io):
             for entry in manifest.fetch_manifest_entry(found.io, discard_deleted=True):
                 per_day.setdefault(_day_of(entry), []).append(entry)
-    out: dict[str, TableDay] = {}
     root = str(found.location()).rstrip("/")
-    for ds, entries in sorted(per_day.items()):
-        sid = max(e.snapshot_id for e in entries)
-        snap = snapshots.get(sid)
-        summary = _summary(snap)
-        out[ds] = TableDay(
-            table,
-            ds,
-            tuple(e.data_file.file_path for e in entries),
-            sum(e.data_file.record_count for e in entries),
-            sid,
-            summary.get(WRITE),
-            run_id=summary.get(RUN) or None,
-            code_version=summary.get(CODE_VERSION) or None,
-            at=snap.timestamp_ms / 1000 if snap is not None else None,
-            uri=f"{root}/data/{DAY}={ds}",
-            sequence=max(e.sequence_number or 0 for e in entries),
-        )
+    snapshots = {s.snapshot_id: s for s in found.snapshots()}
+    out = {ds: _written_day(table, ds, e, snapshots, root) for ds, e in per_day.items()}
     if snapshot_id is None:
-        for key, value in found.properties.items():
-            if key.startswith(EMPTY) and key[len(EMPTY) :] not in out:
-                ds, body = key[len(EMPTY) :], json.loads(value)
-                out[ds] = TableDay(
-                    table,
-                    ds,
-                    (),
-                    0,
-                    None,
-                    body.get(WRITE),
-                    run_id=body.get(RUN) or None,
-                    code_version=body.get(CODE_VERSION) or None,
-                    uri=f"{root}/data/{DAY}={ds}",
-                )
+        out = {**_empty_days(table, found.properties, root), **out}
     return dict(sorted(out.items()))
+
+
+def _written_day(
+    table: str, ds: str, entries: list[Any], snapshots: dict[int, Any], root: str
+) -> TableDay:
+    """A day with data files: the snapshot that last added one names its write."""
+    sid = max(e.snapshot_id for e in entries)
+    snap = snapshots.get(sid)
+    summary = _summary(snap)
+    return TableDay(
+        table,
+        ds,
+        tuple(e.data_file.file_path for e in entries),
+        sum(e.data_file.record_count for e in entries),
+        sid,
+        summary.get(WRITE),
+        run_id=summary.get(RUN) or None,
+        code_version=summary.get(CODE_VERSION) or None,
+        at=snap.timestamp_ms / 1000 if snap is not None else None,
+        uri=f"{root}/data/{DAY}={ds}",
+        sequence=max(e.sequence_number or 0 for e in entries),
+    )
+
+
+def _empty_days(table: str, properties: dict[str, str], root: str) -> dict[str, TableDay]:
+    """The days committed with no rows (the table's ``zipline.empty.{ds}`` properties)."""
+    out = {}
+    for key, value in properties.items():
+        if key.startswith(EMPTY):
+            ds, body = key[len(EMPTY) :], json.loads(value)
+            out[ds] = TableDay(
+                table,
+                ds,
+                (),
+                0,
+                None,
+                body.get(WRITE),
+                run_id=body.get(RUN) or None,
+                code_version=body.get(CODE_VERSION) or None,
+                uri=f"{root}/data/{DAY}={ds}",
+            )
+    return out
 
 
 def window_snapshot(days: dict[str, TableDay], window: Sequence[str]) -> int | None:
