@@ -199,8 +199,9 @@ class Tables:
             for uri in moved:  # never committed: nothing of this write stays
                 _quietly(self.store.delete, uri)
             raise
-        self._tidy(table, staged, write_id)
-        after = self.days(table)
+        found = self.load(table)
+        after = table_days(table, found) if found is not None else {}
+        self._tidy(table, staged, write_id, found, after)
         return {ds: after[ds] for ds in staged if ds in after}
 
     def _commit_retrying(
@@ -338,12 +339,11 @@ class Tables:
         from pyiceberg.exceptions import CommitFailedException
 
         days = sorted(staged)
-        held = set(table_days(table, current))
         empties = {f"{EMPTY}{ds}" for ds in days} & set(current.properties)
         try:
             with warnings.catch_warnings(), current.transaction() as tx:
                 warnings.simplefilter("ignore")  # "Delete operation did not match any records"
-                if held & set(days):
+                if current.current_snapshot() is not None:  # no snapshot when none matches
                     tx.delete(days_filter(days), snapshot_properties=props)
                 if moved:
                     tx.add_files(moved, snapshot_properties=props, check_duplicate_files=False)
@@ -363,14 +363,22 @@ class Tables:
             ) from exc
         return True
 
-    def _tidy(self, table: str, staged: dict[str, list[str]], write_id: str) -> None:
+    def _tidy(
+        self,
+        table: str,
+        staged: dict[str, list[str]],
+        write_id: str,
+        found: Any | None,
+        after: dict[str, TableDay],
+    ) -> None:
         """After a commit, remove the staged files of the days committed (this write's,
         and those writers killed before their commit left), and the files of those days
         moved in that no snapshot names. Tidying never fails the write."""
         root = join_uri(self.location(table), STAGING_DIR)
         try:
             self._tidy_staging(root, {f"/_{DAY}={ds}/" for ds in staged})
-            self._tidy_data(table, list(staged))
+            if found is not None:
+                self._tidy_data(table, list(staged), found, after)
         except (BlobStorageError, OSError, TableError):
             return
         _remove_local_staging(root, write_id, list(staged))
@@ -387,12 +395,11 @@ class Tables:
                 if not pending or any(d in uri for d in days):
                     _quietly(self.store.delete, uri)
 
-    def _tidy_data(self, table: str, days: list[str]) -> None:
-        found = self.load(table)
-        if found is None:
-            return
+    def _tidy_data(
+        self, table: str, days: list[str], found: Any, after: dict[str, TableDay]
+    ) -> None:
         writes = {_summary(s).get(WRITE) for s in found.snapshots()}
-        live = {f for d in table_days(table, found).values() for f in d.files}
+        live = {f for d in after.values() for f in d.files}
         for ds in days:
             for uri in self.store.list(join_uri(self.location(table), "data", f"{DAY}={ds}")):
                 name = _WRITE_FILE.match(uri.rsplit("/", 1)[-1])
