@@ -15,7 +15,7 @@ import pytest
 
 from tests.cluster.topology import LAST_DAY, STEPS, Topology
 from tests.conftest import FIXTURE_TRAINERS, ROOT
-from tests.helpers import days_ending, write_table
+from tests.helpers import ctr_rows, days_ending, tables_of
 from tests.training.test_assets import TABLE
 
 
@@ -51,8 +51,11 @@ def topology(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Topology]:
     try:
         cluster.up()
         os.environ.update(cluster.env())  # this process is a client of the deployment
-        warehouse = cluster.env()["ZIPLINE_WAREHOUSE"]
-        write_table(warehouse, TABLE, days_ending(LAST_DAY, 16), rows=50)
+        env = cluster.env()
+        # into the deployment's catalog (its PostgreSQL database), as its runs read it
+        tables = tables_of(env["ZIPLINE_WAREHOUSE"], catalog_uri=env["ZIPLINE_CATALOG_URI"])
+        for ds in days_ending(LAST_DAY, 16):
+            tables.write_frame(TABLE, ds, ctr_rows(ds, 50))
         topology = Topology(cluster)
         yield topology
         # what the tests' waits (as the CLI's) concluded, the daemon concluded too
