@@ -70,7 +70,7 @@ def test_a_spark_range_committed_to_iceberg_against_a_plain_parquet_write(
         assert sum(d.rows for d in committed.values()) == rows_per_day * len(DAYS)
         df.unpersist()
         shutil.rmtree(out)
-    overhead = statistics_ratio(iceberg, plain) - 1
+    overhead = Series("", iceberg).median / Series("", plain).median - 1
     record(
         Case(
             name=f"a {len(DAYS)}-day Spark range ({rows_per_day:,} rows a day) committed to "
@@ -87,12 +87,6 @@ def test_a_spark_range_committed_to_iceberg_against_a_plain_parquet_write(
             ],
         )
     )
-
-
-def statistics_ratio(measured: list[float], baseline: list[float]) -> float:
-    import statistics
-
-    return statistics.median(measured) / statistics.median(baseline)
 
 
 @pytest.mark.parametrize("rows_per_day", SIZES)
@@ -130,7 +124,7 @@ def test_a_trainers_window_read_against_reading_its_files_with_pyarrow(
     for _ in range(REPEATS):
         theirs += repeat(lambda: straight(), 1)
         ours += repeat(lambda: planned(), 1)
-    ratio = statistics_ratio(ours, theirs)
+    ratio = Series("", ours).median / Series("", theirs).median
     record(
         Case(
             name=f"a trainer's window of {len(DAYS)} days ({rows_per_day:,} rows a day) read",

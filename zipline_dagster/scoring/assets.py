@@ -52,7 +52,7 @@ from zipline_dagster.storage.paths import (
     table_uri,
 )
 from zipline_dagster.storage.resources import WarehouseResource
-from zipline_dagster.storage.tables import TableDay, window_snapshot
+from zipline_dagster.storage.tables import TableDay, Tables, window_snapshot
 from zipline_dagster.training.assets import (
     trainable_partitions,
 )
@@ -308,7 +308,7 @@ class ScoringWork:
             self.transforms,
             request,
             self.chosen[request.ds],
-            self.warehouse,
+            self.tables,
             ran,
             run_id=self.context.run.run_id,
             warn=self.context.log.warning,
@@ -319,25 +319,24 @@ def commit_day(
     transforms: ModelTransforms,
     request: TrainingRequest,
     chosen: Chosen,
-    warehouse: WarehouseResource,
+    tables: Tables,
     ran: Ran,
     *,
     run_id: str,
     warn: Callable[[str], None],
 ) -> dict[str, Any]:
-    """Commit the file the day's job wrote (named by its id); its metadata. The files
-    the commit replaced and could not delete are left for the day's next commit, and
-    ``warn`` is told (the day is committed: readers see only its new file).
+    """Commit the file the day's job staged (named by its id) into the scores table, with
+    the step's ``tables`` (one catalog for the step's days); its metadata. The job's end
+    markers go with the commit; ``warn`` is told when they cannot.
 
     Raises:
-        dg.Failure: the run wrote no file, or one that cannot be read (the partition is
-            left as it was), or the commit's marker could not be written (named).
+        dg.Failure: the run wrote no file, or one that cannot be read, or the commit
+            failed (named); the day is left as it was.
     """
     import numpy as np
     import pyarrow.parquet as pq
 
     ds, job_id = request.ds, ran.job_id
-    tables = warehouse.tables()
     written = join_uri(
         tables.staging_uri(transforms.table, job_id), f"_ds={ds}", "part-00000.parquet"
     )

@@ -253,6 +253,7 @@ def finish_partition(
         dg.Failure: the attempt's artifacts do not satisfy the contract (named).
     """
     model, ds = request.model, request.ds
+    read = input_read(request)
     artifacts = context.resources.warehouse.store(request.canonical_dir)
     try:
         promotion = promote_attempt(
@@ -275,7 +276,7 @@ def finish_partition(
                 # what MLflow logs as params, also for a partition logged from storage
                 "flags": list(request.flags),
                 # the Iceberg snapshot it read: `reproduce` reads it again
-                "input": input_read(request),
+                "input": read,
             },
         )
         report = promotion.report or read_report(artifacts, request.canonical_dir)
@@ -308,8 +309,8 @@ def finish_partition(
         "job_seconds": dg.MetadataValue.float(round(ran.seconds, 3)),
         "reattached": ran.attached,
         "window": f"{request.start_ds}..{request.end_ds}",
-        "input_snapshot_id": str(input_read(request).get("snapshot_id")),
-        "input_table_metadata": dg.MetadataValue.path(str(input_read(request).get("metadata"))),
+        "input_snapshot_id": str(read["snapshot_id"]),
+        "input_table_metadata": dg.MetadataValue.path(str(read["metadata"])),
         "artifact_files": dg.MetadataValue.json([f["path"] for f in promotion.manifest["files"]]),
         **({"range": ran.span} if ran.span else {}),
         **report_metadata(report, pr_curve_png=png),
