@@ -2,7 +2,8 @@
 S3, a Ray head with two worker nodes, Spark and Dagster's daemon and webserver as their
 own processes; the code location ``tests.cluster.topology_defs`` is deployed to them, and
 work goes in as backfills through the webserver, which the daemon runs. Then real
-processes are killed or restarted under it: the daemon, Postgres, a Ray worker node.
+processes are killed or restarted under it: the daemon, Postgres, a Ray worker node, the
+Ray head.
 
 Every fault ends the same way: the backfill completes, the planner finds every partition
 fresh (what Dagster recorded and what storage holds agree), every model partition's
@@ -18,7 +19,7 @@ import time
 import dagster as dg
 import pytest
 
-from tests.cluster.topology import Topology, max_overlap
+from tests.cluster.topology import MODEL_KEY, Topology, max_overlap
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.cluster]
 
@@ -27,6 +28,7 @@ POOL_DAYS = ["2026-07-10", "2026-07-11", "2026-07-12"]
 DAEMON_DAYS = ["2026-07-13", "2026-07-14"]
 POSTGRES_DAYS = ["2026-07-15"]
 WORKER_DAYS = ["2026-07-16", "2026-07-17"]
+HEAD_DAYS = ["2026-07-18", "2026-07-19"]
 
 
 def test_trainings_share_the_pool_and_never_exceed_its_limit(topology: Topology) -> None:
@@ -99,3 +101,39 @@ def test_a_killed_ray_worker_node_is_survived_by_a_retry(topology: Topology) -> 
         print(topology.timeline(backfill, WORKER_DAYS))
         topology.cluster.stop(victim)
         topology.cluster.start(victim)
+
+
+def test_a_lost_ray_head_comes_back_whole_and_the_backfill_finishes(topology: Topology) -> None:
+    """``kill -9`` of the Ray head (every process of it) while a model range's job runs,
+    then ``start ray-head`` as a rescheduled head pod: its worker nodes, which outlived it
+    on the dead head's GCS, come back with it (the cluster is whole again: three nodes).
+    The run meets a head that no longer knows its job and fails (or its retry trains);
+    the backfill, run again where it did not finish, completes, and what was committed
+    before it is not trained again."""
+    from zipline_dagster.lineage.backfill import plan_backfill
+    from zipline_dagster.storage.artifacts import manifest_attempt
+    from zipline_dagster.storage.blobs import blob_store
+    from zipline_dagster.storage.paths import model_partition_uri
+
+    backfill = topology.backfill(HEAD_DAYS, "ray head lost")
+    topology.wait_for_job(HEAD_DAYS)
+    topology.cluster.kill("ray-head")
+    time.sleep(2)
+    topology.cluster.start("ray-head")
+    assert len(topology.cluster.ray_nodes()) == 3, topology.cluster.ray_nodes()
+    assert {"ray-worker-1", "ray-worker-2"} <= set(topology.cluster.running())
+    first = topology.wait(backfill, timeout_s=400)
+    uris = {ds: model_partition_uri(topology.model, ds) for ds in HEAD_DAYS}
+    committed = {ds: manifest_attempt(blob_store(u), u) for ds, u in uris.items()}
+    if first != "COMPLETED_SUCCESS":
+        # run again: the planner plans only the days storage does not hold
+        missing = [ds for ds, attempt in committed.items() if attempt is None]
+        plan = plan_backfill(topology.defs, topology.instance, MODEL_KEY, HEAD_DAYS)
+        assert [(k, p) for k, p in plan.steps] == [(MODEL_KEY, missing)], plan.describe()
+        again = topology.web.launch(plan, title="ray head lost, again")
+        topology.targets[again] = {(MODEL_KEY, d) for d in missing}
+        assert topology.wait(again) == "COMPLETED_SUCCESS"
+    topology.assert_agreed(HEAD_DAYS)
+    for ds, attempt in committed.items():  # what was committed stands, not trained again
+        if attempt is not None:
+            assert manifest_attempt(blob_store(uris[ds]), uris[ds]) == attempt, ds

@@ -113,7 +113,9 @@ class Ledger:
 
     Example:
         ``Ledger(context.instance).settle(key, ds, commit)`` before a step uses a
-        partition: ``.usable`` says whether it may.
+        partition: the returned ``Difference``'s ``state`` says what storage and Dagster
+        hold (``State.MISSING``: recorded and gone; ``State.IN_FLIGHT``: a run still
+        going committed it).
     """
 
     def __init__(self, instance: dg.DagsterInstance, *, judge: Judge | None = None) -> None:

@@ -164,7 +164,7 @@ def build_model_checks(
     and the comparison with the champion as a warning-severity check that never blocks.
 
     A run of one partition yields one result per selected gate. A backfill run of a range
-    (``train_range``) evaluates every partition of the range and records each gate's
+    (``training.ranges.run_days``) evaluates every partition of the range and records each gate's
     result against its own partition, as Dagster cannot yet attach a check result to one
     partition of a range.
     """

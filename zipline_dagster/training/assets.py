@@ -95,7 +95,7 @@ def build_model_asset(
         group_name=group_name,
         partitions_def=partitions_def,
         # A backfill hands a run up to this many partitions; on Ray they train together
-        # in one job (``train_range``), each still its own materialization.
+        # in one job (``ranges.run_days``), each still its own materialization.
         backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=partitions_per_run),
         code_version=model_code_version(model),
         kinds={"ray", "python"},
