@@ -48,13 +48,30 @@ def frame(spark: Any, version: int, rows_per_day: int) -> Any:
 
 @pytest.mark.parametrize("rows_per_day", SIZES)
 def test_a_spark_range_committed_to_iceberg_against_a_plain_parquet_write(
-    spark_resource: Any, tmp_path: Path, rows_per_day: int
+    spark_resource: Any, tmp_path: Path, rows_per_day: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The goal is on the commit (its time inside ``write_days``: files moved in, one
+    Iceberg commit, the tidy) against the Spark write it follows. The whole write is
+    shown beside it: its files also hold ``ds``, which the plain write's folders carry
+    instead (Iceberg's spec wants every column in the data files; engines that do not
+    project identity partitions read a file without it as null)."""
     from zipline_dagster.features.spark import spark_path, write_days
+    from zipline_dagster.storage.tables import Tables
 
     spark = spark_resource.spark_session
     base = (tmp_path / "wh").as_uri()
     tables = tables_of(base)
+    commits: list[float] = []
+    commit = Tables.commit
+
+    def timed(self: Tables, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return commit(self, *args, **kwargs)
+        finally:
+            commits.append(time.perf_counter() - t0)
+
+    monkeypatch.setattr(Tables, "commit", timed)
     plain: list[float] = []
     iceberg: list[float] = []
     for n in range(REPEATS):  # interleaved, so drift hits both alike
@@ -70,7 +87,9 @@ def test_a_spark_range_committed_to_iceberg_against_a_plain_parquet_write(
         assert sum(d.rows for d in committed.values()) == rows_per_day * len(DAYS)
         df.unpersist()
         shutil.rmtree(out)
-    overhead = Series("", iceberg).median / Series("", plain).median - 1
+    spark_write = Series("", [i - c for i, c in zip(iceberg, commits, strict=True)]).median
+    share = Series("", commits).median / spark_write
+    whole = Series("", iceberg).median / Series("", plain).median - 1
     record(
         Case(
             name=f"a {len(DAYS)}-day Spark range ({rows_per_day:,} rows a day) committed to "
@@ -78,21 +97,27 @@ def test_a_spark_range_committed_to_iceberg_against_a_plain_parquet_write(
             baseline=Series("plain parquet write", plain),
             measured=Series("Iceberg: staged, moved in, one commit", iceberg),
             goal="commit overhead <= 10% of the Spark write",
-            value=overhead,
-            value_text=f"{overhead * 100:+.0f}% of the write",
-            met=overhead <= 0.10,
+            value=share,
+            value_text=f"commit {Series('', commits).median * 1000:.0f} ms, {share * 100:.0f}% "
+            f"of the write; whole write {whole * 100:+.0f}% against plain",
+            met=share <= 0.10,
             notes=[
                 f"{rows_per_day:,} rows a day (4 columns), local Spark (2 cores), file:// "
-                "warehouse, SQLite catalog; the same cached frame for both writes"
+                "warehouse, SQLite catalog; the same cached frame for both writes; the whole "
+                "write's extra beyond the commit is the ds column in every file (the spec's)"
             ],
         )
     )
 
 
+@pytest.mark.parametrize("maintained", [False, True], ids=["daily commits", "maintained"])
 @pytest.mark.parametrize("rows_per_day", SIZES)
 def test_a_trainers_window_read_against_reading_its_files_with_pyarrow(
-    tmp_path: Path, rows_per_day: int
+    tmp_path: Path, rows_per_day: int, maintained: bool
 ) -> None:
+    """The window's 30 days were committed one a day (30 manifests to plan from), or
+    then compacted by ``warehouse_maintenance`` (one): pyiceberg's planning reads each
+    manifest, about 1.6 ms apiece here."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -104,6 +129,8 @@ def test_a_trainers_window_read_against_reading_its_files_with_pyarrow(
     for ds in DAYS:
         write_partition(base, table, ds, market_rows(ds, 50, rows_per_day // 50))
     tables = tables_of(base)
+    if maintained:
+        assert maintain(tables, table, retain=dt.timedelta(0)) is not None
     metadata, held = tables.state(table)
     snapshot = window_snapshot(held, DAYS)
     files = [tio.filesystem(f)[1] for d in DAYS for f in held[d].files]
@@ -127,7 +154,8 @@ def test_a_trainers_window_read_against_reading_its_files_with_pyarrow(
     ratio = Series("", ours).median / Series("", theirs).median
     record(
         Case(
-            name=f"a trainer's window of {len(DAYS)} days ({rows_per_day:,} rows a day) read",
+            name=f"a trainer's window of {len(DAYS)} days ({rows_per_day:,} rows a day) read, "
+            + ("after warehouse_maintenance" if maintained else "committed a day at a time"),
             baseline=Series("the same files read with pyarrow", theirs),
             measured=Series("planned by pyiceberg at its snapshot, then read", ours),
             goal="<= 1.2x",
@@ -136,7 +164,8 @@ def test_a_trainers_window_read_against_reading_its_files_with_pyarrow(
             met=ratio <= 1.2,
             notes=[
                 f"{len(DAYS)} files of {rows_per_day:,} rows (3 of 4 columns read), file://; "
-                "planning is pyiceberg's, about 50 ms a window whatever its size"
+                "read_table also appends the day as a dictionary column; planning is "
+                "pyiceberg's, a fixed cost per manifest whatever the rows"
             ],
         )
     )

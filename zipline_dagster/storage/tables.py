@@ -504,9 +504,10 @@ def _remove_local_staging(root: str, write_id: str, days: list[str]) -> None:
     path = local_path(root)
     if not path.is_dir():
         return
-    for ds in days:  # at any depth: a killed Spark writer's _temporary/.../_ds=... too
-        for folder in list(path.rglob(f"_{DAY}={ds}")):
-            shutil.rmtree(folder, ignore_errors=True)
+    # at any depth (a killed Spark writer's _temporary/.../_ds=... too), in one walk
+    names = {f"_{DAY}={ds}" for ds in days}
+    for folder in [f for f in path.rglob(f"_{DAY}=*") if f.name in names]:
+        shutil.rmtree(folder, ignore_errors=True)
     for folder in [path / write_id, *path.iterdir()]:
         if folder.is_dir() and not any(folder.rglob("*.parquet")):
             shutil.rmtree(folder, ignore_errors=True)

@@ -325,6 +325,7 @@ class WindowFiles:
         so are the ``dictionary`` columns; dictionaries are unified across files. Fails
         naming missing days, or a window without rows. Reads of different columns return
         the rows in the same order."""
+        import numpy as np
         import pyarrow as pa
 
         tables = []
@@ -332,8 +333,9 @@ class WindowFiles:
             for t in files:
                 if self.partition_column in t.column_names:  # the folder says which day
                     t = t.drop_columns([self.partition_column])
+                # indices from numpy's zeroed buffer: pa.repeat costs ~7 ms per 200k rows
                 day = pa.DictionaryArray.from_arrays(
-                    pa.repeat(pa.scalar(0, pa.int32()), len(t)), pa.array([ds])
+                    pa.array(np.zeros(len(t), dtype=np.int32)), pa.array([ds])
                 )
                 tables.append(t.append_column(self.partition_column, day))
         rows = sum(len(t) for t in tables)
