@@ -12,6 +12,8 @@ from zipline_dagster.rollout.maintenance import build_maintenance
 from zipline_dagster.storage.days import days_between
 from zipline_dagster.storage.maintenance import maintain
 from zipline_dagster.storage.resources import WarehouseResource
+from zipline_dagster.storage.tables import window_snapshot
+from zipline_dagster.training.trainer_io import iceberg_days
 
 TABLE = "ctr.kept"
 
@@ -41,6 +43,15 @@ def test_maintenance_expires_and_compacts_but_keeps_a_champions_snapshot(file_ba
     found = tables.load(TABLE)
     assert "champion-m-v-2026-07-04" in found.refs()
     assert found.scan(snapshot_id=champion).to_arrow().num_rows == old_rows  # still readable
+    # a window whose writing snapshots expired is read at the oldest snapshot held after
+    # them: same days, same files, and the days' data versions did not move
+    window = days[10:14]
+    assert all(after[d].data_version == before[d].data_version for d in days)
+    at = window_snapshot(after, window)
+    held = {s.snapshot_id for s in found.snapshots()}
+    assert at in held and before[window[-1]].snapshot_id not in held
+    planned, _ = iceberg_days(found.metadata_location, at, window, "ds")
+    assert {d: tuple(f) for d, f in planned.items()} == {d: after[d].files for d in window}
     # writing goes on after maintenance
     write_partition(file_base, TABLE, days[0], pd.DataFrame({"x": [7, 7]}))
     assert tables.days(TABLE)[days[0]].rows == 2
@@ -59,3 +70,19 @@ def test_the_maintenance_job_maintains_every_table_of_the_code_location(file_bas
     found = tables_of(file_base).load(TABLE)
     assert len(found.current_snapshot().manifests(found.io)) == 1
     assert len(found.snapshots()) == 1  # compacted, then everything older expired
+
+
+def test_a_window_read_at_a_snapshot_the_table_no_longer_holds_names_it(file_base: str) -> None:
+    """pyiceberg plans nothing at an unknown snapshot; the trainer's reader says which
+    snapshot, not that every day is missing."""
+    import pytest
+
+    from zipline_dagster.training.trainer_io import TrainingDataError
+
+    write_partition(file_base, TABLE, "2026-07-01", pd.DataFrame({"x": [1]}))
+    found = tables_of(file_base).load(TABLE)
+    with pytest.raises(
+        TrainingDataError,
+        match=r"--snapshot-id=12345 is not a snapshot of .*expired by maintenance",
+    ):
+        iceberg_days(found.metadata_location, 12345, ["2026-07-01"], "ds")

@@ -87,6 +87,10 @@ class TableDay:
     uri: str = ""
     #: the snapshot's sequence number: which of two snapshots is newer
     sequence: int = 0
+    #: the oldest snapshot the table still holds that shows the day as it is:
+    #: ``snapshot_id`` itself until maintenance expires it (its files stay, in the
+    #: snapshots after it); None: none is held (an empty day)
+    readable_at: int | None = None
 
     @property
     def data_version(self) -> str:
@@ -430,6 +434,7 @@ def _written_day(
 ) -> TableDay:
     """A day with data files: the snapshot that last added one names its write."""
     sid = max(e.snapshot_id for e in entries)
+    sequence = max(e.sequence_number or 0 for e in entries)
     snap = snapshots.get(sid)
     summary = _summary(snap)
     return TableDay(
@@ -443,8 +448,15 @@ def _written_day(
         code_version=summary.get(CODE_VERSION) or None,
         at=snap.timestamp_ms / 1000 if snap is not None else None,
         uri=f"{root}/data/{DAY}={ds}",
-        sequence=max(e.sequence_number or 0 for e in entries),
+        sequence=sequence,
+        readable_at=sid if sid in snapshots else _first_held_after(snapshots, sequence),
     )
+
+
+def _first_held_after(snapshots: dict[int, Any], sequence: int) -> int | None:
+    """The oldest snapshot held whose sequence number is at least ``sequence``."""
+    later = [s for s in snapshots.values() if (s.sequence_number or 0) >= sequence]
+    return min(later, key=lambda s: s.sequence_number or 0).snapshot_id if later else None
 
 
 def _empty_days(table: str, properties: dict[str, str], root: str) -> dict[str, TableDay]:
@@ -470,10 +482,14 @@ def _empty_days(table: str, properties: dict[str, str], root: str) -> dict[str, 
 def window_snapshot(days: dict[str, TableDay], window: Sequence[str]) -> int | None:
     """The snapshot a window is read at: the newest that wrote one of its days. Each
     window day is there exactly as it is now (no later snapshot touched it), and a
-    retrain of a window nobody rewrote reads the same snapshot again. None: no day of
-    the window has a data file (all empty)."""
+    retrain of a window nobody rewrote reads the same snapshot again. Once maintenance
+    expired that snapshot, the oldest one held after it (the same files of these days).
+    None: no day of the window has a data file (all empty)."""
     written = [days[d] for d in window if d in days and days[d].snapshot_id is not None]
-    return max(written, key=lambda d: d.sequence).snapshot_id if written else None
+    if not written:
+        return None
+    newest = max(written, key=lambda d: d.sequence)
+    return newest.readable_at if newest.readable_at is not None else newest.snapshot_id
 
 
 def _check_spec(table: str, found: Any) -> None:

@@ -146,6 +146,13 @@ def iceberg_days(
     from pyiceberg.table import StaticTable
 
     table = StaticTable.from_metadata(metadata, properties=iceberg_io_properties())
+    if snapshot_id is not None and table.snapshot_by_id(snapshot_id) is None:
+        # pyiceberg plans nothing at an unknown snapshot: say which, not "missing days"
+        held = [s.snapshot_id for s in table.snapshots()][-5:]
+        raise TrainingDataError(
+            f"--snapshot-id={snapshot_id} is not a snapshot of {metadata} (expired by "
+            f"maintenance?); it holds {len(table.snapshots())}, the newest {held}"
+        )
     days = ", ".join(repr(_day(d)) for d in window)
     scan = table.scan(row_filter=f"{partition_column} IN ({days})", snapshot_id=snapshot_id)
     files: dict[str, list[str]] = {}
