@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 
 import pandas as pd
+import pytest
 
 from tests.helpers import tables_of, write_partition
 from zipline_dagster.rollout.maintenance import build_maintenance
@@ -13,7 +14,7 @@ from zipline_dagster.storage.days import days_between
 from zipline_dagster.storage.maintenance import maintain
 from zipline_dagster.storage.resources import WarehouseResource
 from zipline_dagster.storage.tables import window_snapshot
-from zipline_dagster.training.trainer_io import iceberg_days
+from zipline_dagster.training.trainer_io import TrainingDataError, iceberg_days
 
 TABLE = "ctr.kept"
 
@@ -75,10 +76,6 @@ def test_the_maintenance_job_maintains_every_table_of_the_code_location(file_bas
 def test_a_window_read_at_a_snapshot_the_table_no_longer_holds_names_it(file_base: str) -> None:
     """pyiceberg plans nothing at an unknown snapshot; the trainer's reader says which
     snapshot, not that every day is missing."""
-    import pytest
-
-    from zipline_dagster.training.trainer_io import TrainingDataError
-
     write_partition(file_base, TABLE, "2026-07-01", pd.DataFrame({"x": [1]}))
     found = tables_of(file_base).load(TABLE)
     with pytest.raises(
