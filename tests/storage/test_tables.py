@@ -72,18 +72,19 @@ def staged(base: str) -> Any:
     return lambda: folder.is_dir() and any(p.is_file() for p in folder.rglob("*"))
 
 
-def leftovers(base: str, ds: str) -> list[str]:
+def leftovers(base: str, ds: str, table: str = TABLE) -> list[str]:
     """Files of day ``ds`` that no snapshot names, and anything still staged."""
     tables = tables_of(base)
-    found = tables.load(TABLE)
+    found = tables.load(table)
     named = {f for s in found.snapshots() for f in _snapshot_files(found, s)}
-    data = local(f"{base}/ctr/atomic/data/ds={ds}")
+    folder = table.replace(".", "/")
+    data = local(f"{base}/{folder}/data/ds={ds}")
     stray = (
         [f"file://{p}" for p in data.iterdir() if f"file://{p}" not in named]
         if data.is_dir()
         else []
     )
-    staging = local(f"{base}/ctr/atomic/{STAGING_DIR}")
+    staging = local(f"{base}/{folder}/{STAGING_DIR}")
     return stray + [str(p) for p in staging.rglob("*") if p.is_file()]
 
 
@@ -227,6 +228,147 @@ def test_the_same_day_at_once_ends_clearly_with_one_winner(file_base: str) -> No
         assert rc == 0 or ("ctr.atomic" in err and ds in err), err[-2000:]
     versions = set(read_day(file_base, ds)["version"])
     assert versions in ({7}, {8})
+
+
+def test_a_day_replaced_right_after_its_commit_is_not_this_writes_to_record(
+    file_base: str,
+) -> None:
+    """Another writer's commit of the same day lands between this write's commit and its
+    read-back (a real second write, run at that moment): this write is told the day holds
+    the other's rows (table, day and the other run named), and keeps the days still its."""
+    from zipline_dagster.storage.tables import DaysReplaced
+
+    days = ["2026-07-05", "2026-07-06"]
+    for ds in days:
+        write_partition(file_base, TABLE, ds, pd.DataFrame({"version": [0] * 5}))
+    racing, other = tables_of(file_base), tables_of(file_base)
+    landed = racing._try_commit
+
+    def then_the_other_writes(*args: Any, **kwargs: Any) -> bool:
+        ok = landed(*args, **kwargs)
+        if ok:  # this write's commit is in: the other writer's of day 2026-07-05 follows it
+            other.write_frame(TABLE, days[0], pd.DataFrame({"version": [9] * 3}), run_id="r9")
+        return ok
+
+    racing._try_commit = then_the_other_writes  # type: ignore[method-assign]
+    with pytest.raises(DaysReplaced) as raised:
+        racing.commit(TABLE, {ds: _staged(racing, ds, 1) for ds in days}, write_id="w1", run_id="r1")  # fmt: skip
+    message = str(raised.value)
+    assert "ctr.atomic" in message and "2026-07-05" in message and "run r9" in message
+    assert "2026-07-06" not in message
+    assert sorted(raised.value.committed) == ["2026-07-06"]
+    assert raised.value.committed["2026-07-06"].write == "w1"
+    assert set(read_day(file_base, "2026-07-05")["version"]) == {9}
+    assert set(read_day(file_base, "2026-07-06")["version"]) == {1}
+
+
+def _staged(tables: Any, ds: str, version: int) -> list[str]:
+    """One staged parquet file of day ``ds`` (as a writer stages it)."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    uri = f"{tables.staging_uri(TABLE, 'w1')}/_ds={ds}/part-00000.parquet"
+    sink = io.BytesIO()
+    pq.write_table(pa.table({"version": [version] * 4, "ds": [ds] * 4}), sink)
+    tables.store.write_bytes(uri, sink.getvalue())
+    return [uri]
+
+
+DAGSTER_WRITER = textwrap.dedent(
+    """
+    import sys
+    import dagster as dg
+    from zipline_dagster.defs.listing_ctr_data import build_listing_views_asset
+    from zipline_dagster.storage.resources import WarehouseResource
+    base, ds = sys.argv[1], sys.argv[2]
+    result = dg.materialize(
+        [build_listing_views_asset()],
+        partition_key=ds,
+        resources={"warehouse": WarehouseResource(uri=base)},
+        instance=dg.DagsterInstance.get(),
+        raise_on_error=False,
+    )
+    print(result.run_id)
+    sys.exit(0 if result.success else 1)
+    """
+)
+
+
+def test_the_same_day_from_two_dagster_runs_is_recorded_as_the_catalog_holds_it(
+    file_base: str, tmp_path: Path
+) -> None:
+    """Two Dagster runs materialize the same table day at once (one instance on disk): the
+    first is paused (SIGSTOP) once its rows are staged, the second runs to the end (and
+    tidies what it finds staged for the day, as a killed writer's), then the first goes
+    on. Both end clearly: the first fails naming the table, the day and the run whose rows
+    the day holds; Dagster's latest record of the day names the snapshot and the write
+    the catalog holds."""
+    import dagster as dg
+
+    from tests.helpers import in_process_dagster_home
+
+    views, ds = "ctr.listing_views", "2026-07-05"
+    home = in_process_dagster_home(tmp_path)
+    env = {**os.environ, "DAGSTER_HOME": str(home)}
+
+    def run() -> subprocess.Popen[Any]:
+        return subprocess.Popen(
+            [sys.executable, "-c", DAGSTER_WRITER, file_base, ds],
+            cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )  # fmt: skip
+
+    staging = local(f"{file_base}/ctr/listing_views/{STAGING_DIR}")
+    first = run()
+    deadline = time.monotonic() + 120
+    while not (staging.is_dir() and any(staging.rglob("*.parquet"))):  # staged, not its temp file
+        assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+        time.sleep(0.002)
+    os.killpg(first.pid, signal.SIGSTOP)
+    try:
+        second = run()
+        out, err = second.communicate(timeout=180)
+        assert second.returncode == 0, err.decode()[-3000:]
+    finally:
+        os.killpg(first.pid, signal.SIGCONT)
+    _, failed = first.communicate(timeout=180)
+    assert first.returncode == 1
+    held = tables_of(file_base).days(views)[ds]
+    assert held.run_id == out.decode().split()[-1]  # the second run's commit holds the day
+    said = f"table {views}: {ds} was written by another write (run {held.run_id} (write {held.write})) while this one ran"  # fmt: skip
+    assert said in failed.decode(), failed.decode()[-3000:]
+    instance = dg.DagsterInstance.from_config(str(home))
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=dg.AssetKey(["ctr", "listing_views"]), asset_partitions=[ds]),
+        limit=5,
+    ).records  # fmt: skip
+    assert [r.run_id for r in records] == [held.run_id]  # the failed run recorded nothing
+    latest = {k: v.value for k, v in records[0].asset_materialization.metadata.items()}  # type: ignore[union-attr]
+    assert (latest["snapshot_id"], latest["write_id"]) == (str(held.snapshot_id), held.write)
+    assert leftovers(file_base, ds, views) == []
+
+
+def test_reading_some_days_opens_only_the_manifests_that_may_hold_them(file_base: str) -> None:
+    """A table committed a day at a time has a manifest per day: the days a window reads
+    come from the manifests whose ``ds`` bounds hold them. A manifest of another day that
+    cannot be read (removed here) fails a full listing, not the window's."""
+    days = [f"2026-07-{d:02d}" for d in range(1, 7)]
+    for ds in days:
+        write_partition(file_base, TABLE, ds, pd.DataFrame({"version": [int(ds[-2:])] * 3}))
+    tables = tables_of(file_base)
+    whole = tables.days(TABLE)
+    assert tables.days(TABLE, only=days[3:]) == {d: whole[d] for d in days[3:]}
+    assert tables.state(TABLE, only=["2026-07-02", "2026-08-01"])[1] == {"2026-07-02": whole["2026-07-02"]}  # fmt: skip
+    found = tables.load(TABLE)
+    (first,) = [
+        m for m in found.current_snapshot().manifests(found.io)
+        if m.partitions[0].lower_bound == days[0].encode()
+    ]  # fmt: skip
+    local(first.manifest_path).unlink()
+    assert sorted(tables.days(TABLE, only=days[1:])) == days[1:]
+    with pytest.raises(FileNotFoundError):
+        tables.days(TABLE)
 
 
 def test_an_empty_day_is_committed_and_differs_from_a_missing_one(file_base: str) -> None:

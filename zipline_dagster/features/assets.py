@@ -112,8 +112,8 @@ def build_producer_asset(
                 run_id=context.run.run_id,
                 code_version=declaration_version(producer),
             )
-        except DaysNotCommitted as exc:  # nothing committed: every day fails, named
-            errors = exc.failed
+        except DaysNotCommitted as exc:  # the days not committed (or replaced) fail, named
+            errors, committed = exc.failed, exc.committed
         # the range, when the run wrote several days in one Spark job
         ranged = {"range": dg.MetadataValue.text(f"{days[0]}..{days[-1]}")} if days[1:] else {}
         schema = column_schema(tables, producer.table) if committed else None

@@ -21,7 +21,7 @@ from zipline_dagster.settings import settings, spark_master
 from zipline_dagster.storage.blobs import BlobStorageError
 from zipline_dagster.storage.catalog import WarehouseError
 from zipline_dagster.storage.days import days_between, format_days, shift_day
-from zipline_dagster.storage.tables import TableDay, Tables, new_write_id
+from zipline_dagster.storage.tables import DaysReplaced, TableDay, Tables, new_write_id
 
 #: A local session's driver: on loopback only.
 LOOPBACK_DRIVER = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
@@ -169,9 +169,10 @@ def read_days(
     skipped; any other missing day fails, naming it and what the table has.
     """
     wanted = [d for d in days if d >= first_day]
-    have = tables.days(table)
+    have = tables.days(table, only=wanted)
     missing = [d for d in wanted if d not in have]
     if missing:
+        have = tables.days(table)  # what it has, for the message
         raise UpstreamDataError(
             f"{who}: upstream table {table} is missing partitions {format_days(missing)}; it "
             f"has {format_days(sorted(have))}. Materialize them first."
@@ -196,9 +197,17 @@ def _spark_schema(arrow_schema: Any) -> Any:
 class DaysNotCommitted(ProducerError):
     """The range's days could not be committed (why); each is left as it was."""
 
-    def __init__(self, table: str, days: Sequence[str], why: str) -> None:
+    def __init__(
+        self,
+        table: str,
+        days: Sequence[str],
+        why: str,
+        committed: dict[str, TableDay] | None = None,
+    ) -> None:
         self.table = table
         self.failed: dict[str, str] = {ds: why for ds in days}
+        #: the range's other days, committed by this write (the same days written at once)
+        self.committed: dict[str, TableDay] = committed or {}
         super().__init__(
             f"table {table}: {format_days(sorted(days))} could not be committed, so each is "
             f"left as it was: {why}"
@@ -245,6 +254,8 @@ def write_days(
         return tables.commit(
             table, staged, write_id=write_id, run_id=run_id, code_version=code_version
         )
+    except DaysReplaced as exc:  # another run's write of the same days came right after
+        raise DaysNotCommitted(table, sorted(exc.replaced), str(exc), exc.committed) from exc
     except (WarehouseError, BlobStorageError, OSError) as exc:  # a table's or its catalog's
         raise DaysNotCommitted(table, days, describe(exc)) from exc
 

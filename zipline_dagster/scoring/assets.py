@@ -52,7 +52,7 @@ from zipline_dagster.storage.paths import (
     table_uri,
 )
 from zipline_dagster.storage.resources import WarehouseResource
-from zipline_dagster.storage.tables import TableDay, Tables, window_snapshot
+from zipline_dagster.storage.tables import DaysReplaced, TableDay, Tables, window_snapshot
 from zipline_dagster.training.assets import (
     trainable_partitions,
 )
@@ -275,7 +275,9 @@ class ScoringWork:
         self.chosen: dict[str, Chosen] = {}
         self.tables = warehouse.tables()
         try:
-            self.metadata, self.have = self.tables.state(transforms.source.table)
+            self.metadata, self.have = self.tables.state(
+                transforms.source.table, only=list(context.partition_keys)
+            )
         except (BlobStorageError, WarehouseError) as exc:
             raise failure(exc) from exc
 
@@ -363,6 +365,8 @@ def commit_day(
             run_id=run_id,
             code_version=scores_code_version(transforms),
         )[ds]
+    except DaysReplaced as exc:  # another run scored the day at once, and committed after
+        raise dg.Failure(str(exc)) from exc
     except (BlobStorageError, WarehouseError, OSError) as exc:
         raise dg.Failure(
             f"{transforms.table} {ds}: committing {written} failed ({exc}); readers see the "

@@ -172,10 +172,11 @@ def build_monitoring_asset(
         tables = warehouse.tables()
         days = list(context.partition_keys)
         # each table read from the catalog once for the run's days
-        scores = tables.days(transforms.table)
+        scores = tables.days(transforms.table, only=days)
+        labels = tables.days(labels_table, only=days)
         committed = {
             transforms.table: {ds: list(d.files) for ds, d in scores.items()},
-            labels_table: {ds: list(d.files) for ds, d in tables.days(labels_table).items()},
+            labels_table: {ds: list(d.files) for ds, d in labels.items()},
         }
         done: dict[str, dict[str, Any]] = {}
         errors: dict[str, str] = {}

@@ -23,7 +23,7 @@ import re
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +61,29 @@ class TableError(WarehouseError):
 
 class SchemaMismatch(TableError):
     """A write's columns differ from its table's; names both. The days are left as they were."""
+
+
+class DaysReplaced(TableError):
+    """Another write replaced days of this one right after it committed them (the same
+    days written at once): those days hold the other write's rows, so they are not this
+    write's to record. ``committed``: the days still this write's; ``replaced``: {ds: the
+    day as the other write left it}."""
+
+    def __init__(
+        self,
+        table: str,
+        committed: dict[str, TableDay],
+        replaced: dict[str, TableDay | None],
+        *,
+        when: str = "right after this one committed it",
+    ) -> None:
+        self.committed, self.replaced = committed, replaced
+        by = sorted({f"run {d.run_id or '?'} (write {d.write})" for d in replaced.values() if d})
+        super().__init__(
+            f"table {table}: {format_days(sorted(replaced))} was written by another write "
+            f"({', '.join(by) or 'none held now'}) {when}; the day holds that write's rows, "
+            "which its run records, not this one"
+        )
 
 
 def new_write_id() -> str:
@@ -157,19 +180,30 @@ class Tables:
         found = self.load(table)
         return None if found is None else str(found.metadata_location)
 
-    def state(self, table: str) -> tuple[str | None, dict[str, TableDay]]:
-        """The table's metadata file and committed days, from one load (None, {} when the
-        catalog has no such table)."""
+    def state(
+        self, table: str, *, only: Collection[str] | None = None
+    ) -> tuple[str | None, dict[str, TableDay]]:
+        """The table's metadata file and committed days (of ``only``, when given), from one
+        load (None, {} when the catalog has no such table)."""
         found = self.load(table)
         if found is None:
             return None, {}
-        return str(found.metadata_location), table_days(table, found)
+        return str(found.metadata_location), table_days(table, found, only=only)
 
-    def days(self, table: str, *, snapshot_id: int | None = None) -> dict[str, TableDay]:
-        """{ds: the day} for every committed day of ``table`` (at ``snapshot_id``, else
-        its current snapshot); {} when the table does not exist."""
+    def days(
+        self,
+        table: str,
+        *,
+        snapshot_id: int | None = None,
+        only: Collection[str] | None = None,
+    ) -> dict[str, TableDay]:
+        """{ds: the day} for every committed day of ``table`` (of ``only``, when given: the
+        manifests holding none of them are not read), at ``snapshot_id``, else its
+        current snapshot; {} when the table does not exist."""
         found = self.load(table)
-        return {} if found is None else table_days(table, found, snapshot_id=snapshot_id)
+        if found is None:
+            return {}
+        return table_days(table, found, snapshot_id=snapshot_id, only=only)
 
     def commit(
         self,
@@ -188,13 +222,18 @@ class Tables:
                 this write is committed, and its files are removed).
             TableError: the files could not be moved in or the commit failed (named);
                 the days are left as they were.
+            DaysReplaced: another write of the same days committed right after this one:
+                they hold its rows (named), the others are this write's.
         """
         files = [f for ds in sorted(staged) for f in staged[ds]]
         existing = self.load(table)
-        schema = self._check_schema(table, existing, files) if files else None
-        if existing is None and schema is None:
-            raise TableError(f"table {table}: a first write needs rows to give it its columns")
-        moved = self._move_in(table, staged, write_id)
+        try:
+            schema = self._check_schema(table, existing, files) if files else None
+            if existing is None and schema is None:
+                raise TableError(f"table {table}: a first write needs rows to give it its columns")
+            moved = self._move_in(table, staged, write_id)
+        except FileNotFoundError as exc:  # what this write staged is gone
+            raise self._staging_lost(table, staged) from exc
         props = {WRITE: write_id, DAYS: ",".join(sorted(staged)), RUN: run_id or ""}
         props[CODE_VERSION] = code_version or ""
         try:
@@ -204,9 +243,21 @@ class Tables:
                 _quietly(self.store.delete, uri)
             raise
         found = self.load(table)
-        after = table_days(table, found) if found is not None else {}
+        after = table_days(table, found, only=staged) if found is not None else {}
         self._tidy(table, staged, write_id, found, after)
-        return {ds: after[ds] for ds in staged if ds in after}
+        ours = {ds: after[ds] for ds in staged if ds in after and after[ds].write == write_id}
+        if len(ours) < len(staged):  # the same day written at once: the later commit holds it
+            raise DaysReplaced(table, ours, {ds: after.get(ds) for ds in staged if ds not in ours})
+        return ours
+
+    def _staging_lost(self, table: str, staged: dict[str, list[str]]) -> DaysReplaced:
+        """A write whose staged files went before its commit: a write of the same days
+        committed while it ran, and tidied them as a killed writer's."""
+        held = self.days(table)
+        return DaysReplaced(
+            table, {}, {ds: held.get(ds) for ds in staged}, when="while this one ran, and "
+            "removed what this one had staged (as a killed writer's)"
+        )  # fmt: skip
 
     def _commit_retrying(
         self,
@@ -295,6 +346,8 @@ class Tables:
                     schema = pq.read_schema(f)
             else:
                 schema = pq.read_schema(io.BytesIO(self.store.read_bytes(files[0])))
+        except FileNotFoundError:
+            raise
         except (BlobStorageError, OSError) as exc:
             raise TableError(
                 f"table {table}: the staged file {files[0]} cannot be read: {exc}"
@@ -324,6 +377,8 @@ class Tables:
                 except (BlobStorageError, OSError) as exc:
                     for uri in moved:  # nothing of this write stays in the table's folder
                         _quietly(self.store.delete, uri)
+                    if isinstance(exc, FileNotFoundError):
+                        raise
                     raise TableError(
                         f"table {table}: moving {src} in failed ({exc}); "
                         f"{format_days(sorted(staged))} left as they were"
@@ -411,30 +466,53 @@ class Tables:
                     _quietly(self.store.delete, uri)
 
 
-def table_days(table: str, found: Any, *, snapshot_id: int | None = None) -> dict[str, TableDay]:
+def table_days(
+    table: str,
+    found: Any,
+    *,
+    snapshot_id: int | None = None,
+    only: Collection[str] | None = None,
+) -> dict[str, TableDay]:
     """{ds: day} of an Iceberg table (``found``) at ``snapshot_id`` or its current snapshot;
-    at the current one, with the days committed empty."""
+    at the current one, with the days committed empty. ``only``: just those days, read from
+    the manifests whose partition bounds hold one of them (the others are not opened)."""
     snapshot = found.snapshot_by_id(snapshot_id) if snapshot_id else found.current_snapshot()
     _check_spec(table, found)
+    wanted = None if only is None else set(only)
     per_day: dict[str, list[Any]] = {}
     if snapshot is not None:
         for manifest in snapshot.manifests(found.io):
+            if wanted is not None and not _may_hold(manifest, wanted):
+                continue
             for entry in manifest.fetch_manifest_entry(found.io, discard_deleted=True):
-                per_day.setdefault(_day_of(entry), []).append(entry)
+                ds = _day_of(entry)
+                if wanted is None or ds in wanted:
+                    per_day.setdefault(ds, []).append(entry)
     root = str(found.location()).rstrip("/")
     snapshots = {s.snapshot_id: s for s in found.snapshots()}
     out = {ds: _written_day(table, ds, e, snapshots, root) for ds, e in per_day.items()}
     if snapshot_id is None:
-        out = {**_empty_days(table, found.properties, root), **out}
+        empty = _empty_days(table, found.properties, root)
+        out = {**{d: e for d, e in empty.items() if wanted is None or d in wanted}, **out}
     return dict(sorted(out.items()))
+
+
+def _may_hold(manifest: Any, days: set[str]) -> bool:
+    """Whether a manifest's ``ds`` bounds (its first partition field's summary) hold one of
+    ``days``; True when it has none."""
+    summary = (manifest.partitions or [None])[0]
+    if summary is None or summary.lower_bound is None or summary.upper_bound is None:
+        return True
+    low, high = summary.lower_bound.decode(), summary.upper_bound.decode()
+    return any(low <= ds <= high for ds in days)
 
 
 def _written_day(
     table: str, ds: str, entries: list[Any], snapshots: dict[int, Any], root: str
 ) -> TableDay:
     """A day with data files: the snapshot that last added one names its write."""
-    sid = max(e.snapshot_id for e in entries)
-    sequence = max(e.sequence_number or 0 for e in entries)
+    last = max(entries, key=lambda e: e.sequence_number or 0)  # snapshot ids are random
+    sid, sequence = last.snapshot_id, last.sequence_number or 0
     snap = snapshots.get(sid)
     summary = _summary(snap)
     return TableDay(

@@ -182,8 +182,10 @@ class TrainingWork:
         # Ray Train workers
         self.together = model.training_conf.resource_config.workers == 0
         self.ledger = Ledger(context.instance)
-        try:  # the training table listed once for the step
-            self.metadata, self.scan = warehouse.tables().state(model.table)
+        # the training table listed once for the step: the days of its windows
+        needed = {d for ds in context.partition_keys for d in window_days(ds, model.window_days)}
+        try:
+            self.metadata, self.scan = warehouse.tables().state(model.table, only=needed)
         except (BlobStorageError, WarehouseError) as exc:
             raise failure(exc) from None
         self.files = {day: len(held.files) for day, held in self.scan.items()}

@@ -310,8 +310,8 @@ def build_range_request(
 def check_training_window(model: Model, ds: str, days: list[str], *, have: dict[str, int]) -> None:
     """Fail before anything is submitted when a window partition is missing.
 
-    ``have``: {ds: data file count} of the table's committed days (a range reads the
-    catalog once for all its partitions).
+    ``have``: {ds: data file count} of the table's committed days, at least those of the
+    window (a range reads the catalog once for all its partitions' windows).
 
     Raises:
         TrainingDataError: names the missing partitions and what the table has.
@@ -322,7 +322,7 @@ def check_training_window(model: Model, ds: str, days: list[str], *, have: dict[
         raise TrainingDataError(
             f"model {model.name!r} partition {ds}: training table {table} "
             f"is missing partitions {format_days(missing)} "
-            f"of the window {days[0]}..{days[-1]}; the table has "
+            f"of the window {days[0]}..{days[-1]}; of those the table has "
             f"{format_days(sorted(have))}. Materialize the upstream partitions first "
             "(a backfill of the model does it)."
         )
