@@ -63,6 +63,9 @@ from zipline_dagster.processes import (  # noqa: E402
 
 TRAINING_POOL = "zipline_training"
 TRAINING_POOL_LIMIT = 2
+#: how often the daemon's backfill, automation and run-queue passes run (seconds): a
+#: backfill's next runs start within this of the last ones ending (Dagster's default: 30)
+DAEMON_INTERVAL_S = 5
 BUCKET = "zipline-cluster"
 PG_USER, PG_DB = "zipline", "dagster"
 #: the warehouse's Iceberg catalog: a database of its own on the same server
@@ -555,6 +558,8 @@ storage:
 run_coordinator:
   module: dagster._core.run_coordinator
   class: QueuedRunCoordinator
+  config:
+    dequeue_interval_seconds: {DAEMON_INTERVAL_S}
 # a run that fails (a lost Ray node, the database restarted under it) runs once more
 run_retries:
   enabled: true
@@ -581,7 +586,12 @@ concurrency:
         )  # fmt: skip
         if pool.returncode != 0:
             raise ClusterError(f"setting the pool limit failed: {pool.stderr[-2000:]}")
-        self._spawn(name, [str(BIN / "dagster-daemon"), "run", "-w", workspace()], env=env)
+        # its backfill daemon passes every DAEMON_INTERVAL_S (Dagster's own: 30 s, no setting)
+        daemon = (
+            "from zipline_dagster.lineage.internals import run_daemon; "
+            f"run_daemon(['run', '-w', {workspace()!r}], interval_s={DAEMON_INTERVAL_S})"
+        )
+        self._spawn(name, [str(BIN / "python"), "-c", daemon], env=env)
         self._wait(name, lambda: _daemon_heartbeating(env), timeout=180)
 
     def _start_dagster_webserver(self, name: str) -> None:

@@ -35,6 +35,19 @@ def test_every_private_name_the_library_uses_still_exists() -> None:
         assert getattr(internals, name) is not None
 
 
+def test_the_backfill_daemon_reads_its_interval_at_each_pass() -> None:
+    """``run_daemon`` sets ``DEFAULT_DAEMON_INTERVAL_SECONDS``: the backfill loop must read
+    it from the controller module at each pass (it does, imported inside the loop)."""
+    import inspect
+
+    from dagster._daemon import backfill, controller
+
+    assert controller.DEFAULT_DAEMON_INTERVAL_SECONDS == 30
+    loop = inspect.getsource(backfill.execute_backfill_iteration_loop)
+    assert "from dagster._daemon.controller import DEFAULT_DAEMON_INTERVAL_SECONDS" in loop
+    assert "DEFAULT_DAEMON_INTERVAL_SECONDS - loop_duration" in loop
+
+
 def test_no_other_module_imports_a_private_dagster_module() -> None:
     offenders = {
         str(path.relative_to(LIBRARY)): found

@@ -13,6 +13,8 @@ fails when one moves; nothing else in the project imports a private Dagster modu
   (``drive_backfill``, for ``zipline-dagster backfill --wait`` without a daemon), and
   telling whether a daemon is heartbeating (``daemon_running``) and which assets a
   backfill in progress targets (``backfilling``);
+* ``dagster-daemon run`` whose backfill daemon passes every few seconds instead of
+  Dagster's fixed 30 (``run_daemon``: a module constant, no setting; the topology's);
 * the run tags of a range run, of a backfill's runs (``failed_runs``) and of a
   re-execution from failure, the error of an unset
   ``DAGSTER_HOME``, a check evaluation's target materialization, the asset graph type.
@@ -57,6 +59,7 @@ __all__ = [
     "execute_plan_in_process",
     "failed_runs",
     "launch_backfill",
+    "run_daemon",
 ]
 
 #: a step's error when the run was interrupted (Ctrl-C, SIGTERM)
@@ -172,6 +175,23 @@ def daemon_running(instance: dg.DagsterInstance) -> bool:
         return bool(all_daemons_live(instance, heartbeat_tolerance_seconds=60))
     except Exception:
         return False
+
+
+def run_daemon(args: Sequence[str], *, interval_s: int) -> None:
+    """``dagster-daemon`` with ``args`` (``run -w workspace.yaml``), its backfill and
+    automation daemons passing every ``interval_s`` seconds: Dagster's 30 is a constant of
+    ``dagster._daemon.controller`` that each pass reads, with no instance setting. The run
+    queue's pass is the instance's own ``dequeue_interval_seconds``."""
+    import sys
+
+    from dagster._daemon import controller
+    from dagster._daemon.cli import main
+
+    if not 1 <= interval_s <= 30:
+        raise ValueError(f"interval_s={interval_s} is not accepted: 1..30 seconds")
+    controller.DEFAULT_DAEMON_INTERVAL_SECONDS = interval_s
+    sys.argv = ["dagster-daemon", *args]
+    main()
 
 
 def backfilling(instance: dg.DagsterInstance) -> dict[dg.AssetKey, str]:
