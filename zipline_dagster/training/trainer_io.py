@@ -142,7 +142,8 @@ def iceberg_days(
     metadata: str, snapshot_id: int | None, window: list[str], partition_column: str
 ) -> tuple[dict[str, list[str]], set[str]]:
     """({day: its data files' URIs}, the days marked empty) of ``window`` at
-    ``snapshot_id`` (None: the metadata's current snapshot), planned by pyiceberg."""
+    ``snapshot_id`` (None: the metadata's current snapshot), read from its manifests with
+    pyiceberg."""
     from pyiceberg.table import StaticTable
 
     table = StaticTable.from_metadata(metadata, properties=iceberg_io_properties())
@@ -153,15 +154,44 @@ def iceberg_days(
             f"--snapshot-id={snapshot_id} is not a snapshot of {metadata} (expired by "
             f"maintenance?); it holds {len(table.snapshots())}, the newest {held}"
         )
-    days = ", ".join(repr(_day(d)) for d in window)
-    scan = table.scan(row_filter=f"{partition_column} IN ({days})", snapshot_id=snapshot_id)
+    wanted = {_day(d) for d in window}
+    snapshot = table.snapshot_by_id(snapshot_id) if snapshot_id else table.current_snapshot()
     files: dict[str, list[str]] = {}
-    for task in scan.plan_files():
-        value = task.file.partition[0]
-        day = value.isoformat() if isinstance(value, dt.date) else str(value)
-        files.setdefault(day, []).append(task.file.file_path)
+    # the manifests whose day bounds (the first partition field's) hold a window day, and
+    # their live entries of those days: pyiceberg's own scan would evaluate a residual
+    # of `ds IN (...)` per file, about 1 ms each, most of a small window's read
+    as_day = _partition_day(table)
+    for manifest in snapshot.manifests(table.io) if snapshot is not None else []:
+        bounds = (manifest.partitions or [None])[0]
+        if bounds is not None and bounds.lower_bound and bounds.upper_bound:
+            low, high = as_day(bounds.lower_bound, True), as_day(bounds.upper_bound, True)
+            if not any(low <= d <= high for d in wanted):
+                continue
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+            day = as_day(entry.data_file.partition[0], False)
+            if day in wanted:
+                files.setdefault(day, []).append(entry.data_file.file_path)
     empty = {k[len(EMPTY_DAY) :] for k in table.properties if k.startswith(EMPTY_DAY)}
     return {d: sorted(f) for d, f in files.items()}, empty & set(window)
+
+
+def _partition_day(table: Any) -> Any:
+    """A function of (a value of the table's first partition field, whether it is a
+    manifest's serialized bound) to the day it is (YYYY-MM-DD): a string, or a date."""
+    from pyiceberg.conversions import from_bytes
+    from pyiceberg.types import DateType
+
+    field = table.spec().fields[0]
+    kind = table.schema().find_field(field.source_id).field_type
+
+    def as_day(value: Any, serialized: bool) -> str:
+        if serialized:
+            value = from_bytes(kind, value)
+        if isinstance(kind, DateType) and isinstance(value, int):  # days since 1970-01-01
+            value = dt.date(1970, 1, 1) + dt.timedelta(days=value)
+        return value.isoformat() if isinstance(value, dt.date) else str(value)
+
+    return as_day
 
 
 #: Requests in flight at once on an object store, where each one's time is mostly the
