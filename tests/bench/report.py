@@ -24,6 +24,7 @@ def render(data: dict) -> str:  # type: ignore[type-arg]
         HEADER,
         f"Run of {data['date']} on {data['machine']}; `make bench` took "
         f"{data['bench_seconds'] / 60:.1f} min.",
+        *([data["note"]] if data.get("note") else []),
         "",
         data["table"],
         "",
