@@ -138,9 +138,24 @@ def _summary(snapshot: Any) -> dict[str, str]:
     return dict(snapshot.summary.additional_properties) if snapshot is not None else {}
 
 
-def _day_of(entry: Any) -> str:
-    value = entry.data_file.partition[0]
-    return value.isoformat() if isinstance(value, dt.date) else str(value)
+def _day_reader(found: Any) -> Callable[[Any, bool], str]:
+    """A function of (a value of the table's ``ds`` partition field, whether it is a
+    manifest's serialized bound) to the day it is (YYYY-MM-DD): ``ds`` a string, or a
+    date (pyiceberg gives a date partition's value as days since 1970-01-01). The trainer's
+    reader (``training.trainer_io``, shipped alone in each archive) has its own copy."""
+    from pyiceberg.conversions import from_bytes
+    from pyiceberg.types import DateType
+
+    kind = found.schema().find_field(found.spec().fields[0].source_id).field_type
+
+    def as_day(value: Any, serialized: bool) -> str:
+        if serialized:
+            value = from_bytes(kind, value)
+        if isinstance(kind, DateType) and isinstance(value, int):
+            value = dt.date(1970, 1, 1) + dt.timedelta(days=value)
+        return value.isoformat() if isinstance(value, dt.date) else str(value)
+
+    return as_day
 
 
 class Tables:
@@ -253,7 +268,7 @@ class Tables:
     def _staging_lost(self, table: str, staged: dict[str, list[str]]) -> DaysReplaced:
         """A write whose staged files went before its commit: a write of the same days
         committed while it ran, and tidied them as a killed writer's."""
-        held = self.days(table)
+        held = self.days(table, only=staged)
         return DaysReplaced(
             table, {}, {ds: held.get(ds) for ds in staged}, when="while this one ran, and "
             "removed what this one had staged (as a killed writer's)"
@@ -479,13 +494,14 @@ def table_days(
     snapshot = found.snapshot_by_id(snapshot_id) if snapshot_id else found.current_snapshot()
     _check_spec(table, found)
     wanted = None if only is None else set(only)
+    as_day = _day_reader(found)
     per_day: dict[str, list[Any]] = {}
     if snapshot is not None:
         for manifest in snapshot.manifests(found.io):
-            if wanted is not None and not _may_hold(manifest, wanted):
+            if wanted is not None and not _may_hold(manifest, wanted, as_day):
                 continue
             for entry in manifest.fetch_manifest_entry(found.io, discard_deleted=True):
-                ds = _day_of(entry)
+                ds = as_day(entry.data_file.partition[0], False)
                 if wanted is None or ds in wanted:
                     per_day.setdefault(ds, []).append(entry)
     root = str(found.location()).rstrip("/")
@@ -497,13 +513,13 @@ def table_days(
     return dict(sorted(out.items()))
 
 
-def _may_hold(manifest: Any, days: set[str]) -> bool:
+def _may_hold(manifest: Any, days: set[str], as_day: Callable[[Any, bool], str]) -> bool:
     """Whether a manifest's ``ds`` bounds (its first partition field's summary) hold one of
     ``days``; True when it has none."""
-    summary = (manifest.partitions or [None])[0]
+    summary = manifest.partitions[0] if manifest.partitions else None
     if summary is None or summary.lower_bound is None or summary.upper_bound is None:
         return True
-    low, high = summary.lower_bound.decode(), summary.upper_bound.decode()
+    low, high = as_day(summary.lower_bound, True), as_day(summary.upper_bound, True)
     return any(low <= ds <= high for ds in days)
 
 

@@ -160,9 +160,9 @@ def iceberg_days(
     # the manifests whose day bounds (the first partition field's) hold a window day, and
     # their live entries of those days: pyiceberg's own scan would evaluate a residual
     # of `ds IN (...)` per file, about 1 ms each, most of a small window's read
-    as_day = _partition_day(table)
+    as_day = _partition_day(table, partition_column)
     for manifest in snapshot.manifests(table.io) if snapshot is not None else []:
-        bounds = (manifest.partitions or [None])[0]
+        bounds = manifest.partitions[0] if manifest.partitions else None
         if bounds is not None and bounds.lower_bound and bounds.upper_bound:
             low, high = as_day(bounds.lower_bound, True), as_day(bounds.upper_bound, True)
             if not any(low <= d <= high for d in wanted):
@@ -175,14 +175,25 @@ def iceberg_days(
     return {d: sorted(f) for d, f in files.items()}, empty & set(window)
 
 
-def _partition_day(table: Any) -> Any:
-    """A function of (a value of the table's first partition field, whether it is a
-    manifest's serialized bound) to the day it is (YYYY-MM-DD): a string, or a date."""
+def _partition_day(table: Any, partition_column: str) -> Any:
+    """A function of (a value of the table's first partition field, ``partition_column``,
+    whether it is a manifest's serialized bound) to the day it is (YYYY-MM-DD): a string,
+    or a date (pyiceberg gives a date's value as days since 1970-01-01).
+
+    Raises:
+        TrainingDataError: the table is not partitioned by ``partition_column`` first.
+    """
     from pyiceberg.conversions import from_bytes
     from pyiceberg.types import DateType
 
-    field = table.spec().fields[0]
-    kind = table.schema().find_field(field.source_id).field_type
+    fields = list(table.spec().fields)
+    first = table.schema().find_column_name(fields[0].source_id) if fields else None
+    if first != partition_column:
+        raise TrainingDataError(
+            f"the table at {table.metadata_location} is partitioned first by {first!r}, not "
+            f"by {partition_column!r}: its days cannot be planned"
+        )
+    kind = table.schema().find_field(fields[0].source_id).field_type
 
     def as_day(value: Any, serialized: bool) -> str:
         if serialized:
