@@ -277,6 +277,56 @@ def test_a_table_another_engine_wrote_is_read_through_its_metadata(
     assert Counter(table.column("ds").to_pylist()) == {DAYS[0]: 3 * 11, DAYS[1]: 2 * 11}
 
 
+@pytest.mark.parametrize("kind", ["string", "date"])
+def test_a_window_is_planned_as_pyicebergs_own_scan_plans_it(
+    kind: str, tmp_path: Any, file_base: str
+) -> None:
+    """The trainer plans a window from the snapshot's manifests itself (a reader kept per
+    manifest schema, not pyiceberg's scan): the files it finds for each day are exactly
+    those pyiceberg's scan plans, on a table of days appended, overwritten and deleted
+    (manifests with deleted entries), whether ``ds`` is a string or a date (another
+    team's table)."""
+    import datetime as dt
+
+    import pyarrow as pa
+    from pyiceberg.avro.file import AvroFile
+    from pyiceberg.catalog.sql import SqlCatalog
+    from pyiceberg.expressions import In
+
+    from zipline_dagster.training import trainer_io
+
+    assert callable(AvroFile._read_header)  # the one private name the planning uses
+    catalog = SqlCatalog("theirs", uri=f"sqlite:///{tmp_path / 'c.db'}", warehouse=file_base)
+    catalog.create_namespace("ctr")
+    days = days_ending(DS, 6)
+
+    def rows(ds: str, n: int) -> pa.Table:
+        day = dt.date.fromisoformat(ds) if kind == "date" else ds
+        return pa.table({"x": list(range(n)), "ds": [day] * n})
+
+    table = catalog.create_table(TABLE, schema=rows(days[0], 1).schema)
+    with table.update_spec() as spec:
+        spec.add_identity("ds")
+    for i, ds in enumerate(days):
+        table.append(rows(ds, i + 1))
+    table.dynamic_partition_overwrite(rows(days[2], 9))  # a day replaced
+    table.append(rows(days[3], 2))  # a day with two files
+    table.delete(f"ds == '{days[4]}'" if kind == "string" else In("ds", [days[4]]))
+    found = catalog.load_table(TABLE)
+    window = days[1:]
+    planned, _ = trainer_io.iceberg_days(found.metadata_location, None, window, "ds")
+    theirs: dict[str, list[str]] = {}
+    for task in found.scan(row_filter=In("ds", window)).plan_files():
+        value = task.file.partition[0]
+        day = (dt.date(1970, 1, 1) + dt.timedelta(days=value)).isoformat() if kind == "date" else value  # fmt: skip
+        theirs.setdefault(day, []).append(task.file.file_path)
+    assert planned == {d: sorted(f) for d, f in theirs.items()}
+    assert days[4] not in planned and len(planned[days[3]]) == 2
+    files = WindowFiles(file_base, TABLE, window, "ds", ["x"], metadata=found.metadata_location)
+    assert files.missing == [days[4]]
+    assert Counter(files.tables(["x"])[1][1][0].column("x").to_pylist()) == Counter(range(9))
+
+
 @pytest.mark.parametrize("store", ["s3", "gs", "abfss"])
 def test_an_artifact_written_to_a_missing_bucket_is_an_error_naming_it(
     store: str, request: pytest.FixtureRequest

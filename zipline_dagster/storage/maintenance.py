@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zipline_dagster.storage.catalog import reason
+from zipline_dagster.storage.iceberg_internals import transaction
 from zipline_dagster.storage.tables import TableError, Tables
 
 #: The snapshot summary property of a maintenance commit.
@@ -98,9 +99,9 @@ def _tag(found: Any, tags: dict[str, int]) -> None:
 
 def _compact(found: Any) -> None:
     """Merge the current snapshot's manifests: an empty merge append."""
-    with found.transaction() as tx:  # read by the merge, so set first
+    with transaction(found) as tx:  # read by the merge, so set first
         tx.set_properties({MERGE_AT: "2", MERGE_ON: "true"})
-    with found.transaction() as tx:
+    with transaction(found) as tx:
         compact = tx.update_snapshot(snapshot_properties={MAINTENANCE: "compact"})
         with compact.merge_append():
             pass  # no new file: the existing manifests merge

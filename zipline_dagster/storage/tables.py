@@ -412,10 +412,12 @@ class Tables:
         """One optimistic commit; False when another writer's commit came first."""
         from pyiceberg.exceptions import CommitFailedException
 
+        from zipline_dagster.storage.iceberg_internals import transaction
+
         days = sorted(staged)
         empties = {f"{EMPTY}{ds}" for ds in days} & set(current.properties)
         try:
-            with warnings.catch_warnings(), current.transaction() as tx:
+            with warnings.catch_warnings(), transaction(current) as tx:
                 warnings.simplefilter("ignore")  # "Delete operation did not match any records"
                 if current.current_snapshot() is not None:  # no snapshot when none matches
                     tx.delete(days_filter(days), snapshot_properties=props)
