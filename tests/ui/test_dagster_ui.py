@@ -1,5 +1,6 @@
 """The Dagster UI in a real browser (Debian's chromium driven by Playwright), against
-`dagster dev` on loopback with the demo code location: launch one model partition from
+Dagster's webserver and daemon (the two `dagster dev` runs) on loopback with the demo
+code location: launch one model partition from
 the UI, wait for it, and check the metadata a user looks at is shown, the partition's
 blocking checks with their numbers, and the champion asset moving to it."""
 
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -51,12 +53,17 @@ execute_plan_in_process(defs, instance, plan, log=lambda m: None)
 def dagster_dev(
     ray_head: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, Any]]:
-    """`dagster dev` with the demo code location; its upstream tables already built."""
+    """Dagster's webserver and daemon with the demo code location; its upstream tables
+    already built."""
     require_chromium()
     tmp = tmp_path_factory.mktemp("ui")
     home = tmp / "dagster_home"
     home.mkdir()
-    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    # its run queue read every second (Dagster's default: every 5 s)
+    (home / "dagster.yaml").write_text(
+        "telemetry:\n  enabled: false\nrun_coordinator:\n  module: dagster._core.run_coordinator\n"
+        "  class: QueuedRunCoordinator\n  config:\n    dequeue_interval_seconds: 1\n"
+    )
     env = {
         **os.environ,
         "DAGSTER_HOME": str(home),
@@ -74,15 +81,21 @@ def dagster_dev(
     )
     port = free_port()
     log = open(tmp / "dagster_dev.log", "wb")  # noqa: SIM115
+    # the webserver and the daemon `dagster dev` runs, in one process group; the daemon's
+    # backfill pass every 5 s as the topology's (Dagster's fixed 30 s otherwise: a
+    # backfill's test would spend a minute on it)
+    webserver = [str(BIN / "dagster-webserver"), "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)]  # fmt: skip
+    daemon = "from zipline_dagster.lineage.internals import run_daemon; run_daemon(['run', '-w', 'workspace.yaml'], interval_s=5)"  # fmt: skip
+    both = f"{shlex.join(webserver)} & exec {shlex.join([str(BIN / 'python'), '-c', daemon])}"
     proc = subprocess.Popen(
-        [str(BIN / "dagster"), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
+        ["bash", "-c", both],
         cwd=ROOT,
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
-    register(proc.pid, group=True, what="dagster dev")
+    register(proc.pid, group=True, what="dagster webserver and daemon")
     try:
         wait_http(f"http://127.0.0.1:{port}/server_info", timeout=120)
         yield {
@@ -92,7 +105,7 @@ def dagster_dev(
         }
     finally:
         # a few seconds' grace, then the group is killed: a disposable instance, and
-        # dagster dev's daemon takes over 20 s to wind down its threads
+        # the daemon takes over 20 s to wind down its threads
         os.killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(5)
