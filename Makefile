@@ -93,6 +93,7 @@ lint: $(SYNCED)
 	$(VENV)/bin/ruff format --check zipline_dagster tests trainers scripts
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/python scripts/check_size.py zipline_dagster
 
 fmt: $(SYNCED)
 	$(VENV)/bin/ruff format zipline_dagster tests trainers

@@ -135,7 +135,7 @@ def _fresh_bucket(scheme: str, env: dict[str, str]) -> str:
     import uuid
 
     from zipline_dagster.settings import StorageOptions
-    from zipline_dagster.storage.blobs import object_filesystem
+    from zipline_dagster.storage.object_store import object_filesystem
 
     name = f"test-{uuid.uuid4().hex[:12]}"
     opts = StorageOptions(

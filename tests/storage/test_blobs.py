@@ -11,12 +11,12 @@ import pytest
 from tests.helpers import s3_requests
 from zipline_dagster.storage.blobs import (
     CHUNK,
-    S3_FIRST_READ,
     BlobNotFoundError,
     BlobStorageError,
     blob_store,
     local_path,
 )
+from zipline_dagster.storage.object_store import S3_FIRST_READ
 from zipline_dagster.storage.paths import archive_uri
 from zipline_dagster.training.archive import (
     ArchiveVerificationError,

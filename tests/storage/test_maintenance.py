@@ -13,7 +13,7 @@ from zipline_dagster.rollout.maintenance import build_maintenance
 from zipline_dagster.storage.days import days_between
 from zipline_dagster.storage.maintenance import maintain
 from zipline_dagster.storage.resources import WarehouseResource
-from zipline_dagster.storage.tables import window_snapshot
+from zipline_dagster.storage.table_days import window_snapshot
 from zipline_dagster.training.trainer_io import TrainingDataError, iceberg_days
 
 TABLE = "ctr.kept"

@@ -10,7 +10,7 @@ import sys
 import textwrap
 
 from tests.helpers import ctr_rows, days_ending, local, tables_of, write_partition
-from zipline_dagster.storage.tables import window_snapshot
+from zipline_dagster.storage.table_days import window_snapshot
 from zipline_dagster.training.trainer_io import WindowFiles
 
 TABLE = "ctr.training_v1"

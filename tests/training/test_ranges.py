@@ -262,7 +262,7 @@ def test_what_on_storage_makes_a_retry_train_again(file_base: str) -> None:
     its manifest incomplete or without a commit time; a window day without a commit time,
     or committed after the model (a write the run's graph does not see)."""
     from zipline_dagster.storage.paths import join_uri
-    from zipline_dagster.storage.tables import TableDay
+    from zipline_dagster.storage.table_days import TableDay
     from zipline_dagster.training.request import build_training_request
     from zipline_dagster.training.retries import why_input_changed
 

@@ -316,7 +316,7 @@ def test_end_marker_watcher_sees_the_file_appear_and_rides_out_errors(
 ) -> None:
     import threading
 
-    from zipline_dagster.training.launchers.ray_job import done_watcher
+    from zipline_dagster.training.launchers.ray_follow import done_watcher
 
     base = str(request.getfixturevalue(BUCKETS[where]))
     uri = f"{base}/m/_attempts/zd-x-1.done"

@@ -30,7 +30,7 @@ from zipline_dagster.lineage.partitions import (
 from zipline_dagster.storage.catalog import WarehouseError
 from zipline_dagster.storage.metadata import column_schema, day_metadata
 from zipline_dagster.storage.resources import WarehouseResource
-from zipline_dagster.storage.tables import TableDay
+from zipline_dagster.storage.table_days import TableDay
 
 # backfill_policy and allow_nonexistent_upstream_partitions are marked beta; we rely on
 # both deliberately and say so once here instead of at every load.

@@ -21,7 +21,8 @@ from zipline_dagster.settings import settings, spark_master
 from zipline_dagster.storage.blobs import BlobStorageError
 from zipline_dagster.storage.catalog import WarehouseError
 from zipline_dagster.storage.days import days_between, format_days, shift_day
-from zipline_dagster.storage.tables import DaysReplaced, TableDay, Tables, new_write_id
+from zipline_dagster.storage.table_days import TableDay
+from zipline_dagster.storage.tables import DaysReplaced, Tables, new_write_id
 
 #: A local session's driver: on loopback only.
 LOOPBACK_DRIVER = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}

@@ -29,7 +29,8 @@ from zipline_dagster.storage.blobs import BlobStore, blob_store
 from zipline_dagster.storage.catalog import WarehouseError
 from zipline_dagster.storage.commits import Commit
 from zipline_dagster.storage.resources import warehouse_of
-from zipline_dagster.storage.tables import TABLE_NAME, WRITE_ID, TableDay, Tables
+from zipline_dagster.storage.table_days import TableDay
+from zipline_dagster.storage.tables import TABLE_NAME, WRITE_ID, Tables
 
 #: A table asset's definition metadata naming its Iceberg table: where a day Dagster has
 #: no record of is looked for (a new or restored instance adopts what the catalog holds).
@@ -334,8 +335,11 @@ class FreshnessResolver:
         """'fresh', 'missing', 'stale: <why>', or 'in flight: <why>' (a model partition
         a run still going committed and has not recorded yet: left to that run)."""
         memo_key = (key, partition)
-        if memo_key in self._memo:
-            return self._memo[memo_key]
+        if memo_key not in self._memo:
+            self._memo[memo_key] = self._status(key, partition)
+        return self._memo[memo_key]
+
+    def _status(self, key: dg.AssetKey, partition: str) -> str:
         node = self.graph.get(key)
         ids = self.latest_ids(key)
         settled = None
@@ -343,44 +347,42 @@ class FreshnessResolver:
             settled = self._adopt(key, partition)
             ids = self.latest_ids(key)
         if isinstance(settled, tuple) and settled[0].state is State.IN_FLIGHT:
-            result = f"{State.IN_FLIGHT}: {settled[0].describe()}"
-        elif not node.is_materializable:
-            result = "fresh"  # observed from outside; the run-time checks see what exists
-        elif partition not in ids:
+            return f"{State.IN_FLIGHT}: {settled[0].describe()}"
+        if not node.is_materializable:
+            return "fresh"  # observed from outside; the run-time checks see what exists
+        if partition not in ids:
             # never recorded; with a reason when storage could not say what it holds
-            result = f"missing: {settled}" if isinstance(settled, str) else "missing"
-        else:
-            result = "fresh"
-            off_storage = self.why_off_storage(key, partition)  # may record it from storage
-            ids = self.latest_ids(key)
-            if off_storage:
-                result = f"stale: {off_storage}"
-            elif node.code_version and self._code_versions(key).get(partition) != node.code_version:
-                result = f"stale: code version changed to {node.code_version}"
-            else:
-                observed: dict[dg.AssetKey, list[str]] = {}
-                for pkey, ppart in self.parents(key, partition):
-                    pstatus = self.status(pkey, ppart)
-                    if pstatus != "fresh":
-                        result = f"stale: upstream {pkey.to_user_string()} {ppart} is {pstatus.split(':')[0]}"
-                        break
-                    if self.latest_ids(pkey).get(ppart, 0) <= ids[partition]:
-                        continue
-                    if not self.graph.get(pkey).is_materializable:
-                        observed.setdefault(pkey, []).append(ppart)  # its data version says
-                        continue
-                    result = f"stale: upstream {pkey.to_user_string()} {ppart} was updated after it"
-                    break
-                for pkey, parts in observed.items() if result == "fresh" else ():
-                    changed = self.observed_changed_since(pkey, parts, ids[partition])
-                    if changed:
-                        result = (
-                            f"stale: upstream {pkey.to_user_string()} {changed} was updated "
-                            "after it (its observed data version changed)"
-                        )
-                        break
-        self._memo[memo_key] = result
-        return result
+            return f"missing: {settled}" if isinstance(settled, str) else "missing"
+        off_storage = self.why_off_storage(key, partition)  # may record it from storage
+        if off_storage:
+            return f"stale: {off_storage}"
+        if node.code_version and self._code_versions(key).get(partition) != node.code_version:
+            return f"stale: code version changed to {node.code_version}"
+        return self._upstream_status(key, partition, self.latest_ids(key)[partition])
+
+    def _upstream_status(self, key: dg.AssetKey, partition: str, recorded: int) -> str:
+        """'fresh', or 'stale: <why>' when a parent partition is not fresh or was
+        updated after ``recorded`` (the partition's latest record): a materialized parent
+        by its record, an observed one by its observed data version."""
+        observed: dict[dg.AssetKey, list[str]] = {}
+        for pkey, ppart in self.parents(key, partition):
+            pstatus = self.status(pkey, ppart)
+            if pstatus != "fresh":
+                return f"stale: upstream {pkey.to_user_string()} {ppart} is {pstatus.split(':')[0]}"
+            if self.latest_ids(pkey).get(ppart, 0) <= recorded:
+                continue
+            if not self.graph.get(pkey).is_materializable:
+                observed.setdefault(pkey, []).append(ppart)  # its data version says
+                continue
+            return f"stale: upstream {pkey.to_user_string()} {ppart} was updated after it"
+        for pkey, parts in observed.items():
+            changed = self.observed_changed_since(pkey, parts, recorded)
+            if changed:
+                return (
+                    f"stale: upstream {pkey.to_user_string()} {changed} was updated "
+                    "after it (its observed data version changed)"
+                )
+        return "fresh"
 
 
 def plan_backfill(

@@ -244,8 +244,7 @@ def drive_backfill(
     queue = QueuedRunCoordinatorDaemon(interval_seconds=poll_s)
     deadline = time.monotonic() + timeout_s
     last, following, ctx = "", None, None
-    made: set[tuple[dg.AssetKey | None, str | None]] = set()  # by the ended runs read
-    read: set[str] = set()
+    made = _Materialized(instance)
     with contextlib.ExitStack() as stack:
         while True:
             daemon = daemon_running(instance)
@@ -277,38 +276,51 @@ def drive_backfill(
             if backfill is None:
                 raise BackfillError(f"backfill {backfill_id} disappeared")
             runs = instance.get_run_records(dg.RunsFilter(tags={BACKFILL_ID_TAG: backfill_id}))
-            states = sorted(str(r.dagster_run.status.value) for r in runs)
-            summary = f"{backfill.status.value}: {len(runs)} runs " + ", ".join(
-                f"{states.count(s)} {s.lower()}" for s in sorted(set(states))
-            )
-            running = [
-                _what(r.dagster_run) for r in runs if r.dagster_run.status.value == "STARTED"
-            ]
-            summary += f" ({'; '.join(running)})" if running else ""
+            summary, states = _progress(backfill, runs)
             if summary != last:
-                log(summary.rstrip())
+                log(summary)
                 last = summary
             if backfill.status != BulkActionStatus.REQUESTED:
                 return str(backfill.status.value)
-
-            def materialized(runs: Sequence[Any] = runs) -> set[Any]:
-                for run_id in {r.dagster_run.run_id for r in runs} - read:  # each run once
-                    read.add(run_id)
-                    made.update(
-                        (event.dagster_event.asset_key, event.dagster_event.partition)
-                        for event in instance.all_logs(
-                            run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION
-                        )
-                        if event.dagster_event is not None
-                    )
-                return made
-
-            if plan_done(targets, states, materialized):
+            if plan_done(targets, states, lambda runs=runs: made.by(runs)):  # type: ignore[misc]
                 log("COMPLETED_SUCCESS: every partition materialized")
                 return "COMPLETED_SUCCESS"
             if time.monotonic() > deadline:
                 raise BackfillError(f"backfill {backfill_id} still running after {timeout_s:.0f}s")
             time.sleep(poll_s)
+
+
+def _progress(backfill: Any, runs: Sequence[Any]) -> tuple[str, list[str]]:
+    """A backfill's progress line (its status, its runs by status, what the running
+    ones materialize) and its runs' statuses."""
+    states = sorted(str(r.dagster_run.status.value) for r in runs)
+    summary = f"{backfill.status.value}: {len(runs)} runs " + ", ".join(
+        f"{states.count(s)} {s.lower()}" for s in sorted(set(states))
+    )
+    running = [_what(r.dagster_run) for r in runs if r.dagster_run.status.value == "STARTED"]
+    summary += f" ({'; '.join(running)})" if running else ""
+    return summary.rstrip(), states
+
+
+class _Materialized:
+    """The asset partitions a backfill's runs materialized, each run's events read once."""
+
+    def __init__(self, instance: dg.DagsterInstance) -> None:
+        self.instance = instance
+        self.made: set[tuple[dg.AssetKey | None, str | None]] = set()
+        self.read: set[str] = set()
+
+    def by(self, runs: Sequence[Any]) -> set[tuple[dg.AssetKey | None, str | None]]:
+        for run_id in {r.dagster_run.run_id for r in runs} - self.read:
+            self.read.add(run_id)
+            self.made.update(
+                (event.dagster_event.asset_key, event.dagster_event.partition)
+                for event in self.instance.all_logs(
+                    run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION
+                )
+                if event.dagster_event is not None
+            )
+        return self.made
 
 
 def _what(run: dg.DagsterRun) -> str:

@@ -52,7 +52,8 @@ from zipline_dagster.storage.paths import (
     table_uri,
 )
 from zipline_dagster.storage.resources import WarehouseResource
-from zipline_dagster.storage.tables import DaysReplaced, TableDay, Tables, window_snapshot
+from zipline_dagster.storage.table_days import TableDay, window_snapshot
+from zipline_dagster.storage.tables import DaysReplaced, Tables
 from zipline_dagster.training.assets import (
     trainable_partitions,
 )

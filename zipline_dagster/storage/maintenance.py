@@ -15,7 +15,8 @@ from typing import Any
 
 from zipline_dagster.storage.catalog import reason
 from zipline_dagster.storage.iceberg_internals import transaction
-from zipline_dagster.storage.tables import TableError, Tables
+from zipline_dagster.storage.table_days import TableError
+from zipline_dagster.storage.tables import Tables
 
 #: The snapshot summary property of a maintenance commit.
 MAINTENANCE = "zipline.maintenance"

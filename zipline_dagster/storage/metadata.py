@@ -8,7 +8,8 @@ from typing import Any
 
 import dagster as dg
 
-from zipline_dagster.storage.tables import SNAPSHOT_ID, TABLE_NAME, WRITE_ID, TableDay, Tables
+from zipline_dagster.storage.table_days import TableDay
+from zipline_dagster.storage.tables import SNAPSHOT_ID, TABLE_NAME, WRITE_ID, Tables
 
 
 def column_schema(tables: Tables, table: str) -> dg.TableSchema | None:

@@ -25,10 +25,13 @@ if TYPE_CHECKING:
 #: 1980-01-01 00:00:00, the earliest timestamp a zip entry can hold.
 FIXED_DATE_TIME = (1980, 1, 1, 0, 0, 0)
 VERSION_LENGTH = 12
-#: The trainer support module every archive gets, beside the trainer's own package.
 #: The platform's modules every archive gets, beside the trainer's package: the trainer
-#: support, and the driver every job runs under.
-SUPPORT_MODULES = {"zipline_trainer_io.py": "trainer_io.py", "zipline_channel.py": "channel.py"}
+#: support (its storage half beside it), and the driver every job runs under.
+SUPPORT_MODULES = {
+    "zipline_trainer_io.py": "trainer_io.py",
+    "zipline_trainer_tables.py": "trainer_tables.py",
+    "zipline_channel.py": "channel.py",
+}
 
 EXCLUDED_DIR_NAMES = frozenset(
     {
@@ -74,6 +77,19 @@ def setup_keywords(source: str | bytes, *, where: str) -> dict[str, object]:
         TrainerArchiveError: the file does not parse, calls no ``setup(...)``, or a
             keyword is not a literal (names the file, the keyword and the expression).
     """
+    out: dict[str, object] = {}
+    for kw in _setup_call(source, where).keywords:
+        if kw.arg in ("name", "install_requires"):
+            out[kw.arg] = _literal_keyword(kw, where)
+    if "name" not in out:
+        raise TrainerArchiveError(
+            f"{where} sets no name=...; the package name names the archive's top-level folder"
+        )
+    return out
+
+
+def _setup_call(source: str | bytes, where: str) -> ast.Call:
+    """The first ``setup(...)`` call of a ``setup.py``."""
     try:
         tree = ast.parse(source)
     except SyntaxError as exc:
@@ -88,36 +104,33 @@ def setup_keywords(source: str | bytes, *, where: str) -> dict[str, object]:
     ]
     if not calls:
         raise TrainerArchiveError(f"{where} calls no setup(...); a trainer is a normal package")
-    out: dict[str, object] = {}
-    for kw in calls[0].keywords:
-        if kw.arg not in ("name", "install_requires"):
-            continue
-        try:
-            value = ast.literal_eval(kw.value)
-        except ValueError as exc:
-            raise TrainerArchiveError(
-                f"{where}: {kw.arg}={ast.unparse(kw.value)} is not a literal; write it out "
-                + ("as a string" if kw.arg == "name" else "as a list of requirement strings")
-                + " (the platform reads it without running setup.py)"
-            ) from exc
-        if kw.arg == "name" and not (isinstance(value, str) and _TOP_LEVEL_RE.match(value)):
+    return calls[0]
+
+
+def _literal_keyword(kw: ast.keyword, where: str) -> object:
+    """The value of ``name`` (a package name) or ``install_requires`` (a list of strings),
+    which must be written out as a literal."""
+    try:
+        value = ast.literal_eval(kw.value)
+    except ValueError as exc:
+        raise TrainerArchiveError(
+            f"{where}: {kw.arg}={ast.unparse(kw.value)} is not a literal; write it out "
+            + ("as a string" if kw.arg == "name" else "as a list of requirement strings")
+            + " (the platform reads it without running setup.py)"
+        ) from exc
+    if kw.arg == "name":
+        if not (isinstance(value, str) and _TOP_LEVEL_RE.match(value)):
             raise TrainerArchiveError(
                 f"{where}: name={value!r} is invalid; expected a package name of letters, "
                 "digits, '.', '_' and '-' (it names the archive's top-level folder)"
             )
-        if kw.arg == "install_requires" and not (
-            isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
-        ):
-            raise TrainerArchiveError(
-                f"{where}: install_requires={ast.unparse(kw.value)} is invalid; expected a "
-                "list of requirement strings such as ['pandas>=2.3,<3']"
-            )
-        out[kw.arg] = list(value) if kw.arg == "install_requires" else value  # type: ignore[arg-type]
-    if "name" not in out:
+        return value
+    if not (isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)):
         raise TrainerArchiveError(
-            f"{where} sets no name=...; the package name names the archive's top-level folder"
+            f"{where}: install_requires={ast.unparse(kw.value)} is invalid; expected a "
+            "list of requirement strings such as ['pandas>=2.3,<3']"
         )
-    return out
+    return list(value)
 
 
 @dataclass(frozen=True)

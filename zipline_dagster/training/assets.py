@@ -30,7 +30,7 @@ from zipline_dagster.storage.blobs import BlobNotFoundError, BlobStorageError
 from zipline_dagster.storage.catalog import WarehouseError
 from zipline_dagster.storage.paths import join_uri, model_root_uri
 from zipline_dagster.storage.resources import WarehouseResource
-from zipline_dagster.storage.tables import window_snapshot
+from zipline_dagster.storage.table_days import window_snapshot
 from zipline_dagster.tracking import MlflowResource, Partition, Tracker
 from zipline_dagster.tracking import metadata as mlflow_metadata
 from zipline_dagster.training.metadata import report_metadata

@@ -22,39 +22,14 @@ def _range_text(split: dict[str, Any]) -> str:
 def report_metadata(report: dict[str, Any], *, pr_curve_png: bytes | None = None) -> dict[str, Any]:
     md: dict[str, Any] = {}
     for split in ("train", "holdout"):
-        part = report.get(split) or {}
-        for name, value in (part.get("metrics") or {}).items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                md[f"{split}/{name}"] = dg.MetadataValue.float(float(value))
-        if "rows" in part:
-            md[f"{split}/rows"] = dg.MetadataValue.int(int(part["rows"]))
-        md[f"{split}/date_range"] = dg.MetadataValue.text(_range_text(part))
+        md.update(_split_metadata(split, report.get(split) or {}))
     status = report.get("status") or {}
     md["metric_status"] = dg.MetadataValue.json(status or {"all": "every metric computed"})
     for key, why in status.items():
         md[f"status/{key}"] = dg.MetadataValue.text(str(why))
-
     importance = report.get("feature_importance") or []
     if importance:
-        md["feature_importance"] = dg.MetadataValue.table(
-            records=[
-                dg.TableRecord(
-                    {
-                        "feature": str(r.get("feature")),
-                        "gain": float(r.get("gain", 0.0)),
-                        "share": float(r.get("share", 0.0)),
-                    }
-                )
-                for r in importance
-            ],
-            schema=dg.TableSchema(
-                columns=[
-                    dg.TableColumn("feature", "string"),
-                    dg.TableColumn("gain", "float"),
-                    dg.TableColumn("share", "float"),
-                ]
-            ),
-        )
+        md["feature_importance"] = _importance_table(importance)
     if pr_curve_png:
         b64 = base64.b64encode(pr_curve_png).decode()
         md["pr_curve"] = dg.MetadataValue.md(
@@ -66,6 +41,40 @@ def report_metadata(report: dict[str, Any], *, pr_curve_png: bytes | None = None
         md.update(segment_metadata(report))
     md["report"] = dg.MetadataValue.json(report)
     return md
+
+
+def _split_metadata(split: str, part: dict[str, Any]) -> dict[str, Any]:
+    """A split's numeric metrics (floats, plotted by Dagster), rows and date range."""
+    md: dict[str, Any] = {}
+    for name, value in (part.get("metrics") or {}).items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            md[f"{split}/{name}"] = dg.MetadataValue.float(float(value))
+    if "rows" in part:
+        md[f"{split}/rows"] = dg.MetadataValue.int(int(part["rows"]))
+    md[f"{split}/date_range"] = dg.MetadataValue.text(_range_text(part))
+    return md
+
+
+def _importance_table(importance: list[dict[str, Any]]) -> Any:
+    return dg.MetadataValue.table(
+        records=[
+            dg.TableRecord(
+                {
+                    "feature": str(r.get("feature")),
+                    "gain": float(r.get("gain", 0.0)),
+                    "share": float(r.get("share", 0.0)),
+                }
+            )
+            for r in importance
+        ],
+        schema=dg.TableSchema(
+            columns=[
+                dg.TableColumn("feature", "string"),
+                dg.TableColumn("gain", "float"),
+                dg.TableColumn("share", "float"),
+            ]
+        ),
+    )
 
 
 def segment_metadata(report: dict[str, Any]) -> dict[str, Any]:

@@ -35,8 +35,8 @@ from zipline_dagster.training.archive import (
     load_verified_archive,
 )
 from zipline_dagster.training.channel import done_marker, partition_results
+from zipline_dagster.training.launchers.ray_client import RayUnreachableError, job_metadata
 from zipline_dagster.training.launchers.ray_head import RayHeadError
-from zipline_dagster.training.launchers.ray_job import RayUnreachableError, job_metadata
 from zipline_dagster.training.request import (
     JobOutcome,
     TrainingJobError,
@@ -142,33 +142,7 @@ def run_days(
     done.update(work.reuse(ready))
     ready = [r for r in ready if r.ds not in done]
     if ready:
-        archive, requirements = load_archive(work.model, warehouse)
-        try:  # the embedded Ray head starts here when nothing else is configured
-            runner = launcher.runner(context.log, warehouse.store)
-        except (RayUnreachableError, RayHeadError) as exc:
-            raise failure(exc) from None
-
-        def launch(request: TrainingRequest, label: str) -> JobOutcome:
-            return runner.run(
-                request,
-                archive=archive,
-                requirements=requirements,
-                metadata=job_metadata(
-                    model=work.model.name,
-                    version=work.model.version,
-                    ds=label,
-                    dagster_run_id=context.run.run_id,
-                ),
-            )
-
-        if launcher.runs_ranges_in_one_job and work.together and len(ready) > 1:
-            _in_one_job(context, work, ready, launch, done, errors, warehouse)
-        else:
-            for request in ready:
-                try:
-                    done[request.ds] = _alone(context, work, request, launch, warehouse)
-                except dg.Failure as exc:
-                    errors[request.ds] = exc
+        _launch_ready(context, work, ready, launcher, warehouse, done, errors)
     if len(days) == 1:
         if errors:
             raise errors[days[0]]
@@ -182,6 +156,46 @@ def run_days(
         verb=work.verb,
         code_version=model_code_version(work.model),
     )
+
+
+def _launch_ready(
+    context: dg.AssetExecutionContext,
+    work: DayWork,
+    ready: list[TrainingRequest],
+    launcher: TrainingLauncher,
+    warehouse: WarehouseResource,
+    done: dict[str, dict[str, Any]],
+    errors: dict[str, dg.Failure],
+) -> None:
+    """Run the ``ready`` days' jobs (a range in one job where the launcher can), adding
+    each day's metadata to ``done`` or its failure to ``errors``."""
+    archive, requirements = load_archive(work.model, warehouse)
+    try:  # the embedded Ray head starts here when nothing else is configured
+        runner = launcher.runner(context.log, warehouse.store)
+    except (RayUnreachableError, RayHeadError) as exc:
+        raise failure(exc) from None
+
+    def launch(request: TrainingRequest, label: str) -> JobOutcome:
+        return runner.run(
+            request,
+            archive=archive,
+            requirements=requirements,
+            metadata=job_metadata(
+                model=work.model.name,
+                version=work.model.version,
+                ds=label,
+                dagster_run_id=context.run.run_id,
+            ),
+        )
+
+    if launcher.runs_ranges_in_one_job and work.together and len(ready) > 1:
+        _in_one_job(context, work, ready, launch, done, errors, warehouse)
+        return
+    for request in ready:
+        try:
+            done[request.ds] = _alone(context, work, request, launch, warehouse)
+        except dg.Failure as exc:
+            errors[request.ds] = exc
 
 
 def _alone(

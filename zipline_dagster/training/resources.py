@@ -10,7 +10,7 @@ from pydantic import Field
 
 from zipline_dagster.settings import StorageOptions, settings
 from zipline_dagster.storage.blobs import BlobStore
-from zipline_dagster.training.launchers.ray_job import REQUEST_TIMEOUT_S
+from zipline_dagster.training.launchers.ray_client import REQUEST_TIMEOUT_S
 from zipline_dagster.training.request import (
     TrainingRunner,
 )

@@ -22,7 +22,7 @@ from zipline_dagster.lineage.ledger import CODE_VERSION_TAG
 from zipline_dagster.storage.artifacts import committed_manifest, model_commit
 from zipline_dagster.storage.blobs import BlobStore
 from zipline_dagster.storage.resources import WarehouseResource
-from zipline_dagster.storage.tables import TableDay
+from zipline_dagster.storage.table_days import TableDay
 from zipline_dagster.training.request import (
     TrainingRequest,
 )

@@ -14,7 +14,8 @@ import pytest
 from tests.cleanup import register, unregister
 from tests.conftest import run_cli
 from zipline_dagster.processes import ProcessIdentity
-from zipline_dagster.training.launchers.ray_job import RayJobRunner, RayUnreachableError
+from zipline_dagster.training.launchers.ray_client import RayUnreachableError
+from zipline_dagster.training.launchers.ray_job import RayJobRunner
 
 
 @pytest.mark.ray

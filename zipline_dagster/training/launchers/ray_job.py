@@ -22,27 +22,32 @@ Plain library code (no Dagster): the Dagster resource in ``resources.py`` wraps 
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import math
 import os
-import re
 import shlex
-import threading
 import time
-import urllib.request
 from collections.abc import Callable
 from typing import Any
 
 from zipline_dagster.training.channel import (
     DRIVER_MODULE,
-    DoneWatcher,
     done_marker,
     driver_argv,
-    is_done_line,
     loggable_command,
 )
+from zipline_dagster.training.launchers.ray_client import (
+    REQUEST_TIMEOUT_S,
+    RayDashboardLostError,
+    RayUnreachableError,
+    cluster_ray_version,
+    http_address,
+    is_not_found,
+    is_transient,
+    job_submission_client,
+    short_error,
+)
+from zipline_dagster.training.launchers.ray_follow import LogFollower, done_watcher
 from zipline_dagster.training.request import (
     JobOutcome,
     TrainingJobError,
@@ -55,209 +60,12 @@ LIVE = frozenset({"PENDING", "RUNNING"})
 _MAX_ATTEMPT_PROBE = 1000
 #: how long after the driver's end signal the step polls Ray's status every 50 ms
 TIGHT_POLL_S = 5.0
-#: longest wait for the dashboard's answer to one request (Ray's client sets none)
-REQUEST_TIMEOUT_S = 30.0
 #: how long the log of a job that did not succeed is tried (its node may be gone)
 FAILED_LOGS_S = 5.0
 
 
 class RayJobError(TrainingJobError):
     """The Ray job failed, was stopped or timed out; carries the job id and log tail."""
-
-
-class RayUnreachableError(RuntimeError):
-    """No Ray cluster answers at the configured address, or its Ray version differs."""
-
-
-def _http_address(address: str) -> str:
-    if address.startswith(("http://", "https://")):
-        return address.rstrip("/")
-    if address.startswith("ray://"):
-        raise RayUnreachableError(
-            f"Ray address {address!r} is a Ray Client address; the Job API needs the dashboard "
-            "address, e.g. http://head:8265 (set RAY_ADDRESS or the resource's address)"
-        )
-    return f"http://{address.rstrip('/')}"
-
-
-def cluster_ray_version(address: str, timeout: float = 5.0) -> str:
-    url = f"{_http_address(address)}/api/version"
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return str(json.load(r)["ray_version"])
-    except Exception as exc:
-        raise RayUnreachableError(
-            f"no Ray cluster answers at {_http_address(address)} ({type(exc).__name__}: {exc}). "
-            "Start the embedded head with `zipline-dagster ray up`, or point RAY_ADDRESS / the "
-            "ray resource's address at a running cluster's dashboard (http://head:8265)."
-        ) from exc
-
-
-def job_submission_client(address: str, request_timeout_s: float) -> Any:
-    """Ray's ``JobSubmissionClient`` whose every request gives up after
-    ``request_timeout_s`` without an answer (connecting: at most 10 s of it).
-
-    Ray's client sends its requests with no timeout, so a dashboard that accepts a
-    connection and never answers (a hung process, a stalled proxy) would hold the step
-    until the run is cancelled, past ``timeout_s`` and the unreachable tolerance. With a
-    timeout, that request fails as ``requests.Timeout``, which counts as the dashboard
-    being unreachable. The log stream (a websocket) is not affected: it only ever makes
-    the step learn sooner.
-    """
-    from ray.job_submission import JobSubmissionClient
-
-    timeout = (min(request_timeout_s, 10.0), request_timeout_s)
-
-    class _TimedClient(JobSubmissionClient):  # type: ignore[misc]
-        def _do_request(self, method: str, endpoint: str, **kwargs: Any) -> Any:
-            kwargs.setdefault("timeout", timeout)
-            return super()._do_request(method, endpoint, **kwargs)
-
-    return _TimedClient(address)
-
-
-def _is_not_found(exc: Exception) -> bool:
-    text = str(exc)
-    return "404" in text or "does not exist" in text or "not found" in text.lower()
-
-
-class RayDashboardLostError(TrainingJobError):
-    """The dashboard stayed unreachable longer than the tolerance; the job may still run."""
-
-
-def is_transient(exc: BaseException) -> bool:
-    """An error talking to the dashboard that says nothing about the job itself.
-
-    Connection refused / reset / remote disconnected, timeouts, and 5xx answers (a proxy
-    in front of the dashboard answers 502 while it restarts).
-    """
-    import requests
-
-    if isinstance(exc, (requests.ConnectionError, requests.Timeout, ConnectionError, TimeoutError)):
-        return True
-    if isinstance(exc, requests.exceptions.ChunkedEncodingError):
-        return True
-    text = str(exc)
-    if "already exists" in text or "does not exist" in text:
-        return False  # the dashboard answered about the job itself
-    return bool(re.search(r"status code 5\d\d", text)) or "Connection aborted" in text
-
-
-class _LogFollower:
-    """Follows a job's logs incrementally through the dashboard's log stream.
-
-    ``tail_job_logs`` streams the log from its start; after a reconnect the part already
-    forwarded is skipped, so nothing is re-downloaded on a healthy connection and nothing
-    is forwarded twice. The step never waits for the stream to close (3-5 s after the
-    job ends): ``finish`` takes what is left from one final read of the logs.
-    """
-
-    def __init__(self, runner: RayJobRunner, submission_id: str) -> None:
-        self.runner = runner
-        self.sid = submission_id
-        self.text: list[str] = []
-        self._delivered = 0  # characters of the log forwarded so far
-        self._partial = ""  # a line not yet ended
-        self._lock = threading.Lock()
-        self._done = threading.Event()
-        #: set when the platform's driver printed its last line (the job is ending)
-        self.ended = threading.Event()
-        #: set by that line or by the driver's marker file appearing on storage
-        self.ending = threading.Event()
-        self._loop: Any = None
-        self._task: Any = None
-        self._thread = threading.Thread(target=self._run, name=f"logs-{submission_id}", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def _offer(self, offset: int, chunk: str) -> None:
-        """Forward the part of ``chunk`` (starting at log ``offset``) not forwarded yet."""
-        with self._lock:
-            if self._done.is_set():
-                return
-            end = offset + len(chunk)
-            if end <= self._delivered:
-                return
-            new = chunk[max(0, self._delivered - offset) :]
-            self._delivered = end
-            self.text.append(new)
-            lines = (self._partial + new).split("\n")
-            self._partial = lines.pop()
-            for line in lines:
-                if is_done_line(line):
-                    self.ended.set()
-                    self.ending.set()
-                if line.strip():
-                    self.runner.log.info(f"[{self.sid}] {self._shown(line)}")
-
-    def _shown(self, line: str) -> str:
-        """Ray's own line naming the job's command, with the command as the step's
-        "submitted" line shows it; any other line as it is."""
-        head, sep, command = line.partition(f"Running entrypoint for job {self.sid}: ")
-        return head + sep + loggable_command(command) if sep else line
-
-    def _run(self) -> None:
-        import asyncio
-
-        async def follow() -> None:
-            client = self.runner.client()
-            while not self._done.is_set():
-                offset = 0
-                try:
-                    async for chunk in client.tail_job_logs(self.sid):
-                        self._offer(offset, chunk)
-                        offset += len(chunk)
-                    return  # the stream ended with the job
-                except asyncio.CancelledError:
-                    return
-                except Exception:  # dashboard blip: reconnect and skip what was seen
-                    await asyncio.sleep(1.0)
-
-        self._loop = asyncio.new_event_loop()
-        try:
-            self._task = self._loop.create_task(follow())
-            self._loop.run_until_complete(self._task)
-        except BaseException:
-            pass
-        finally:
-            self._loop.close()
-
-    def finish(self, full_logs: str | None) -> str:
-        """Forward what the stream has not delivered yet and stop following."""
-        if full_logs is not None:
-            self._offer(0, full_logs)
-        with self._lock:
-            if self._partial.strip():
-                self.runner.log.info(f"[{self.sid}] {self._shown(self._partial)}")
-            self._partial = ""
-            self._done.set()
-        loop, task = self._loop, self._task
-        if loop is not None and task is not None:
-            with contextlib.suppress(RuntimeError):  # the loop already closed
-                loop.call_soon_threadsafe(task.cancel)
-        return "".join(self.text)
-
-
-def done_watcher(
-    uri: str,
-    event: threading.Event,
-    job_start: float | None = None,
-    opener: Callable[[str], Any] | None = None,
-) -> DoneWatcher:
-    """A ``DoneWatcher`` of the marker at ``uri``, looking through the platform's storage
-    (``opener``: how the step opens it, ``WarehouseResource.store``; default: as the
-    settings say)."""
-    from zipline_dagster.storage.blobs import BlobStore, blob_store
-
-    store: BlobStore | None = None
-
-    def exists() -> bool:
-        nonlocal store
-        store = store or (opener or blob_store)(uri)
-        return store.exists(uri)
-
-    return DoneWatcher(exists, event, job_start, local=uri.startswith("file://"))
 
 
 class RayJobRunner:
@@ -314,7 +122,7 @@ class RayJobRunner:
                 f"request_timeout_s={request_timeout_s!r} is invalid; expected seconds > 0 "
                 "(the longest wait for one answer from the Ray dashboard)"
             )
-        self.address = _http_address(address)
+        self.address = http_address(address)
         self.auth_mode = auth_mode
         self.timeout_s = timeout_s
         self.poll_max_s = poll_max_s
@@ -376,7 +184,7 @@ class RayJobRunner:
                     raise RayDashboardLostError(
                         f"lost contact with the Ray dashboard at {self.address} for {lost:.0f}s "
                         f"(tolerance {tolerance:.0f}s) while trying to {what} "
-                        f"({type(exc).__name__}: {_short(exc)}). "
+                        f"({type(exc).__name__}: {short_error(exc)}). "
                         + (
                             f"Ray job {job} was not stopped and may still be running on the "
                             "cluster; a retry of this step re-attaches to it (same submission id)."
@@ -389,7 +197,7 @@ class RayJobRunner:
                     self._last_warning = now
                     self.log.warning(
                         f"Ray dashboard at {self.address} unreachable for {lost:.0f}s while trying "
-                        f"to {what} ({type(exc).__name__}: {_short(exc)}); retrying for up to "
+                        f"to {what} ({type(exc).__name__}: {short_error(exc)}); retrying for up to "
                         f"{tolerance:.0f}s" + (f", job {job} keeps running" if job else "")
                     )
                 time.sleep(delay)
@@ -409,7 +217,7 @@ class RayJobRunner:
             try:
                 return self.client().get_job_info(submission_id)
             except Exception as exc:
-                if _is_not_found(exc):
+                if is_not_found(exc):
                     return None
                 raise
 
@@ -554,7 +362,7 @@ class RayJobRunner:
         """
         sid = job.attempt_id
         assert sid is not None
-        follower = _LogFollower(self, sid)
+        follower = LogFollower(self.client, self.log, sid)
         follower.start()
         started = time.monotonic()
         try:
@@ -568,9 +376,30 @@ class RayJobRunner:
             done_marker(job.marker_dir, sid), follower.ending, job_start, self.store
         )
         watcher.start()
+        try:
+            status = self._follow(sid, follower, str(info.status), job_start)
+        finally:
+            watcher.stop()
+        # Once the driver's last line arrived the stream holds the whole log.
+        full = None if follower.ended.is_set() else self._final_logs(sid, status)
+        logs = follower.finish(full)
+        if status != "SUCCEEDED":
+            raise self._failed(sid, status, logs)
+        return JobOutcome(
+            job_id=sid,
+            status=status,
+            dashboard_url=self.address,
+            attached=attached,
+            seconds=time.monotonic() - started,
+            logs=logs,
+            model_dir=job.model_dir,
+        )
+
+    def _follow(self, sid: str, follower: LogFollower, status: str, job_start: float) -> str:
+        """Poll the job's status until it is terminal (see ``wait``): often, briefly, once
+        its driver signalled its end, else backing off to ``poll_max_s``."""
         delay = 0.2
         ending_since: float | None = None
-        status = str(info.status)
         try:
             while status not in TERMINAL:
                 if time.time() - job_start > self.timeout_s:
@@ -609,42 +438,27 @@ class RayJobRunner:
             if status not in TERMINAL:
                 self.stop(sid)
             raise
-        finally:
-            watcher.stop()
-        # Once the driver's last line arrived the stream holds the whole log.
-        full = None if follower.ended.is_set() else self._final_logs(sid, status)
-        logs = follower.finish(full)
-        outcome = JobOutcome(
+        return status
+
+    def _failed(self, sid: str, status: str, logs: str) -> RayJobError:
+        """The error of a job that ended without succeeding: Ray's error type, the
+        driver's exit code, its message's first line and the trainer output's tail."""
+        info = self._call(f"read job {sid}", lambda: self.client().get_job_info(sid), job=sid)
+        error_type = getattr(info, "error_type", None)
+        exit_code = getattr(info, "driver_exit_code", None)
+        tail = traceback_tail(logs or (info.message or ""))
+        message = (info.message or "").strip().splitlines()
+        first = message[0] if message else ""
+        kind = ""
+        if error_type:
+            code = f", exit code {exit_code}" if exit_code is not None else ""
+            kind = f" ({error_type}{code})"
+        return RayJobError(
+            f"Ray job {sid} {status}{kind}: {first}\n--- trainer output (tail) ---\n{tail}",
             job_id=sid,
-            status=status,
-            dashboard_url=self.address,
-            attached=attached,
-            seconds=time.monotonic() - started,
+            logs_tail=tail,
             logs=logs,
-            model_dir=job.model_dir,
         )
-        if status != "SUCCEEDED":
-            info = self._call(f"read job {sid}", lambda: self.client().get_job_info(sid), job=sid)
-            error_type = getattr(info, "error_type", None)
-            exit_code = getattr(info, "driver_exit_code", None)
-            tail = traceback_tail(logs or (info.message or ""))
-            message = (info.message or "").strip().splitlines()
-            first = message[0] if message else ""
-            raise RayJobError(
-                f"Ray job {sid} {status}"
-                + (
-                    f" ({error_type}"
-                    + (f", exit code {exit_code}" if exit_code is not None else "")
-                    + ")"
-                    if error_type
-                    else ""
-                )
-                + f": {first}\n--- trainer output (tail) ---\n{tail}",
-                job_id=sid,
-                logs_tail=tail,
-                logs=logs,
-            )
-        return outcome
 
     def _final_logs(self, sid: str, status: str) -> str | None:
         """An ended job's whole log. A job that failed may have lost its driver's node,
@@ -663,7 +477,7 @@ class RayJobRunner:
         except Exception as exc:
             self.log.warning(
                 f"the logs of Ray job {sid} ({status}) cannot be read "
-                f"({type(exc).__name__}: {_short(exc)}); what was streamed stands"
+                f"({type(exc).__name__}: {short_error(exc)}); what was streamed stands"
             )
             return None
 
@@ -679,21 +493,3 @@ class RayJobRunner:
             request, requirements=requirements, metadata=metadata, archive=archive
         )
         return self.wait(job, attached=attached)
-
-
-def _short(exc: BaseException, limit: int = 200) -> str:
-    text = " ".join(str(exc).split())
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-_SAFE_META = re.compile(r"^[\w.:/@+-]{0,256}$")
-
-
-def job_metadata(**values: str) -> dict[str, str]:
-    """Job metadata is public (dashboard, list_jobs): only plain identifiers go in."""
-    out = {}
-    for k, v in values.items():
-        if not _SAFE_META.match(v):
-            raise ValueError(f"job metadata {k}={v!r} is not a plain identifier")
-        out[f"zipline.{k}"] = v
-    return out

@@ -4,12 +4,20 @@ move a model's champion pointer (promote, rollback)."""
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+
+from zipline_dagster.cli.backfill import run_backfill
+from zipline_dagster.cli.common import (
+    CliError,
+    declared_models,
+    find_model,
+    instance_at_dagster_home,
+    load_definitions,
+    project_code_location,
+    project_drift,
+)
 
 
 def _build_trainer(args: argparse.Namespace) -> int:
@@ -97,17 +105,6 @@ def _new_model(args: argparse.Namespace) -> int:
     return 0
 
 
-def project_drift(module: str, models: object) -> list[object]:
-    """The drifts (``training.pins``) of ``models`` against the trainer sources of the
-    project holding the code location ``module`` (``trainers/{model_name}``)."""
-    import importlib
-
-    from zipline_dagster.training.pins import TRAINERS_DIR, find_drift, find_lock
-
-    project = find_lock(str(importlib.import_module(module).__file__)).parent
-    return list(find_drift(models, project / TRAINERS_DIR))  # type: ignore[arg-type]
-
-
 def _check(args: argparse.Namespace) -> int:
     module = args.module or project_code_location()
     models = declared_models(module).values()
@@ -153,71 +150,6 @@ def _ray(args: argparse.Namespace) -> int:
         f"ray={running.ray_version} log={running.log_path}"
     )
     return 0
-
-
-class CliError(RuntimeError):
-    """Bad command-line input; the message says what was given and what is accepted."""
-
-
-def load_definitions(module: str) -> object:
-    """The ``defs`` of a code location module, with clear errors for a bad ``--module``."""
-    import importlib
-    import logging
-
-    import dagster as dg
-
-    # the drift the code location warns of at load: each command says what it means for it
-    drift_warning = logging.getLogger("zipline_dagster.definitions")
-    drift_warning.disabled = True
-    try:
-        loaded = importlib.import_module(module)
-    except ModuleNotFoundError as exc:
-        if exc.name and module.startswith(exc.name):
-            raise CliError(
-                f"--module={module!r}: no such module ({exc}); pass the code location's "
-                "importable module, e.g. --module zipline_dagster.defs"
-            ) from exc
-        raise
-    finally:
-        drift_warning.disabled = False
-    defs = getattr(loaded, "defs", None)
-    if not isinstance(defs, dg.Definitions):
-        found = type(defs).__name__ if defs is not None else "nothing"
-        raise CliError(
-            f"--module={module!r} defines no `defs` Definitions object (found {found}); "
-            "a code location module sets `defs = dg.Definitions(...)` or build_definitions(...)"
-        )
-    return defs
-
-
-def declared_models(module: str) -> dict[str, object]:
-    """The ``Model``s declared in the code location ``module`` (at module level, in it
-    or, for a package such as ``defs/``, in any of its modules), by name."""
-    import importlib
-    import pkgutil
-
-    from zipline_dagster.declarations.model import Model
-
-    load_definitions(module)
-    root = importlib.import_module(module)
-    modules = [root]
-    if hasattr(root, "__path__"):
-        modules += [
-            importlib.import_module(f"{module}.{info.name}")
-            for info in sorted(pkgutil.iter_modules(root.__path__), key=lambda m: m.name)
-        ]
-    return {v.name: v for m in modules for v in vars(m).values() if isinstance(v, Model)}
-
-
-def find_model(module: str, name: str) -> object:
-    """The ``Model`` named ``name`` declared in the code location ``module``."""
-    models = declared_models(module)
-    if name not in models:
-        raise CliError(
-            f"model {name!r} is not declared in --module={module!r}; declared: "
-            + (", ".join(sorted(models)) or "none")
-        )
-    return models[name]
 
 
 def _configured(module: str) -> tuple[object, object]:
@@ -338,268 +270,6 @@ def _rollback(args: argparse.Namespace) -> int:
     return _moved(args, model, store, pointer, left, configured)
 
 
-def project_code_location(start: Path | None = None) -> str:
-    """The code location module of the project around ``start`` (the working folder):
-    ``[tool.dg.project] code_location_target_module`` (or ``root_module.definitions``)
-    of the nearest ``pyproject.toml``."""
-    import tomllib
-
-    here = (start or Path.cwd()).resolve()
-    for folder in (here, *here.parents):
-        pyproject = folder / "pyproject.toml"
-        if not pyproject.is_file():
-            continue
-        project = tomllib.loads(pyproject.read_text()).get("tool", {}).get("dg", {})
-        project = project.get("project", {})
-        if project.get("code_location_target_module"):
-            return str(project["code_location_target_module"])
-        if project.get("root_module"):
-            return f"{project['root_module']}.definitions"
-        break
-    raise CliError(
-        f"no Dagster project around {here} (a pyproject.toml with [tool.dg.project]); "
-        "pass --module with the code location's module, e.g. --module my_project.defs"
-    )
-
-
-def instance_at_dagster_home() -> object | None:
-    """The Dagster instance at ``DAGSTER_HOME``; None when it is not set."""
-    import dagster as dg
-
-    from zipline_dagster.settings import settings
-
-    home = settings().dagster_home
-    if not home:
-        return None
-    if not Path(home).is_dir():
-        raise CliError(
-            f"DAGSTER_HOME={home!r} is not a directory; create it (Dagster keeps its "
-            "instance there) or unset DAGSTER_HOME"
-        )
-    return dg.DagsterInstance.get()
-
-
-def dagster_instance() -> object:
-    instance = instance_at_dagster_home()
-    if instance is None:
-        raise CliError(
-            "DAGSTER_HOME is not set: backfills are recorded in a Dagster instance; "
-            "export DAGSTER_HOME=/path/to/dagster_home (the make targets use ./.dagster_home)"
-        )
-    return instance
-
-
-def _backfill(args: argparse.Namespace) -> int:
-    import dagster as dg
-
-    from zipline_dagster.lineage.deployment import Deployment
-    from zipline_dagster.lineage.internals import (
-        daemon_running,
-        launch_backfill,
-    )
-    from zipline_dagster.lineage.partitions import model_asset_key
-
-    deployment = Deployment(args.url) if args.url else None
-    module = args.module or project_code_location()
-    defs: dg.Definitions = load_definitions(module)  # type: ignore[assignment]
-    key = dg.AssetKey(args.model.split("/")) if "/" in args.model else model_asset_key(args.model)
-    instance: dg.DagsterInstance = dagster_instance()  # type: ignore[assignment]
-    # the instance's own daemon runs its backfills when one is running: never a second driver
-    driving = deployment is None and not daemon_running(instance)
-    if args.wait and driving:
-        check_workspace(args.workspace)  # before any backfill is launched
-    models = declared_models(module).values()
-    plan = planned_backfill(args, defs, instance, key, models)
-    refuse_drift(module, models, {k for k, _ in plan.steps} | {key})
-    also = champions_to_judge(defs, instance, plan, key)
-    if nothing_to_launch(plan, also):
-        return 0
-    title = f"{key.to_user_string()} {args.start_ds}..{args.end_ds}"
-    if deployment is not None:
-        backfill_id = deployment.launch(plan, title=title, also=also)
-    else:
-        backfill_id = launch_backfill(defs, instance, plan, title=title, also=also)
-    print(f"backfill_id={backfill_id}", flush=True)
-    if not args.wait and driving:
-        print(
-            "note: no dagster-daemon is running for this instance; start `make dev` "
-            "(or pass --wait to run the backfill from this command)",
-            file=sys.stderr,
-        )
-    if not args.wait:
-        return 0
-    return wait_for(args, instance, deployment, backfill_id, plan, also, driving=driving)
-
-
-def check_workspace(workspace: str) -> None:
-    if not Path(workspace).is_file():
-        raise CliError(
-            f"--workspace={workspace} is not a file; --wait without --url runs the "
-            "backfill's runs from the code locations it names (the project's workspace.yaml; "
-            "run from the project folder or pass its path)"
-        )
-
-
-def nothing_to_launch(plan: Any, also: list[Any]) -> bool:
-    """Say ``backfill_id=none`` when every partition is fresh and no champion's gates
-    changed; else say which champions judge again with nothing else planned."""
-    if plan.empty and not also:
-        going = " or left to the run writing it" if plan.in_flight else ""
-        print(f"backfill_id=none (every partition is fresh{going})")
-        return True
-    for champion in also if plan.empty else []:
-        print(f"  {champion.to_user_string()}: its gates changed; it judges the champion again",
-              file=sys.stderr)  # fmt: skip
-    return False
-
-
-def planned_backfill(
-    args: argparse.Namespace, defs: Any, instance: Any, key: Any, models: Any
-) -> Any:
-    """The plan for ``key``'s days ``--start-ds``..``--end-ds`` under the ledger's rule
-    (what storage holds and Dagster never recorded is recorded first, each said on
-    stderr), printed on stderr."""
-    from zipline_dagster.lineage.backfill import model_partitions, plan_backfill
-    from zipline_dagster.lineage.ledger import Ledger
-    from zipline_dagster.rollout.assets import gate_judge
-    from zipline_dagster.storage.resources import warehouse_of
-
-    parts = model_partitions(defs, key, args.start_ds, args.end_ds)
-    ledger = Ledger(instance, judge=gate_judge(*models, store=warehouse_of(defs).store))
-    plan = plan_backfill(defs, instance, key, parts, ledger=ledger)
-    for diff in ledger.recorded:
-        where = f"{diff.key.to_user_string()} {diff.partition}"
-        print(f"note: {where}: {diff.describe()}", file=sys.stderr)
-    print(f"plan for {key.to_user_string()} {args.start_ds}..{args.end_ds}:", file=sys.stderr)
-    print(plan.describe(), file=sys.stderr)
-    return plan
-
-
-def refuse_drift(module: str, models: object, planned: set[object]) -> None:
-    """A model whose trainer source moved past its pin refuses to train: say so before
-    anything runs (rather than after its upstream partitions were computed), and also
-    when every partition is fresh (they were trained from the pinned archive, which the
-    source no longer builds)."""
-    from zipline_dagster.lineage.partitions import model_asset_key
-
-    trains = [m for m in models if model_asset_key(m.name) in planned]  # type: ignore[attr-defined]
-    drifts: list = project_drift(module, trains)
-    if drifts:
-        raise CliError(
-            "nothing was launched: "
-            + "; ".join(d.describe() for d in drifts)
-            + ". Its partitions would refuse to train"
-        )
-
-
-def champions_to_judge(defs: Any, instance: Any, plan: Any, key: Any) -> list[Any]:
-    """The champion of each model the plan trains (it judges the new partitions, in the
-    backfill), and the target model's champion when its gates changed (it judges itself
-    again, also when nothing else is planned)."""
-    from zipline_dagster.lineage.backfill import code_version_changed
-    from zipline_dagster.lineage.partitions import champion_asset_key, model_asset_key
-
-    graph = defs.resolve_asset_graph()
-    trained = [k for k, _ in plan.steps if k == model_asset_key(k.path[-1])]
-    also = []
-    for model_key in dict.fromkeys([*trained, key]):
-        champion = champion_asset_key(model_key.path[-1])
-        if graph.has(champion) and (
-            model_key in trained or code_version_changed(instance, graph, champion)
-        ):
-            also.append(champion)
-    return also
-
-
-def wait_for(
-    args: argparse.Namespace,
-    instance: Any,
-    deployment: Any,
-    backfill_id: str,
-    plan: Any,
-    also: list[Any],
-    *,
-    driving: bool,
-) -> int:
-    """``--wait``: follow the backfill to its end (through the webserver with ``--url``,
-    else driving its runs here or following the instance's daemon); its status and the
-    champions it judged on stdout."""
-    from zipline_dagster.lineage.internals import drive_backfill, failed_runs
-
-    targets: set[tuple[Any, str | None]] = {(k, p) for k, parts in plan.steps for p in parts}
-    targets |= {(k, None) for k in also}
-    try:
-        if deployment is not None:
-            status = deployment.wait(
-                backfill_id, log=lambda m: print(f"  {m}", file=sys.stderr), targets=targets
-            )
-        else:
-            output = Path(instance.root_directory) / "logs" / f"backfill-{backfill_id}.log"
-            if driving:  # else the instance's daemon runs them, with its own output
-                print(f"  the runs' output: {output}", file=sys.stderr, flush=True)
-            with _output_to(output) as stderr:
-                status = drive_backfill(
-                    instance,
-                    backfill_id,
-                    workspace_file=args.workspace,
-                    targets=targets,
-                    log=lambda m: os.write(stderr, f"  {m}\n".encode()),
-                )
-    except KeyboardInterrupt:
-        daemon = "its daemon" if deployment else "a dagster-daemon of this instance (`make dev`)"
-        print(
-            f"interrupted: stopped waiting. Backfill {backfill_id} goes on without this "
-            f"command: the runs already launched finish, and {daemon} launches the rest. To stop "
-            "it, cancel it in the Dagster UI (Overview, Backfills).",
-            file=sys.stderr,
-        )
-        return 130
-    print(f"status={status}")
-    done = status in ("COMPLETED_SUCCESS", "COMPLETED")
-    for line in [] if done or deployment is not None else failed_runs(instance, backfill_id):
-        print(f"  {line}", file=sys.stderr)
-    for champion in also if done else []:
-        print(champion_line(instance, champion))
-    return 0 if done else 1
-
-
-@contextlib.contextmanager
-def _output_to(path: Path) -> Iterator[int]:
-    """What this process and the ones it starts write to stdout and stderr (the runs'
-    logs, Dagster's code server) goes to ``path`` meanwhile, so that stdout holds only
-    the command's ``key=value`` lines and stderr its progress; yields the real stderr."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = os.dup(1), os.dup(2)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-    try:
-        yield saved[1]
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        for target, fd in enumerate(saved, start=1):
-            os.dup2(fd, target)
-            os.close(fd)
-
-
-def champion_line(instance: object, champion: object) -> str:
-    """``champion=VERSION/DS (why)`` from the champion asset's latest materialization."""
-    import dagster as dg
-
-    assert isinstance(instance, dg.DagsterInstance) and isinstance(champion, dg.AssetKey)
-    event = instance.get_latest_materialization_event(champion)
-    mat = event.asset_materialization if event is not None else None
-    if mat is None:
-        return "champion=unknown (the champion asset has no materialization)"
-    md = {k: v.value for k, v in mat.metadata.items()}
-    where = f"{md['version']}/{md['ds']}" if "ds" in md else "none"
-    return f"champion={where} ({md.get('reason')})"
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="zipline-dagster", description=(__doc__ or "").replace("``", "")
@@ -699,7 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="code location module (default: the project's, from pyproject.toml [tool.dg])",
     )
     p.add_argument("--workspace", default="workspace.yaml", help="workspace file the runs load")
-    p.set_defaults(func=_backfill)
+    p.set_defaults(func=run_backfill)
 
     module_help = "code location module (default: the project's, from pyproject.toml [tool.dg])"
     p = sub.add_parser(

@@ -1,31 +1,15 @@
-"""The MLflow hand-off (optional, off unless a tracking URI is configured).
-
-Every model partition attempt becomes one MLflow run, in the experiment named after its
-model: tags (asset key, partition, trainer version, attempt id, Dagster run id and a link
-to it), the trainer's flags as params, the report's train and holdout metrics, the report
-as an artifact and the model's files as a reference to their versioned URI (copied only
-when ``copy_artifacts`` is set). A partition the champion points at becomes a version of
-the registered model named after the model, and the alias ``champion`` follows our
-pointer, which stays the truth: an alias moved by hand is put back, with a warning.
-
-A partition and its attempt id identify a run (a range trains its days in one attempt):
-an attempt already logged is never logged again (a retried step, a re-executed run, two
-processes at once: the earliest run of an attempt stays, a later duplicate is deleted). MLflow never fails or slows training beyond
-``timeout_s`` a call: a tracking server that does not answer in time or errs is warned
-about, skipped for the rest of the step, and what it missed is logged on the champion's
-next evaluation (``Tracker.sync``), from storage.
-"""
+"""MLflow for one step (``Tracker``, made by ``MlflowResource.tracker``): each call
+bounded, a run per model partition attempt, the registry's versions and the
+``champion`` alias following the platform's pointer. See the package's docstring."""
 
 from __future__ import annotations
 
 import os
-import re
 import tempfile
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -33,32 +17,23 @@ import dagster as dg
 from pydantic import Field
 
 from zipline_dagster.settings import settings
-from zipline_dagster.storage.artifacts import (
-    named_attempt,
-    read_json_object,
-    read_report,
-    report_metrics,
+from zipline_dagster.storage.artifacts import report_metrics
+from zipline_dagster.storage.blobs import BlobStore, blob_store
+from zipline_dagster.storage.paths import join_uri
+from zipline_dagster.tracking.records import (
+    ATTEMPT_TAG,
+    CHAMPION_ALIAS,
+    GATES_TAG,
+    IDENTITY_TAG,
+    MAX_TAG,
+    PENDING_TAG,
+    REMOTE_SCHEMES,
+    Logged,
+    Partition,
+    Synced,
+    flag_params,
+    shown_uri,
 )
-from zipline_dagster.storage.blobs import BlobNotFoundError, BlobStore, blob_store
-from zipline_dagster.storage.paths import MANIFEST_NAME, join_uri
-
-#: The training attempt (job) an MLflow run is of.
-ATTEMPT_TAG = "zipline.attempt"
-#: ``{ds}/{attempt}``: a run's (and a model version's) identity, set on a run once it is
-#: complete (finished, everything logged).
-IDENTITY_TAG = "zipline.partition_attempt"
-#: The identity a run is being logged for, until it is complete: a run left with only
-#: this one (a process killed mid-way, a request whose answer was lost) is never taken
-#: for the attempt's, and is deleted once the attempt has a complete run.
-PENDING_TAG = "zipline.logging"
-#: The verdict of a run's gates: ``passed``, or ``failed: `` and the gates that failed.
-GATES_TAG = "zipline.gates"
-CHAMPION_ALIAS = "champion"
-#: Object stores a model version's source may name directly; a local (file://) source
-#: is refused by MLflow's server, so such a version's source is the run's ``model/``.
-_REMOTE = ("s3", "gs", "gcs", "abfss", "abfs", "wasbs", "hdfs", "dbfs")
-_MAX_PARAM = 6000
-_MAX_TAG = 5000
 
 T = TypeVar("T")
 
@@ -123,94 +98,6 @@ def mlflow_of(defs: dg.Definitions) -> MlflowResource:
     return found if isinstance(found, MlflowResource) else MlflowResource.from_settings()
 
 
-@dataclass(frozen=True)
-class Partition:
-    """One model partition attempt, as MLflow gets it."""
-
-    model: str
-    asset_key: str
-    ds: str
-    version: str
-    attempt: str
-    artifact_uri: str
-    report: Mapping[str, Any]
-    dagster_run_id: str | None = None
-    flags: Sequence[str] = ()
-    files: Sequence[str] = ()
-    #: gate name -> (passed, summary); None: not judged yet
-    gates: Mapping[str, tuple[bool, str]] | None = None
-
-    @property
-    def key(self) -> str:
-        """Its identity in MLflow (``IDENTITY_TAG``)."""
-        return f"{self.ds}/{self.attempt}"
-
-
-@dataclass(frozen=True)
-class Logged:
-    run_id: str
-    url: str
-
-
-@dataclass(frozen=True)
-class Synced:
-    """What a sync did: the partitions it logged (missed earlier), and the model version
-    the alias ``champion`` is on (None: no champion)."""
-
-    #: the days logged or judged now (missed earlier)
-    logged: list[str]
-    version: str | None = None
-    url: str | None = None
-    #: the warning when the alias had been elsewhere (moved by hand, or behind)
-    put_back: str | None = None
-    #: earlier champions (``version/ds``) registered now (missed earlier)
-    registered: list[str] = field(default_factory=list)
-
-
-def partition_from_storage(
-    store: BlobStore, *, model: str, asset_key: str, model_dir: str, ds: str
-) -> Partition | None:
-    """The committed attempt of the partition at ``model_dir`` (None: no manifest)."""
-    manifest = read_json_object(store, join_uri(model_dir, MANIFEST_NAME))
-    attempt = named_attempt(manifest)
-    if manifest is None or attempt is None:
-        return None
-    try:
-        report = read_report(store, model_dir)
-    except BlobNotFoundError:
-        report = {}
-    return Partition(
-        model=model,
-        asset_key=asset_key,
-        ds=ds,
-        version=str(manifest.get("version") or ""),
-        attempt=attempt,
-        artifact_uri=model_dir,
-        report=report,
-        dagster_run_id=manifest.get("dagster_run_id"),
-        flags=tuple(manifest.get("flags") or ()),
-        files=tuple(str(f["path"]) for f in manifest.get("files") or ()),
-    )
-
-
-def flag_params(flags: Iterable[str]) -> dict[str, str]:
-    """``--name=value`` flags as params (a bare ``--name`` is ``true``)."""
-    out = {}
-    for flag in flags:
-        name, eq, value = flag.lstrip("-").partition("=")
-        out[name] = (value if eq else "true")[:_MAX_PARAM]
-    return out
-
-
-#: a URI's ``user:password@``, wherever an error message quotes it
-_USERINFO = re.compile(r"//[^/\s@]+@")
-
-
-def _shown(uri: str) -> str:
-    """``uri`` without any user or password in it."""
-    return _USERINFO.sub("//", uri)
-
-
 class Tracker:
     """MLflow for one step: each call bounded by ``timeout_s``; after one that failed,
     the rest of the step skips MLflow (said once)."""
@@ -267,9 +154,9 @@ class Tracker:
                 return box.get("value")
             exc = box["error"]
             text = str(exc).splitlines()[0][:300] if str(exc) else ""
-            self.down = f"{type(exc).__name__}: {_USERINFO.sub('//', text)}"
+            self.down = f"{type(exc).__name__}: {shown_uri(text)}"
         self.warn(
-            f"MLflow at {_shown(self.uri)} skipped ({what}): {self.down}. Nothing else "
+            f"MLflow at {shown_uri(self.uri)} skipped ({what}): {self.down}. Nothing else "
             "waits on it in this step; the champion's next evaluation logs what it missed"
         )
         return None
@@ -350,7 +237,7 @@ class Tracker:
         return list(kept.values())
 
     def run_url(self, model: str, run_id: str) -> str:
-        return f"{_shown(self.uri).rstrip('/')}/#/experiments/{self.experiment_id(model)}/runs/{run_id}"
+        return f"{shown_uri(self.uri).rstrip('/')}/#/experiments/{self.experiment_id(model)}/runs/{run_id}"
 
     def _log(self, p: Partition) -> Logged:
         from mlflow.entities import Metric, Param, RunTag
@@ -424,7 +311,7 @@ class Tracker:
         failed = sorted(n for n, (ok, _) in gates.items() if not ok)
         tags = [RunTag(GATES_TAG, "failed: " + ", ".join(failed) if failed else "passed")]
         tags += [
-            RunTag(f"zipline.gate.{n}", ("passed: " if ok else "failed: ") + why[:_MAX_TAG])
+            RunTag(f"zipline.gate.{n}", ("passed: " if ok else "failed: ") + why[:MAX_TAG])
             for n, (ok, why) in sorted(gates.items())
         ]
         client.log_batch(run_id, tags=tags)
@@ -485,7 +372,7 @@ class Tracker:
 
             runs = self.runs(model)
             days = sorted({r.data.tags.get("zipline.partition", "?") for r in runs})
-            base = _shown(self.uri).rstrip("/")
+            base = shown_uri(self.uri).rstrip("/")
             lines = [
                 f"{len(runs)} runs in experiment {self.conf.experiment.format(model=model)!r} "
                 f"(partitions {', '.join(days) or 'none'}): "
@@ -521,7 +408,7 @@ class Tracker:
         mine = [v for v in versions if v.tags.get(IDENTITY_TAG) == p.key]
         if mine:
             return min(mine, key=lambda v: int(v.version))
-        remote = urllib.parse.urlsplit(p.artifact_uri).scheme in _REMOTE
+        remote = urllib.parse.urlsplit(p.artifact_uri).scheme in REMOTE_SCHEMES
         source = (
             p.artifact_uri
             if remote and not self.conf.copy_artifacts
@@ -571,7 +458,7 @@ class Tracker:
                     f"(partition {current.tags.get('zipline.partition', '?')}), not on the "
                     f"champion {p.version}/{p.ds}: put back on version {version.version}"
                 )
-        url = f"{_shown(self.uri).rstrip('/')}/#/models/{name}/versions/{version.version}"
+        url = f"{shown_uri(self.uri).rstrip('/')}/#/models/{name}/versions/{version.version}"
         return Synced(caught_up, str(version.version), url, put_back, registered)
 
 
@@ -599,8 +486,3 @@ class _Watched:
                 self._tracker._calling = None
 
         return call
-
-
-def metadata(logged: Logged | None) -> dict[str, Any]:
-    """A materialization's link to its MLflow run (nothing when MLflow was skipped)."""
-    return {} if logged is None else {"mlflow_run": dg.MetadataValue.url(logged.url)}
