@@ -222,8 +222,8 @@ def mlflow_summary(defs: "dg.Definitions", models: list["Model"]) -> None:
 def none_passes(store: "BlobStore", model: "Model", parts: list[str]) -> str | None:
     """Why no day after ``parts`` can be scored: no partition of them passes its gates
     (each threshold none meets, with the best value any partition had), or None."""
-    from zipline_dagster.rollout import champion as ch
     from zipline_dagster.rollout import gates
+    from zipline_dagster.storage import champion_pointer as cp
     from zipline_dagster.storage.paths import model_partition_uri
 
     if any(all(r.passed for r in gates.evaluate(model, store, ds).values()) for ds in parts):
@@ -236,7 +236,7 @@ def none_passes(store: "BlobStore", model: "Model", parts: list[str]) -> str | N
         for metric in model.rollout.rollout_metric_thresholds
         if (why := unmet(metric, reports)) is not None
     ]
-    champion = ch.read_champion(store, model)
+    champion = cp.read_champion(store, model)
     serving = (
         f"the champion {champion['version']}/{champion['ds']} keeps serving, and"
         if champion is not None
@@ -281,6 +281,7 @@ def summarize(
     from zipline_dagster.rollout import champion as ch
     from zipline_dagster.rollout import gates
     from zipline_dagster.scoring.monitoring import monitoring_asset_key
+    from zipline_dagster.storage import champion_pointer as cp
     from zipline_dagster.storage.artifacts import is_committed, read_report, report_metrics
     from zipline_dagster.storage.paths import MANIFEST_NAME, model_partition_uri
 
@@ -305,7 +306,7 @@ def summarize(
             f"      {ds}  holdout {_metrics(report_metrics(report), 'holdout_', REALIZED_METRICS[task])}"
             f"  {checks}  rows {report['train']['rows']}+{report['holdout']['rows']}  {model_dir}"
         )
-    champion = ch.read_champion(store, model)
+    champion = cp.read_champion(store, model)
     if champion is None:
         print("      champion: none (no partition passes every gate)")
     else:
@@ -313,7 +314,7 @@ def summarize(
         print(
             f"      champion: {champion['version']}/{champion['ds']} "
             f"(holdout {_metrics(champion['metrics'], 'holdout_', keys)}; "
-            f"{champion['why']}) -> {ch.champion_uri(model)}"
+            f"{champion['why']}) -> {cp.champion_uri(model)}"
         )
         if failing := ch.fails_current_gates(model, champion):
             print(f"      warning: the champion fails the current gates: {failing[0].summary}")

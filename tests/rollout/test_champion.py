@@ -28,13 +28,13 @@ from zipline_dagster import DeploymentSpec, Metric, RolloutStrategy
 from zipline_dagster.declarations.model import Model
 from zipline_dagster.declarations.versions import model_code_version
 from zipline_dagster.lineage.partitions import daily_partitions, latest_materialization
-from zipline_dagster.rollout import champion as ch
 from zipline_dagster.rollout.assets import (
     build_champion_asset,
     build_model_checks,
     champion_asset_key,
     model_asset_key,
 )
+from zipline_dagster.storage import champion_pointer as cp
 from zipline_dagster.storage.blobs import blob_store
 from zipline_dagster.tracking import MlflowResource
 from zipline_dagster.training.archive import publish_trainer_archive
@@ -128,7 +128,7 @@ def test_champion_moves_only_to_partitions_passing_every_gate(
     }
     md = advance(model, res, instance)
     assert md["moved"] is True and md["ds"] == DS1
-    pointer = ch.read_champion(store, model)
+    pointer = cp.read_champion(store, model)
     assert pointer is not None and pointer["ds"] == DS1 and pointer["version"] == version
     # the blocking gates (the comparison with a champion is not one of them)
     assert pointer["checks_passed"] == [
@@ -154,7 +154,7 @@ def test_champion_moves_only_to_partitions_passing_every_gate(
     assert rejected == {
         "rollout_thresholds": f"holdout_auc={auc:.4f} fails holdout_auc >= {THRESHOLD:g}"
     }
-    assert ch.read_champion(store, model)["ds"] == DS1  # type: ignore[index]
+    assert cp.read_champion(store, model)["ds"] == DS1  # type: ignore[index]
 
     # Under a threshold DS2 meets, retraining it after the champion exists succeeds: its
     # gates judge it alone. Being more than the tolerance (0.1) below the champion shows as
@@ -196,7 +196,7 @@ def test_champion_moves_only_to_partitions_passing_every_gate(
     assert refused.returncode == 1
     assert f"rollout_thresholds: holdout_auc={auc:.4f} fails" in refused.stderr
     assert "--force" in refused.stderr
-    assert ch.read_champion(store, model)["ds"] == DS1  # type: ignore[index]
+    assert cp.read_champion(store, model)["ds"] == DS1  # type: ignore[index]
     forced = run_cli(
         "promote", "listing_ctr_model", "--ds", DS2, "--force", "--module", "champ_defs", env=env
     )
@@ -210,7 +210,7 @@ def test_champion_moves_only_to_partitions_passing_every_gate(
     assert rolled.returncode == 0, rolled.stderr
     back = json.loads(rolled.stdout)
     assert back["ds"] == DS1 and back["why"] == f"rollback from {version}/{DS2}"
-    kept = ch.history(store, model)
+    kept = cp.history(store, model)
     assert [(p["ds"], p["forced"]) for p in kept] == [(DS1, False), (DS2, True)]
     # Nothing earlier than the first champion: a second rollback is refused.
     again = run_cli("rollback", "listing_ctr_model", "--module", "champ_defs", env=env)
@@ -222,7 +222,7 @@ def test_champion_moves_only_to_partitions_passing_every_gate(
     md = advance(model, res, instance)
     assert md["moved"] is True and md["ds"] == DS3
     assert md["reason"] == "newest partition passing every gate"
-    assert ch.read_champion(store, model)["replaced"] is not None  # type: ignore[index]
+    assert cp.read_champion(store, model)["replaced"] is not None  # type: ignore[index]
 
 
 def test_promote_refuses_an_untrained_partition_even_forced(file_base: str, tmp_path: Path) -> None:
@@ -289,7 +289,7 @@ def test_promote_by_hand_applies_the_ledgers_rule(file_base: str, tmp_path: Path
     assert (
         f"refusing to promote {model.name} {version}/{DS1}: recorded_by_dagster: {in_flight}"
     ) in refused.stderr
-    assert ch.read_champion(store, model) is None
+    assert cp.read_champion(store, model) is None
     # the planner leaves it to that run too: a backfill would train it a second time
     args = ("backfill", model.name, "--start-ds", DS1, "--end-ds", DS1, "--module", "champ_defs")
     backfill = run_cli(*args, env=env)
@@ -349,7 +349,7 @@ def test_a_champion_lock_that_cannot_be_deleted_leaves_the_move_standing(
         }
     ).encode()
     env = write_code_location(tmp_path, version, base)
-    lock = f"{ch.model_root(model)}/{ch.LOCK_NAME}"
+    lock = f"{cp.model_root(model)}/{cp.LOCK_NAME}"
     with s3_through_proxy() as proxy:
         store = blob_store(base)
         for ds in (DS1, DS2):
@@ -376,7 +376,7 @@ def test_a_champion_lock_that_cannot_be_deleted_leaves_the_move_standing(
             if e.level == 30 and "champion lock could not be deleted" in e.user_message
         ]
         assert len(warned) == 1 and lock in warned[0] and "600s old" in warned[0], warned
-        assert (ch.read_champion(store, model) or {}).get("ds") == DS2  # as Dagster says
+        assert (cp.read_champion(store, model) or {}).get("ds") == DS2  # as Dagster says
 
         for argv, ds in (
             (["promote", model.name, "--ds", DS1], DS1),
@@ -392,7 +392,7 @@ def test_a_champion_lock_that_cannot_be_deleted_leaves_the_move_standing(
                 res.stderr
             )
             assert json.loads(res.stdout)["ds"] == ds
-            assert (ch.read_champion(store, model) or {}).get("ds") == ds
+            assert (cp.read_champion(store, model) or {}).get("ds") == ds
 
 
 def test_the_cli_reads_storage_through_the_code_locations_warehouse(
@@ -503,4 +503,4 @@ def test_the_cli_reads_storage_through_the_code_locations_warehouse(
         moved = run_cli(*argv, *cli, env=env)
         assert moved.returncode == 0, moved.stderr
         assert f"champion -> {version}/{ds}" in moved.stderr
-        assert (ch.read_champion(store, model) or {}).get("ds") == ds
+        assert (cp.read_champion(store, model) or {}).get("ds") == ds

@@ -15,6 +15,7 @@ from zipline_dagster.declarations.model import Model
 from zipline_dagster.rollout import by_hand
 from zipline_dagster.rollout import champion as ch
 from zipline_dagster.rollout import gates as g
+from zipline_dagster.storage import champion_pointer as cp
 from zipline_dagster.storage.artifacts import (
     attempt_dir,
     promote_attempt,
@@ -210,7 +211,7 @@ def test_regression_is_the_champions_decision_never_a_partitions_gate(file_base:
     assert first.moved and first.pointer and first.pointer["ds"] == "2026-07-12"
     # Start again from 07-10 as champion to judge 07-11 and 07-12 against it.
     by_hand.promote(store, model, "2026-07-10", by="test")
-    champion = ch.read_champion(store, model)
+    champion = cp.read_champion(store, model)
     # The gates judge each partition alone: the same verdict with or without a champion.
     for ds in ("2026-07-11", "2026-07-12"):
         assert all(r.passed for r in g.evaluate(model, store, ds).values())
@@ -280,7 +281,7 @@ def test_changed_gates_judge_the_champion_again(file_base: str) -> None:
     assert not stays.moved and stays.pointer and stays.pointer["ds"] == "2026-07-10"
     assert [r.summary for r in stays.failing] == ["holdout_auc=0.7000 fails holdout_auc >= 0.99"]
     assert stays.reason.startswith(f"stays at {old.version}/2026-07-10, which fails the current")
-    assert ch.read_champion(store, impossible)["ds"] == "2026-07-10"  # type: ignore[index]
+    assert cp.read_champion(store, impossible)["ds"] == "2026-07-10"  # type: ignore[index]
     # a champion forced by hand under the gates in force is left as the person chose
     forced = by_hand.promote(store, impossible, "2026-07-11", force=True, by="test")
     assert forced["forced"] and not ch.advance(store, impossible, by="test").moved

@@ -178,8 +178,11 @@ def _moved(
 ) -> int:
     """Say where the champion moved (and any lock left behind), move MLflow's alias
     after it when the code location has MLflow on, print the pointer."""
-    from zipline_dagster.rollout.assets import sync_mlflow
-    from zipline_dagster.rollout.champion import lock_left_behind
+    from zipline_dagster.events import ChampionEvaluated
+    from zipline_dagster.lineage.partitions import model_asset_key
+    from zipline_dagster.rollout.assets import judged_gates
+    from zipline_dagster.rollout.champion import lock_left_behind, why_pinned_attempt_gone
+    from zipline_dagster.tracking.listener import sync
 
     print(
         f"{args.model} champion -> {pointer['version']}/{pointer['ds']} ({pointer['why']})",
@@ -193,7 +196,16 @@ def _moved(
         warehouse.store,  # type: ignore[attr-defined]
     )
     if tracker is not None:
-        synced = sync_mlflow(tracker, model, store, pointer, moved=True)  # type: ignore[arg-type]
+        event = ChampionEvaluated(
+            model,  # type: ignore[arg-type]
+            model_asset_key(model.name).to_user_string(),  # type: ignore[attr-defined]
+            store,  # type: ignore[arg-type]
+            pointer,
+            moved=True,
+            judged=judged_gates(store, model),  # type: ignore[arg-type]
+            attempt_gone=lambda p: bool(why_pinned_attempt_gone(store, p)),  # type: ignore[arg-type]
+        )
+        synced = sync(tracker, event)
         if synced is not None and synced.url:
             print(
                 f"MLflow: {args.model}@champion -> version {synced.version} ({synced.url})",

@@ -6,7 +6,7 @@ listing_views (synthetic events)
   -> training_v1 (Join: each view with its listing's features as of the day before)
   -> models/listing_ctr_model (Ray Job, 4-day window, last day held out)
      + blocking checks (holdout AUC >= 0.65, report, manifest; no regression shown)
-  -> champions/listing_ctr_model (the partition in use: CHAMPION.json; passes over
+  -> champions/listing_ctr_model (the partition in use: its champion pointer; passes over
      a newer partition more than 0.02 below it)
   -> ctr.listing_ctr_model_scores (day ds scored by the newest partition at or before
      ds-1 passing its gates, a Ray Job)

@@ -13,13 +13,13 @@
 
 import warnings
 from collections.abc import Callable, Collection, Iterator
-from dataclasses import replace
 from typing import Any
 
 import dagster as dg
 
 from zipline_dagster.declarations.model import Model
 from zipline_dagster.declarations.versions import gates_version
+from zipline_dagster.events import ChampionEvaluated, PartitionJudged, PlatformListener
 from zipline_dagster.lineage.internals import backfilling, check_target
 from zipline_dagster.lineage.ledger import Judge, Ledger, State
 from zipline_dagster.lineage.partitions import (
@@ -29,17 +29,11 @@ from zipline_dagster.lineage.partitions import (
 )
 from zipline_dagster.rollout import champion as ch
 from zipline_dagster.rollout import gates as g
-from zipline_dagster.storage.artifacts import manifest_attempt, model_commit, read_json_object
+from zipline_dagster.storage import champion_pointer as cp
+from zipline_dagster.storage.artifacts import model_commit
 from zipline_dagster.storage.blobs import BlobStore
-from zipline_dagster.storage.paths import model_dir_uri, model_partition_uri
+from zipline_dagster.storage.paths import model_partition_uri
 from zipline_dagster.storage.resources import WarehouseResource
-from zipline_dagster.tracking import (
-    MlflowResource,
-    Partition,
-    Synced,
-    Tracker,
-    partition_from_storage,
-)
 
 # Partitioned asset checks are marked preview in Dagster 1.13; per-partition gates are
 # what we need, so we rely on them deliberately and say so once here.
@@ -190,20 +184,20 @@ def build_model_checks(
     def _gates(
         context: dg.AssetCheckExecutionContext,
         warehouse: WarehouseResource,
-        mlflow: MlflowResource,
+        mlflow: PlatformListener,
     ) -> Iterator[dg.AssetCheckResult]:
         selected = [c.name for c in context.selected_asset_check_keys if c.name in g.CHECKS]
         store = warehouse.store(model.model_artifact_base_uri)
-        champion = ch.read_champion(store, model) if g.NO_REGRESSION in selected else None
-        tracker = mlflow.tracker(context.log.warning, warehouse.store)
+        champion = cp.read_champion(store, model) if g.NO_REGRESSION in selected else None
+        listening = mlflow.listening(context.log.warning, context.log.info, warehouse.store)
 
         def judge(ds: str) -> list[tuple[str, dg.AssetCheckResult]]:
             results = gate_results(model, store, ds, champion, selected)
-            if tracker is not None:  # the verdict as the MLflow run's tags
-                p = mlflow_partition(store, model, model.version, ds)
+            if listening is not None:
                 gates = {n: (r.passed, r.description or "") for n, r in results if n in g.GATES}
-                if p is not None:
-                    tracker.log(replace(p, gates=gates))
+                listening.partition_judged(
+                    PartitionJudged(model, key.to_user_string(), store, ds, gates)
+                )
             return results
 
         yield from judge_partitions(context, key, judge, blocking=g.GATES, what=model.name)
@@ -225,7 +219,7 @@ def gate_judge(*models: Model, store: Callable[[str], BlobStore]) -> Judge:
         if model is None:
             return []
         models_store = store(model.model_artifact_base_uri)
-        champion = ch.read_champion(models_store, model)
+        champion = cp.read_champion(models_store, model)
         target = _target(instance, key, ds)
         return [
             _evaluation(key, ds, name, result, target, name in g.GATES)
@@ -255,66 +249,16 @@ def why_in_flight(
     return diff.describe() if diff.state is State.IN_FLIGHT else None
 
 
-def mlflow_partition(
-    store: BlobStore, model: Model, version: str, ds: str, *, judged: bool = False
-) -> Partition | None:
-    """Partition ``version``/``ds`` of ``model`` as committed on storage, for MLflow
-    (``judged``: with its gates' verdict); None when it holds no finished model."""
-    p = partition_from_storage(
-        store,
-        model=model.name,
-        asset_key=model_asset_key(model.name).to_user_string(),
-        model_dir=model_dir_uri(model.model_artifact_base_uri, model.name, version, ds),
-        ds=ds,
-    )
-    if p is None or not judged:
-        return p
-    results = g.evaluate(model, store, ds, version=version)
-    return replace(p, gates={n: (r.passed, r.summary) for n, r in results.items()})
+def judged_gates(
+    store: BlobStore, model: Model
+) -> Callable[[str, str], dict[str, tuple[bool, str]]]:
+    """The gates of a trained partition (version, ds) of ``model`` as they judge it now."""
 
+    def judged(version: str, ds: str) -> dict[str, tuple[bool, str]]:
+        results = g.evaluate(model, store, ds, version=version)
+        return {n: (r.passed, r.summary) for n, r in results.items()}
 
-def sync_mlflow(
-    tracker: Tracker, model: Model, store: BlobStore, pointer: dict[str, Any] | None, *, moved: bool
-) -> Synced | None:
-    """MLflow caught up with storage: a run for every trained partition of the model's
-    version that has none (trained while MLflow was down), judged by its gates; the
-    alias ``champion`` on the version of ``pointer``'s partition (``moved``: the pointer
-    moved just now, so an alias elsewhere is behind, not moved by hand)."""
-    trained = {
-        ds: attempt
-        for ds in ch.trained_partitions(store, model)
-        if (attempt := manifest_attempt(store, model_partition_uri(model, ds))) is not None
-    }
-    champion = None
-    if pointer is not None:
-        champion = mlflow_partition(
-            store, model, str(pointer["version"]), str(pointer["ds"]), judged=True
-        )
-        if champion is not None and ch.why_pinned_attempt_gone(store, pointer):
-            champion = None  # trained again since it was judged: nothing to register
-
-    def earlier(known: set[tuple[str, str]]) -> list[Partition]:
-        """The earlier champions whose (version, ds) has no model version, each as its
-        pointer judged it (a partition trained again since is left out)."""
-        out: dict[str, Partition] = {}
-        for uri, (version, ds) in ch.earlier_champions(store, model).items():
-            if (version, ds) in known:
-                continue
-            if ch.why_pinned_attempt_gone(store, read_json_object(store, uri) or {}):
-                continue  # trained again since it was champion, or gone: nothing to register
-            p = mlflow_partition(store, model, version, ds, judged=True)
-            if p is not None:
-                out.setdefault(p.key, p)
-        return list(out.values())
-
-    return tracker.sync(
-        model.name,
-        trained,
-        lambda ds: mlflow_partition(store, model, model.version, ds, judged=True),
-        champion,
-        moved=moved,
-        earlier=earlier,
-    )
+    return judged
 
 
 def build_champion_asset(
@@ -329,12 +273,12 @@ def build_champion_asset(
         code_version=gates_version(model),
         kinds={"python"},
         description=(
-            f"The {model.name} partition in use: {ch.champion_uri(model)}. Advances to the "
+            f"The {model.name} partition in use: {cp.champion_uri(model)}. Advances to the "
             "newest trained partition whose blocking gates all pass; moved by hand with "
             f"`zipline-dagster promote {model.name} --ds D` / `rollback {model.name}`."
         ),
         automation_condition=automation_condition,
-        metadata={"zipline/champion_uri": ch.champion_uri(model)},
+        metadata={"zipline/champion_uri": cp.champion_uri(model)},
         check_specs=[
             dg.AssetCheckSpec(
                 CHAMPION_CHECK,
@@ -346,7 +290,7 @@ def build_champion_asset(
         ],
     )
     def _champion(
-        context: dg.AssetExecutionContext, warehouse: WarehouseResource, mlflow: MlflowResource
+        context: dg.AssetExecutionContext, warehouse: WarehouseResource, mlflow: PlatformListener
     ) -> dg.MaterializeResult:
         store = warehouse.store(model.model_artifact_base_uri)
         ledger = Ledger(context.instance, judge=gate_judge(model, store=warehouse.store))
@@ -388,27 +332,18 @@ def build_champion_asset(
                 f"{model.name} {ds} not promoted: "
                 + "; ".join(f"{r.gate}: {r.summary}" for r in failed)
             )
-        tracker = mlflow.tracker(context.log.warning, warehouse.store)
-        registered = (
-            sync_mlflow(tracker, model, store, p, moved=decision.moved)
-            if tracker is not None
-            else None
-        )
-        if registered is not None:
-            if registered.url is not None:
-                md["mlflow_model_version"] = dg.MetadataValue.url(registered.url)
-            if registered.logged:  # with or without a champion
-                context.log.info(
-                    f"MLflow: logged {', '.join(registered.logged)} from storage, with their "
-                    "gates (missed while it was not reachable)"
-                )
-            if registered.registered:
-                context.log.info(
-                    f"MLflow: registered earlier champions {', '.join(registered.registered)} "
-                    "(moved past while it was not reachable)"
-                )
-            if registered.put_back:
-                context.log.warning(registered.put_back)
+        listening = mlflow.listening(context.log.warning, context.log.info, warehouse.store)
+        if listening is not None:
+            evaluated = ChampionEvaluated(
+                model,
+                model_asset_key(model.name).to_user_string(),
+                store,
+                p,
+                decision.moved,
+                judged=judged_gates(store, model),
+                attempt_gone=lambda pointer: bool(ch.why_pinned_attempt_gone(store, pointer)),
+            )
+            md.update(listening.champion_evaluated(evaluated))
         if decision.left_behind:  # the pointer is written: recorded as it is on storage
             md["left_behind"] = dg.MetadataValue.json(decision.left_behind)
             context.log.warning(ch.lock_left_behind(model, decision.left_behind))

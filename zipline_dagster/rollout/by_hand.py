@@ -7,29 +7,30 @@ rolled-back-to partition's manifest and attempt) and write the pointer as
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
 from zipline_dagster.declarations.model import VERSION_ACCEPTED, VERSION_RE, Model, is_day
 from zipline_dagster.rollout import gates as g
 from zipline_dagster.rollout.champion import (
-    LOCK_NAME,
     RECORDED,
     ChampionError,
-    champion_uri,
     default_actor,
-    history_uri,
     judge,
     make_pointer,
+    why_pinned_attempt_gone,
+)
+from zipline_dagster.storage.artifacts import promotion_lock, read_manifest
+from zipline_dagster.storage.blobs import BlobStore
+from zipline_dagster.storage.champion_pointer import (
+    LOCK_NAME,
+    champion_uri,
+    earlier_pointer,
     model_root,
     read_champion,
-    why_pinned_attempt_gone,
     write_pointer,
 )
-from zipline_dagster.storage.artifacts import promotion_lock, read_json_object
-from zipline_dagster.storage.blobs import BlobStore
-from zipline_dagster.storage.paths import MANIFEST_NAME, join_uri, model_dir_uri
+from zipline_dagster.storage.paths import model_dir_uri
 
 
 def _checked(model: Model, ds: str, version: str | None) -> str:
@@ -76,7 +77,7 @@ def promote(
     model_dir = model_dir_uri(model.model_artifact_base_uri, model.name, version, ds)
     with promotion_lock(store, model_root(model), lock_name=LOCK_NAME, left=left):
         current = read_champion(store, model)
-        manifest = read_json_object(store, join_uri(model_dir, MANIFEST_NAME))
+        manifest = read_manifest(store, model_dir)
         results, attempt = judge(store, model, ds, version, manifest=manifest)
         why_not = (
             in_flight(ds, manifest)
@@ -142,7 +143,7 @@ def rollback(
                 f"{model.name}'s champion {current.get('version')}/{current.get('ds')} "
                 "replaced nothing: there is no earlier champion to roll back to"
             )
-        earlier = json.loads(store.read_bytes(join_uri(history_uri(model), str(earlier_name))))
+        earlier = earlier_pointer(store, model, str(earlier_name))
         model_dir = str(earlier.get("artifact_uri"))
         verdict = g.check_manifest(store, model_dir)
         if not verdict.passed:

@@ -1,10 +1,10 @@
 """The champion pointer: which trained partition of a model is the one in use.
 
-``{base}/models/{model_name}/CHAMPION.json`` holds the version, ds, artifact URI, metrics,
-the gates that passed, and when, by whom and why it moved. It is written whole (one
-object write) under a storage lock; before it changes, the pointer it replaces is kept
-under ``{base}/models/{model_name}/_champions/``, and the new pointer names it
-(``replaced``), so a rollback walks back one step at a time.
+The pointer (``storage.champion_pointer``, its one reader and writer) holds the version,
+ds, artifact URI, metrics, the gates that passed, and when, by whom and why it moved;
+written whole under a storage lock, the pointer it replaces kept in the model's history
+(``replaced`` names it), so a rollback walks back one step at a time. This module decides
+what it holds.
 
 It only ever points at a partition whose manifest verifies and whose blocking gates all
 passed, unless a person forces it (``forced`` and the failed gates are recorded). Moving
@@ -15,15 +15,13 @@ never a partition's gate.
 
 from __future__ import annotations
 
-import datetime as dt
 import getpass
-import json
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from zipline_dagster.declarations.model import VERSION_RE, Model, is_day
+from zipline_dagster.declarations.model import Model
 from zipline_dagster.declarations.versions import gates_version
 from zipline_dagster.rollout import gates as g
 from zipline_dagster.storage.artifacts import (
@@ -31,66 +29,22 @@ from zipline_dagster.storage.artifacts import (
     manifest_attempt,
     named_attempt,
     promotion_lock,
-    read_json_object,
+    read_manifest,
     report_metrics,
 )
-from zipline_dagster.storage.blobs import BlobNotFoundError, BlobStore
-from zipline_dagster.storage.paths import MANIFEST_NAME, join_uri, model_dir_uri, model_root_uri
-
-CHAMPION_NAME = "CHAMPION.json"
-HISTORY_DIR = "_champions"
-LOCK_NAME = "_CHAMPION.lock"
+from zipline_dagster.storage.blobs import BlobStore
+from zipline_dagster.storage.champion_pointer import (
+    LOCK_NAME,
+    model_root,
+    read_champion,
+    trained_partitions,
+    write_pointer,
+)
+from zipline_dagster.storage.paths import model_dir_uri
 
 
 class ChampionError(RuntimeError):
     """The champion cannot move as asked; the message says why (with the numbers)."""
-
-
-def model_root(model: Model) -> str:
-    return model_root_uri(model.model_artifact_base_uri, model.name)
-
-
-def champion_uri(model: Model) -> str:
-    return join_uri(model_root(model), CHAMPION_NAME)
-
-
-def history_uri(model: Model) -> str:
-    return join_uri(model_root(model), HISTORY_DIR)
-
-
-def read_champion(store: BlobStore, model: Model) -> dict[str, Any] | None:
-    try:
-        pointer = json.loads(store.read_bytes(champion_uri(model)))
-    except BlobNotFoundError:
-        return None
-    return pointer if isinstance(pointer, dict) else None
-
-
-def history(store: BlobStore, model: Model) -> list[dict[str, Any]]:
-    """Every earlier pointer, oldest first."""
-    out = []
-    for uri in store.list(history_uri(model)):
-        if uri.endswith(".json"):
-            out.append(json.loads(store.read_bytes(uri)))
-    return sorted(out, key=lambda p: (str(p.get("moved_at")), str(p.get("history_name"))))
-
-
-def earlier_champions(store: BlobStore, model: Model) -> dict[str, tuple[str, str]]:
-    """Every earlier pointer's location and the (version, ds) it pointed at, by the name
-    ``_write`` gave it (``{moved at}-{version}-{ds}.json``): what they were, without
-    reading each (``read_json_object`` reads one)."""
-    out = {}
-    for uri in store.list(history_uri(model)):
-        stem = uri.rpartition("/")[2].removesuffix(".json")
-        rest = stem.partition("-")[2]
-        version, ds = rest[:-11], rest[-10:]
-        if uri.endswith(".json") and VERSION_RE.match(version) and is_day(ds):
-            out[uri] = (version, ds)
-    return out
-
-
-def _now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
 
 
 def default_actor() -> str:
@@ -99,18 +53,6 @@ def default_actor() -> str:
     except Exception:  # no user name in some containers
         user = "unknown"
     return f"{user}@{socket.gethostname()}"
-
-
-def trained_partitions(store: BlobStore, model: Model, version: str | None = None) -> list[str]:
-    """Days of ``version`` (default the model's) that have a manifest, oldest first."""
-    root = join_uri(model_root(model), version or model.version)
-    days = set()
-    for uri in store.list(root):
-        rel = uri[len(root) :].lstrip("/")
-        ds, _, rest = rel.partition("/")
-        if rest == MANIFEST_NAME:
-            days.add(ds)
-    return sorted(days)
 
 
 @dataclass(frozen=True)
@@ -140,25 +82,6 @@ def lock_left_behind(model: Model, left: list[str]) -> str:
         f"holder has ended (seen from the same machine) or it is {STALE_LOCK_S:.0f}s old, "
         "which needs permission to delete it (or delete it by hand)"
     )
-
-
-def write_pointer(
-    store: BlobStore, model: Model, pointer: dict[str, Any], current: dict[str, Any] | None
-) -> dict[str, Any]:
-    """Keep ``current`` in the history, then write ``pointer`` (naming it) in one put."""
-    now = _now()
-    pointer = {**pointer, "moved_at": now.isoformat(timespec="milliseconds")}
-    if current is not None:
-        name = (
-            f"{now.strftime('%Y%m%dT%H%M%S.%fZ')}-{current.get('version')}-{current.get('ds')}.json"
-        )
-        kept = {**current, "history_name": name}
-        store.write_bytes(join_uri(history_uri(model), name), json.dumps(kept, indent=2).encode())
-        pointer.setdefault("replaced", name)
-    else:
-        pointer.setdefault("replaced", None)
-    store.write_bytes(champion_uri(model), json.dumps(pointer, indent=2, sort_keys=True).encode())
-    return pointer
 
 
 def make_pointer(
@@ -288,7 +211,7 @@ def _first_passing(
     does not regress against it; each one passed over goes into ``rejected`` with why."""
     for ds in reversed(days):
         model_dir = model_dir_uri(model.model_artifact_base_uri, model.name, model.version, ds)
-        manifest = read_json_object(store, join_uri(model_dir, MANIFEST_NAME))
+        manifest = read_manifest(store, model_dir)
         why_not = in_flight(ds, manifest) if in_flight is not None else None
         if why_not:
             rejected[ds] = [g.GateResult(RECORDED, False, why_not)]

@@ -22,6 +22,7 @@ from zipline_dagster.declarations.model import Model
 from zipline_dagster.storage.artifacts import (
     REPORT_NAME,
     is_committed,
+    manifest_uri,
     report_metrics,
 )
 from zipline_dagster.storage.blobs import BlobNotFoundError, BlobStore
@@ -45,7 +46,7 @@ GATE_DESCRIPTIONS = {
     "newer partition that is).",
     REPORT_COMPLETE: "The metrics report has every split and, for each missing metric, "
     "a status saying why.",
-    MANIFEST_VERIFIES: "The partition's _MANIFEST.json exists and every file's sha256 "
+    MANIFEST_VERIFIES: f"The partition's {MANIFEST_NAME} exists and every file's sha256 "
     "matches (re-read from storage).",
 }
 
@@ -169,7 +170,7 @@ def check_report_complete(report: dict[str, Any] | None) -> GateResult:
 
 
 def check_manifest(store: BlobStore, model_dir: str) -> GateResult:
-    if not store.exists(join_uri(model_dir, MANIFEST_NAME)):
+    if not store.exists(manifest_uri(model_dir)):
         return GateResult(MANIFEST_VERIFIES, False, f"no {MANIFEST_NAME} at {model_dir}")
     if not is_committed(store, model_dir, checksums=True):
         return GateResult(

@@ -16,7 +16,7 @@ import dagster as dg
 from pydantic import Field
 
 from zipline_dagster.declarations.model import Model
-from zipline_dagster.rollout import champion as ch
+from zipline_dagster.storage import champion_pointer as cp
 from zipline_dagster.storage.artifacts import committed_manifest
 from zipline_dagster.storage.blobs import BlobStorageError, BlobStore
 from zipline_dagster.storage.catalog import WarehouseError
@@ -29,7 +29,7 @@ JOB_NAME = "warehouse_maintenance"
 
 def champion_snapshots(store: BlobStore, model: Model) -> dict[str, int]:
     """{tag: snapshot id} of the training table snapshots the model's champions read."""
-    pointers = [p for p in [ch.read_champion(store, model), *ch.history(store, model)] if p]
+    pointers = [p for p in [cp.read_champion(store, model), *cp.history(store, model)] if p]
     out: dict[str, int] = {}
     for p in pointers:
         version, ds = str(p.get("version")), str(p.get("ds"))

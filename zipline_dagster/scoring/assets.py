@@ -36,6 +36,7 @@ from zipline_dagster.lineage.partitions import (
 from zipline_dagster.rollout import champion as ch
 from zipline_dagster.rollout import gates as g
 from zipline_dagster.rollout.assets import gate_judge
+from zipline_dagster.storage import champion_pointer as cp
 from zipline_dagster.storage.artifacts import (
     committed_manifest,
     model_commit,
@@ -164,7 +165,7 @@ class ModelChoice:
     def _older(self, model_ds: str) -> list[str]:
         """The trained partitions before ``model_ds``, newest first."""
         if self._trained is None:
-            self._trained = ch.trained_partitions(self.store, self.model)
+            self._trained = cp.trained_partitions(self.store, self.model)
         return [d for d in reversed(self._trained) if d < model_ds]
 
     def resolve(self, ds: str) -> Chosen:
@@ -236,11 +237,11 @@ class ModelChoice:
 
     def _champion(self, ds: str) -> Chosen:
         transforms, model, store = self.transforms, self.model, self.store
-        pointer = ch.read_champion(store, model)
+        pointer = cp.read_champion(store, model)
         if pointer is None:
             raise ScoringError(
                 f"{transforms.table} {ds}: scored by the champion of {model.name}, which has "
-                f"none yet ({ch.champion_uri(model)} is absent)"
+                f"none yet ({cp.champion_uri(model)} is absent)"
             )
         retrained = ch.why_pinned_attempt_gone(store, pointer)
         if retrained:

@@ -258,6 +258,16 @@ def report_metrics(report: dict[str, Any]) -> dict[str, float | None]:
     return out
 
 
+def manifest_uri(model_dir: str) -> str:
+    """Where a model partition's manifest is (written last: it commits the partition)."""
+    return join_uri(model_dir, MANIFEST_NAME)
+
+
+def read_manifest(store: BlobStore, model_dir: str) -> dict[str, Any] | None:
+    """The partition's manifest as written (None: none), whatever its files hold."""
+    return read_json_object(store, manifest_uri(model_dir))
+
+
 def committed_manifest(
     store: BlobStore, model_dir: str, *, checksums: bool = True
 ) -> dict[str, Any] | None:
@@ -266,7 +276,7 @@ def committed_manifest(
 
     ``checksums=False`` checks that every listed file exists (one listing, no reads).
     """
-    manifest = read_json_object(store, join_uri(model_dir, MANIFEST_NAME))
+    manifest = read_manifest(store, model_dir)
     if manifest is None:
         return None
     entries = manifest.get("files", [])
@@ -316,4 +326,4 @@ def named_attempt(manifest: dict[str, Any] | None) -> str | None:
 
 def manifest_attempt(store: BlobStore, model_dir: str) -> str | None:
     """The attempt the partition's manifest names (``named_attempt``, read from storage)."""
-    return named_attempt(read_json_object(store, join_uri(model_dir, MANIFEST_NAME)))
+    return named_attempt(read_manifest(store, model_dir))

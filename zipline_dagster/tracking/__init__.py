@@ -16,6 +16,7 @@ about, skipped for the rest of the step, and what it missed is logged on the cha
 next evaluation (``Tracker.sync``), from storage.
 """
 
+from zipline_dagster.tracking.listener import MlflowResource, mlflow_of
 from zipline_dagster.tracking.records import (
     ATTEMPT_TAG,
     CHAMPION_ALIAS,
@@ -29,7 +30,7 @@ from zipline_dagster.tracking.records import (
     metadata,
     partition_from_storage,
 )
-from zipline_dagster.tracking.tracker import MlflowResource, Tracker, mlflow_of
+from zipline_dagster.tracking.tracker import Tracker
 
 __all__ = [
     "ATTEMPT_TAG",

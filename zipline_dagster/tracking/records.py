@@ -6,15 +6,15 @@ materialization's link to its run (``metadata``)."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import dagster as dg
 
-from zipline_dagster.storage.artifacts import named_attempt, read_json_object, read_report
+from zipline_dagster.events import PartitionTrained
+from zipline_dagster.storage.artifacts import named_attempt, read_manifest, read_report
 from zipline_dagster.storage.blobs import BlobNotFoundError, BlobStore
-from zipline_dagster.storage.paths import MANIFEST_NAME, join_uri
 
 #: The training attempt (job) an MLflow run is of.
 ATTEMPT_TAG = "zipline.attempt"
@@ -36,19 +36,9 @@ MAX_TAG = 5000
 
 
 @dataclass(frozen=True)
-class Partition:
-    """One model partition attempt, as MLflow gets it."""
+class Partition(PartitionTrained):
+    """One model partition attempt, as MLflow gets it: as trained, with its gates."""
 
-    model: str
-    asset_key: str
-    ds: str
-    version: str
-    attempt: str
-    artifact_uri: str
-    report: Mapping[str, Any]
-    dagster_run_id: str | None = None
-    flags: Sequence[str] = ()
-    files: Sequence[str] = ()
     #: gate name -> (passed, summary); None: not judged yet
     gates: Mapping[str, tuple[bool, str]] | None = None
 
@@ -83,7 +73,7 @@ def partition_from_storage(
     store: BlobStore, *, model: str, asset_key: str, model_dir: str, ds: str
 ) -> Partition | None:
     """The committed attempt of the partition at ``model_dir`` (None: no manifest)."""
-    manifest = read_json_object(store, join_uri(model_dir, MANIFEST_NAME))
+    manifest = read_manifest(store, model_dir)
     attempt = named_attempt(manifest)
     if manifest is None or attempt is None:
         return None

@@ -1,4 +1,4 @@
-"""MLflow for one step (``Tracker``, made by ``MlflowResource.tracker``): each call
+"""MLflow for one step (``Tracker``, made by ``MlflowResource.tracker``, in ``listener``): each call
 bounded, a run per model partition attempt, the registry's versions and the
 ``champion`` alias following the platform's pointer. See the package's docstring."""
 
@@ -11,12 +11,8 @@ import time
 import urllib.parse
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
-import dagster as dg
-from pydantic import Field
-
-from zipline_dagster.settings import settings
 from zipline_dagster.storage.artifacts import report_metrics
 from zipline_dagster.storage.blobs import BlobStore, blob_store
 from zipline_dagster.storage.paths import join_uri
@@ -38,64 +34,15 @@ from zipline_dagster.tracking.records import (
 T = TypeVar("T")
 
 
-class MlflowResource(dg.ConfigurableResource):
-    """Where model partitions are logged in MLflow; off while ``tracking_uri`` is unset.
+class TrackerConf(Protocol):
+    """Where and how a tracker logs: ``MlflowResource``'s fields."""
 
-    Credentials are MLflow's own environment variables (``MLFLOW_TRACKING_TOKEN``,
-    ``MLFLOW_TRACKING_USERNAME`` / ``_PASSWORD``), never fields.
-    """
-
-    tracking_uri: str | None = Field(
-        default=None,
-        description="MLflow tracking server, e.g. http://mlflow:5000 (also the registry). "
-        "Unset: MLflow is off.",
-    )
-    experiment: str = Field(
-        default="{model}", description="The experiment of a model's runs; {model} is its name."
-    )
-    timeout_s: float = Field(
-        default=5.0,
-        description="The longest a step waits on one MLflow call; past it (or on an error) "
-        "the step warns, skips MLflow and the champion's next evaluation logs what it missed.",
-    )
-    step_budget_s: float = Field(
-        default=30.0,
-        description="The most a step waits on MLflow in all (a range logs a run a day); "
-        "past it the step skips MLflow, and the champion's next evaluation logs the rest.",
-    )
-    copy_artifacts: bool = Field(
-        default=False,
-        description="Copy a partition's model files into its MLflow run (default: a "
-        "reference to their versioned URI).",
-    )
-    dagster_url: str | None = Field(
-        default=None, description="The Dagster UI's URL, for the link from a run back to it."
-    )
-
-    @classmethod
-    def from_settings(cls) -> MlflowResource:
-        env = settings()
-        return cls(
-            tracking_uri=env.mlflow_tracking_uri,
-            experiment=env.mlflow_experiment,
-            copy_artifacts=env.mlflow_copy_artifacts,
-            dagster_url=env.dagster_url,
-        )
-
-    def tracker(
-        self, warn: Callable[[str], None], store: Callable[[str], BlobStore] = blob_store
-    ) -> Tracker | None:
-        """A tracker for one step (None when MLflow is off); ``warn`` gets what it skipped,
-        ``store`` opens a model's storage (the step's ``WarehouseResource.store``) for
-        ``copy_artifacts``."""
-        return Tracker(self, warn, store) if self.tracking_uri else None
-
-
-def mlflow_of(defs: dg.Definitions) -> MlflowResource:
-    """The code location's MLflow: its ``mlflow`` resource, as its runs use it (the CLI
-    moves the alias where the runs log); the settings' when it has none."""
-    found = (defs.resources or {}).get("mlflow")
-    return found if isinstance(found, MlflowResource) else MlflowResource.from_settings()
+    tracking_uri: str | None
+    experiment: str
+    timeout_s: float
+    step_budget_s: float
+    copy_artifacts: bool
+    dagster_url: str | None
 
 
 class Tracker:
@@ -104,7 +51,7 @@ class Tracker:
 
     def __init__(
         self,
-        conf: MlflowResource,
+        conf: TrackerConf,
         warn: Callable[[str], None],
         store: Callable[[str], BlobStore] = blob_store,
     ) -> None:

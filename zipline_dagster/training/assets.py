@@ -12,6 +12,7 @@ from zipline_dagster.declarations.versions import (
     model_declaration_hash,
 )
 from zipline_dagster.errors import failure
+from zipline_dagster.events import Listening, PartitionTrained, PlatformListener
 from zipline_dagster.lineage.ledger import ARTIFACT_ROOT, Ledger, State
 from zipline_dagster.lineage.partitions import (
     PARTITIONS_PER_RUN,
@@ -31,8 +32,6 @@ from zipline_dagster.storage.catalog import WarehouseError
 from zipline_dagster.storage.paths import join_uri, model_root_uri
 from zipline_dagster.storage.resources import WarehouseResource
 from zipline_dagster.storage.table_days import window_snapshot
-from zipline_dagster.tracking import MlflowResource, Partition, Tracker
-from zipline_dagster.tracking import metadata as mlflow_metadata
 from zipline_dagster.training.metadata import report_metadata
 from zipline_dagster.training.pins import Drift, drift_of
 from zipline_dagster.training.ranges import Ran, run_days
@@ -137,7 +136,7 @@ def build_model_asset(
         context: dg.AssetExecutionContext,
         launcher: TrainingLauncher,
         warehouse: WarehouseResource,
-        mlflow: MlflowResource,
+        mlflow: PlatformListener,
     ) -> dg.MaterializeResult:
         drifted = drift_of(model, trainers)  # the source as it is now, not at load
         if drifted is not None:
@@ -147,7 +146,7 @@ def build_model_asset(
             model,
             warehouse,
             upstream,
-            mlflow.tracker(context.log.warning, warehouse.store),
+            mlflow.listening(context.log.warning, context.log.info, warehouse.store),
         )
         return run_days(context, work, list(context.partition_keys), launcher, warehouse)
 
@@ -168,7 +167,7 @@ class TrainingWork:
         model: Model,
         warehouse: WarehouseResource,
         upstream: dg.AssetKey,
-        tracker: Tracker | None = None,
+        listening: Listening | None = None,
     ) -> None:
         self.context, self.model, self.warehouse, self.upstream = (
             context,
@@ -176,7 +175,7 @@ class TrainingWork:
             warehouse,
             upstream,
         )
-        self.tracker = tracker
+        self.listening = listening
         self.name = model.name
         # on Ray a range trains in one job, one task each, unless the model has its own
         # Ray Train workers
@@ -227,7 +226,7 @@ class TrainingWork:
         pass
 
     def finish(self, request: TrainingRequest, ran: Ran) -> dict[str, Any]:
-        return finish_partition(self.context, request, ran, self.tracker)
+        return finish_partition(self.context, request, ran, self.listening)
 
 
 def input_read(request: TrainingRequest) -> dict[str, Any]:
@@ -245,11 +244,11 @@ def finish_partition(
     context: dg.AssetExecutionContext,
     request: TrainingRequest,
     ran: Ran,
-    tracker: Tracker | None = None,
+    listening: Listening | None = None,
 ) -> dict[str, Any]:
     """Promote the attempt ``ran`` wrote into ``{version}/{ds}/`` (the earlier finished
     model is superseded only now, the manifest written last); the partition's metadata,
-    with a link to its MLflow run when ``tracker`` logged it.
+    with what the listener recorded (a link to its MLflow run) when one listens.
 
     Raises:
         dg.Failure: the attempt's artifacts do not satisfy the contract (named).
@@ -322,8 +321,8 @@ def finish_partition(
         metadata["ray_dashboard"] = dg.MetadataValue.url(ran.url)
     if promotion.superseded:
         metadata["superseded_artifacts"] = promotion.superseded
-    if tracker is not None:
-        partition = Partition(
+    if listening is not None:
+        event = PartitionTrained(
             model=model.name,
             asset_key=context.asset_key.to_user_string(),
             ds=ds,
@@ -335,5 +334,5 @@ def finish_partition(
             flags=request.flags,
             files=[f["path"] for f in promotion.manifest["files"]],
         )
-        metadata.update(mlflow_metadata(tracker.log(partition)))
+        metadata.update(listening.partition_trained(event))
     return metadata
