@@ -83,9 +83,17 @@ class PlatformListener(dg.ConfigurableResource):
     """The resource the core publishes its events to (key ``mlflow``); this base listens
     to nothing. ``tracking.MlflowResource`` is the listener the platform ships.
 
-    Example::
+    Example:
+        .. code-block:: python
 
-        defs = build_definitions(..., resources={"mlflow": MlflowResource(tracking_uri=...)})
+            from zipline_dagster.definitions import build_definitions
+            from zipline_dagster.events import PlatformListener
+
+            class AuditListener(PlatformListener):  # another listener than MLflow
+                def listening(self, warn, info, store):
+                    return MyAuditLog(info)  # partition_trained, partition_judged, champion_evaluated
+
+            defs = build_definitions(models=[...], resources={"mlflow": AuditListener()})
     """
 
     def listening(

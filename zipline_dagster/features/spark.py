@@ -99,6 +99,22 @@ class SparkResource(dg.ConfigurableResource):
 
     Embedded default ``local[*]``; point ``master`` (or ``SPARK_MASTER``) at a cluster to
     scale out. Steps in one process share one session.
+
+    Example:
+        .. code-block:: python
+
+            import dagster as dg
+            from zipline_dagster.features.spark import SparkResource
+
+            defs = dg.Definitions(
+                assets=[...],
+                resources={
+                    "spark": SparkResource(
+                        master="spark://spark-master:7077",
+                        spark_config={"spark.executor.memory": "4g"},
+                    )
+                },
+            )
     """
 
     master: str | None = Field(

@@ -35,6 +35,17 @@ class MlflowResource(PlatformListener):
 
     Credentials are MLflow's own environment variables (``MLFLOW_TRACKING_TOKEN``,
     ``MLFLOW_TRACKING_USERNAME`` / ``_PASSWORD``), never fields.
+
+    Example:
+        .. code-block:: python
+
+            from zipline_dagster.definitions import build_definitions
+            from zipline_dagster.tracking import MlflowResource
+
+            defs = build_definitions(
+                models=[...],
+                resources={"mlflow": MlflowResource(tracking_uri="http://mlflow:5000")},
+            )
     """
 
     tracking_uri: str | None = Field(

@@ -47,7 +47,16 @@ class TrainingLauncher(dg.ConfigurableResource):
 
 
 class LocalLauncherResource(TrainingLauncher):
-    """Runs the trainer as a subprocess of the step, in this environment (no cluster)."""
+    """Runs the trainer as a subprocess of the step, in this environment (no cluster).
+
+    Example:
+        .. code-block:: python
+
+            import dagster as dg
+            from zipline_dagster.training.resources import LocalLauncherResource
+
+            defs = dg.Definitions(assets=[...], resources={"launcher": LocalLauncherResource(timeout_s=600)})
+    """
 
     def runner(self, log: Any, store: Callable[[str], BlobStore] | None = None) -> TrainingRunner:
         from zipline_dagster.training.launchers.local import LocalRunner
@@ -61,6 +70,22 @@ class RayJobsResource(TrainingLauncher):
     The cluster is, in order: ``address`` if set, else ``RAY_ADDRESS``, else the embedded
     default: a local head on loopback that the platform starts once and reuses
     (``zipline-dagster ray up | down | status``).
+
+    Example:
+        .. code-block:: python
+
+            import dagster as dg
+            from zipline_dagster.training.resources import RayJobsResource
+
+            defs = dg.Definitions(
+                assets=[...],
+                resources={
+                    "launcher": RayJobsResource(
+                        address="http://raycluster-head-svc:8265",
+                        auth_mode="token",  # the token from RAY_AUTH_TOKEN, never config
+                    )
+                },
+            )
     """
 
     address: str | None = Field(
