@@ -195,12 +195,14 @@ def _commit_range(tables: Any, table: str, days: list[str], value: int) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from zipline_dagster.storage.days import DAY
+    from zipline_dagster.storage.paths import join_uri
     from zipline_dagster.storage.tables import new_write_id
 
     write_id = new_write_id()
     staged = {}
     for ds in days:
-        uri = f"{tables.staging_uri(table, write_id)}/_ds={ds}/part-00000.parquet"
+        uri = join_uri(tables.staging_uri(table, write_id), f"_{DAY}={ds}", "part-00000.parquet")
         sink = io.BytesIO()
         pq.write_table(pa.table({"ds": [ds], "x": [value]}), sink)
         tables.store.write_bytes(uri, sink.getvalue())

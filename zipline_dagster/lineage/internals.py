@@ -22,6 +22,7 @@ fails when one moves; nothing else in the project imports a private Dagster modu
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -282,7 +283,7 @@ def drive_backfill(
                 last = summary
             if backfill.status != BulkActionStatus.REQUESTED:
                 return str(backfill.status.value)
-            if plan_done(targets, states, lambda runs=runs: made.by(runs)):  # type: ignore[misc]
+            if plan_done(targets, states, functools.partial(made.by, runs)):
                 log("COMPLETED_SUCCESS: every partition materialized")
                 return "COMPLETED_SUCCESS"
             if time.monotonic() > deadline:

@@ -1,8 +1,10 @@
 """What this project uses of pyiceberg that has no public form, in one place.
 
 ``tests/storage/test_iceberg_internals.py`` pins every name used here and fails when a
-pyiceberg upgrade moves one; nothing else in the project reaches into pyiceberg's
-private attributes.
+pyiceberg upgrade moves one; nothing else in the library reaches into pyiceberg's
+private attributes, but for the trainer support (``training.trainer_tables``, shipped
+without the platform), whose manifest reader calls ``AvroFile._read_header`` (pinned by
+``tests/training/test_window_files.py``).
 
 * ``transaction``: a table's transaction whose metadata is computed once per staged
   state. pyiceberg 0.12's ``Transaction.table_metadata`` replays the staged updates and
