@@ -108,6 +108,7 @@ def test_training_window_on_a_distant_object_store(
         "two reads (the fan-out trainer)",
         lambda n: (
             f"{DAYS} files of {ROWS:,} rows, {n} requests at a time; the table's Iceberg "
-            "metadata, then 6 requests a file: its footer (HEAD, GET), a HEAD and a GET per read"
+            "metadata (the projection checked against its schema), then 5 requests a file: a "
+            "HEAD and a GET per read, and its footer's GET with the first"
         ),
     )

@@ -2,9 +2,8 @@
 
 ``tests/storage/test_iceberg_internals.py`` pins every name used here and fails when a
 pyiceberg upgrade moves one; nothing else in the library reaches into pyiceberg's
-private attributes, but for the trainer support (``training.trainer_tables``, shipped
-without the platform), whose manifest reader calls ``AvroFile._read_header`` (pinned by
-``tests/training/test_window_files.py``).
+private attributes (the trainer support's manifest reader, ``training.trainer_tables``,
+uses public pyiceberg names only).
 
 * ``transaction``: a table's transaction whose metadata is computed once per staged
   state. pyiceberg 0.12's ``Transaction.table_metadata`` replays the staged updates and

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlparse
 
 
@@ -133,30 +133,50 @@ def newest_metadata(warehouse: str, table: str) -> str:
     return f"file://{newest}" if is_local(fs) else str(fs.unstrip_protocol(newest))
 
 
+class PlannedWindow(NamedTuple):
+    """A window of an Iceberg table at a snapshot, from its metadata and manifests."""
+
+    #: {day: its data files' URIs}
+    files: dict[str, list[str]]
+    #: the days marked empty (computed with no rows)
+    empty: set[str]
+    #: the table's top-level columns at the snapshot (its schema, not a file's footer)
+    columns: list[str]
+
+
 def iceberg_days(
     metadata: str, snapshot_id: int | None, window: list[str], partition_column: str
 ) -> tuple[dict[str, list[str]], set[str]]:
     """({day: its data files' URIs}, the days marked empty) of ``window`` at
-    ``snapshot_id`` (None: the metadata's current snapshot), read from its manifests with
+    ``snapshot_id`` (None: the metadata's current snapshot): ``plan_window``'s first two."""
+    planned = plan_window(metadata, snapshot_id, window, partition_column)
+    return planned.files, planned.empty
+
+
+def plan_window(
+    metadata: str, snapshot_id: int | None, window: list[str], partition_column: str
+) -> PlannedWindow:
+    """``window``'s files, empty days and the table's columns at ``snapshot_id`` (None:
+    the metadata's current snapshot), read from its metadata and manifests with
     pyiceberg."""
     from pyiceberg.table import StaticTable
 
     table = StaticTable.from_metadata(metadata, properties=iceberg_io_properties())
-    if snapshot_id is not None and table.snapshot_by_id(snapshot_id) is None:
-        # pyiceberg plans nothing at an unknown snapshot: say which, not "missing days"
-        held = [s.snapshot_id for s in table.snapshots()][-5:]
-        raise TrainingDataError(
-            f"--snapshot-id={snapshot_id} is not a snapshot of {metadata} (expired by "
-            f"maintenance?); it holds {len(table.snapshots())}, the newest {held}"
-        )
+    snapshot = _snapshot(table, snapshot_id, metadata)
     wanted = {checked_day(d) for d in window}
-    snapshot = table.snapshot_by_id(snapshot_id) if snapshot_id else table.current_snapshot()
     files: dict[str, list[str]] = {}
     # the manifests whose day bounds (the first partition field's) hold a window day, and
     # their live entries of those days: pyiceberg's own scan would evaluate a residual
     # of `ds IN (...)` per file, about 1 ms each, most of a small window's read
     as_day = _partition_day(table, partition_column)
-    for manifest in snapshot.manifests(table.io) if snapshot is not None else []:
+    # the manifest list read as the manifests are (pyiceberg's snapshot.manifests would
+    # resolve its reader again, about 1 ms)
+    listed = (
+        _avro_records(table.io, snapshot.manifest_list, "list")
+        if snapshot is not None and snapshot.manifest_list
+        else []
+    )
+    for manifest in listed:
         if not _may_hold(manifest, wanted, as_day):
             continue
         for entry in _live_entries(table.io, manifest.manifest_path):
@@ -164,7 +184,28 @@ def iceberg_days(
             if ds in wanted:
                 files.setdefault(ds, []).append(entry.data_file.file_path)
     empty = {k[len(EMPTY_DAY) :] for k in table.properties if k.startswith(EMPTY_DAY)}
-    return {d: sorted(f) for d, f in files.items()}, empty & set(window)
+    schema = table.schemas().get(snapshot.schema_id) if snapshot is not None else None
+    return PlannedWindow(
+        {d: sorted(f) for d, f in files.items()},
+        empty & set(window),
+        [field.name for field in (schema or table.schema()).fields],
+    )
+
+
+def _snapshot(table: Any, snapshot_id: int | None, metadata: str) -> Any:
+    """The snapshot ``snapshot_id`` of ``table`` (None: its current one, None when it
+    has none); an error naming it and the newest held when the table has no such one."""
+    if snapshot_id is None:
+        return table.current_snapshot()
+    found = table.snapshot_by_id(snapshot_id)
+    if found is None:
+        # pyiceberg plans nothing at an unknown snapshot: say which, not "missing days"
+        held = [s.snapshot_id for s in table.snapshots()][-5:]
+        raise TrainingDataError(
+            f"--snapshot-id={snapshot_id} is not a snapshot of {metadata} (expired by "
+            f"maintenance?); it holds {len(table.snapshots())}, the newest {held}"
+        )
+    return found
 
 
 def _may_hold(manifest: Any, days: set[str], as_day: Any) -> bool:
@@ -177,48 +218,60 @@ def _may_hold(manifest: Any, days: set[str], as_day: Any) -> bool:
     return any(low <= d <= high for d in days)
 
 
-#: {(a manifest file's Avro schema, as its header holds it): (its Iceberg schema, the
-#: reader of its entries)}: every manifest of a table is written with the same schema
-_MANIFEST_READERS: dict[str, tuple[Any, Any]] = {}
+#: {(what the reader reads, the file's Avro schema as its header holds it): (its Iceberg
+#: schema, the reader of its records)}: every manifest (and manifest list) of a table is
+#: written with the same schema; and under ("header", ""), an Avro file header's reader
+_AVRO_READERS: dict[tuple[str, str], tuple[Any, Any]] = {}
+
+
+def _avro_records(io: Any, path: str, kind: str) -> list[Any]:
+    """The records of the Avro file at ``path``, a manifest list (``kind="list"``) or a
+    manifest (``"manifest"``), read as pyiceberg's ``read_manifest_list`` and
+    ``ManifestFile.fetch_manifest_entry`` read them (less the latter's inheritance of
+    snapshot ids, unused here). pyiceberg derives each file's Avro schema and resolves
+    its reader again for every file, about 0.9 ms (nearly all of planning a window
+    committed a day at a time), and builds the header's reader each time too (0.15 ms):
+    both are kept here. Public pyiceberg names only."""
+    from pyiceberg import manifest as m
+    from pyiceberg.avro.decoder import new_decoder
+    from pyiceberg.avro.file import META_SCHEMA, AvroFile, AvroFileHeader
+    from pyiceberg.avro.resolver import construct_reader, resolve_reader
+
+    if kind == "list":
+        avro: Any = AvroFile[m.ManifestFile](
+            io.new_input(path),
+            m.MANIFEST_LIST_FILE_SCHEMAS[m.DEFAULT_READ_VERSION],
+            read_types={-1: m.ManifestFile, 508: m.PartitionFieldSummary},
+            read_enums={517: m.ManifestContent},
+        )
+    else:
+        avro = AvroFile[m.ManifestEntry](
+            io.new_input(path),
+            m.MANIFEST_ENTRY_SCHEMAS[m.DEFAULT_READ_VERSION],
+            read_types={-1: m.ManifestEntry, 2: m.DataFile},
+            read_enums={0: m.ManifestEntryStatus, 101: m.FileFormat, 134: m.DataFileContent},
+        )
+    with avro.input_file.open() as f:  # as AvroFile.__enter__, less the schema's work
+        avro.decoder = new_decoder(f.read())
+    if ("header", "") not in _AVRO_READERS:  # as AvroFile._read_header, built once
+        _AVRO_READERS["header", ""] = (None, construct_reader(META_SCHEMA, {-1: AvroFileHeader}))
+    avro.header = _AVRO_READERS["header", ""][1].read(avro.decoder)
+    key = (kind, avro.header.meta.get("avro.schema", ""))
+    if key not in _AVRO_READERS:
+        schema = avro.header.get_schema()
+        reader = resolve_reader(schema, avro.read_schema, avro.read_types, avro.read_enums)
+        _AVRO_READERS[key] = (schema, reader)
+    avro.schema, avro.reader = _AVRO_READERS[key]
+    return list(avro)
 
 
 def _live_entries(io: Any, path: str) -> list[Any]:
-    """The live (not deleted) entries of the manifest file at ``path``, as pyiceberg's
-    ``ManifestFile.fetch_manifest_entry`` reads them, less its inheritance of snapshot
-    ids (unused here). pyiceberg derives each file's Avro schema and resolves its reader
-    again for every manifest, about 0.9 ms a file (nearly all of planning a window
-    committed a day at a time); the reader is kept per schema instead. The only
-    private name: ``AvroFile._read_header`` (pinned by tests/training/test_window_files.py)."""
-    from pyiceberg.avro.decoder import new_decoder
-    from pyiceberg.avro.file import AvroFile
-    from pyiceberg.avro.resolver import resolve_reader
-    from pyiceberg.manifest import (
-        DEFAULT_READ_VERSION,
-        MANIFEST_ENTRY_SCHEMAS,
-        DataFile,
-        DataFileContent,
-        FileFormat,
-        ManifestEntry,
-        ManifestEntryStatus,
-    )
+    """The live (not deleted) entries of the manifest file at ``path``."""
+    from pyiceberg.manifest import ManifestEntryStatus
 
-    read_schema = MANIFEST_ENTRY_SCHEMAS[DEFAULT_READ_VERSION]
-    avro = AvroFile[ManifestEntry](
-        io.new_input(path),
-        read_schema,
-        read_types={-1: ManifestEntry, 2: DataFile},
-        read_enums={0: ManifestEntryStatus, 101: FileFormat, 134: DataFileContent},
-    )
-    with avro.input_file.open() as f:  # as AvroFile.__enter__, less the schema's work
-        avro.decoder = new_decoder(f.read())
-    avro.header = avro._read_header()
-    key = avro.header.meta.get("avro.schema", "")
-    if key not in _MANIFEST_READERS:
-        schema = avro.header.get_schema()
-        reader = resolve_reader(schema, read_schema, avro.read_types, avro.read_enums)
-        _MANIFEST_READERS[key] = (schema, reader)
-    avro.schema, avro.reader = _MANIFEST_READERS[key]
-    return [e for e in avro if e.status != ManifestEntryStatus.DELETED]
+    return [
+        e for e in _avro_records(io, path, "manifest") if e.status != ManifestEntryStatus.DELETED
+    ]
 
 
 def _partition_day(table: Any, partition_column: str) -> Any:
