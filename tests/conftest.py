@@ -32,6 +32,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 _DAGSTER_HOME = pytest.StashKey[tuple[str | None, Path]]()
+_INSTALL = pytest.StashKey[str | None]()
+INSTALL_REQUIREMENTS = "ZIPLINE_RAY_INSTALL_REQUIREMENTS"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -44,6 +46,13 @@ def pytest_configure(config: pytest.Config) -> None:
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     config.stash[_DAGSTER_HOME] = (os.environ.get("DAGSTER_HOME"), home)
     os.environ["DAGSTER_HOME"] = str(home)
+    # The tests' Ray jobs run in the tests' own environment, which holds every trainer's
+    # requirements (compiled), as an image would: Ray's pip env is a clone of that whole
+    # environment per requirement set and per head, about 26 s of CPU each (measured on
+    # this 2-core machine), a few minutes of a suite run. The tests about the pip env turn
+    # it on themselves (test_fanout's pool test; test_request checks the runtime_env).
+    config.stash[_INSTALL] = os.environ.get(INSTALL_REQUIREMENTS)
+    os.environ.setdefault(INSTALL_REQUIREMENTS, "false")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -51,10 +60,11 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         return
     before, home = config.stash[_DAGSTER_HOME]
     shutil.rmtree(home, ignore_errors=True)
-    if before is None:
-        os.environ.pop("DAGSTER_HOME", None)
-    else:
-        os.environ["DAGSTER_HOME"] = before
+    for name, value in (("DAGSTER_HOME", before), (INSTALL_REQUIREMENTS, config.stash[_INSTALL])):
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def free_port() -> int:

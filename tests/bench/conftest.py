@@ -10,19 +10,30 @@ from typing import Any
 import pytest
 
 from tests.bench import record
-from tests.conftest import running_head
+from tests.conftest import INSTALL_REQUIREMENTS, running_head
 
 _STARTED = time.perf_counter()
 
 
 @pytest.fixture(scope="session")
-def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def ray_head(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch_session: pytest.MonkeyPatch
+) -> Iterator[Any]:
     """The benchmarks' Ray head (2 CPUs, stopped after the session): the test suite's head
     without the storage emulators the suite starts beside it and hands to it (moto, the
     GCS emulator, Azurite). The benchmarks read and write ``file://`` only, and on 2 cores
     an idle emulator is not free: Azurite alone took 0.04-0.07 of a core while a fan-out
-    ran, CPU the parallel side needs and the serial loop does not."""
+    ran, CPU the parallel side needs and the serial loop does not. Jobs install their
+    trainer's requirements (Ray's pip env), the default a user gets, which the test suite
+    turns off (tests/conftest.py)."""
+    monkeypatch_session.setenv(INSTALL_REQUIREMENTS, "true")
     yield from running_head(tmp_path_factory.mktemp("ray"), "Ray head (benchmarks)")
+
+
+@pytest.fixture(scope="session")
+def monkeypatch_session() -> Iterator[pytest.MonkeyPatch]:
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

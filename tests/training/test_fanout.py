@@ -115,7 +115,9 @@ def test_pool_workers_share_the_work_with_the_driver(ray_head: Any, file_base: s
     version = publish_market_trainer(file_base)
     jc = {"segment-column": "market", "features": "price,noise", "min-pool-seconds": "0"}
     model = make_model(version, file_base, name="market_ctr_models", job_configs=jc)
-    result = materialize(model, resources(ray_head.dashboard_url, file_base))
+    # the default's pip env (the suite turns it off: tests/conftest.py)
+    res = resources(ray_head.dashboard_url, file_base, install_requirements=True)
+    result = materialize(model, res)
     assert result.success
     md = {k: v.value for k, v in only_materialization(result).metadata.items()}
     assert md["segments/trained"] == segments and md["segments/failed"] == 1
@@ -523,7 +525,9 @@ def test_batches_queued_on_a_worker_that_never_starts_come_back(
         "num-workers": "4",
     }
     model = make_model(version, file_base, name="market_ctr_models", job_configs=jc, replicas=2)
-    result = materialize(model, resources(ray_head.dashboard_url, file_base))
+    # the default's pip env (the suite turns it off: tests/conftest.py)
+    res = resources(ray_head.dashboard_url, file_base, install_requirements=True)
+    result = materialize(model, res)
     assert result.success
     md = {k: v.value for k, v in only_materialization(result).metadata.items()}
     assert md["segments/trained"] == segments and md["segments/failed"] == 1
