@@ -411,7 +411,7 @@ class Cluster:
         self._wait(name, ready)
 
     def _ray_env(self) -> dict[str, str]:
-        from zipline_dagster.training.launchers.ray_head import EMBEDDED_HEAD_ENV
+        from zipline_dagster.jobs.launchers.ray_head import EMBEDDED_HEAD_ENV
 
         env = {**EMBEDDED_HEAD_ENV, **self.env(secret=False), "RAY_USAGE_STATS_ENABLED": "0"}
         env.pop("RAY_ADDRESS")

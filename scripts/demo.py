@@ -71,7 +71,7 @@ def demo_models() -> list[tuple["Model", "ModelTransforms"]]:
 def publish(models: list["Model"]) -> str | None:
     """Build and upload each model's trainer archive; why not, when its source no longer
     builds the version its defs file pins."""
-    from zipline_dagster.training.archive import publish_trainer_archive
+    from zipline_dagster.jobs.archive import publish_trainer_archive
 
     for model in models:
         published = publish_trainer_archive(
@@ -282,7 +282,8 @@ def summarize(
     from zipline_dagster.rollout import gates
     from zipline_dagster.scoring.monitoring import monitoring_asset_key
     from zipline_dagster.storage import champion_pointer as cp
-    from zipline_dagster.storage.artifacts import is_committed, read_report, report_metrics
+    from zipline_dagster.storage.artifacts import read_report, report_metrics
+    from zipline_dagster.storage.manifests import model_partition
     from zipline_dagster.storage.paths import MANIFEST_NAME, model_partition_uri
 
     assert isinstance(instance, dg.DagsterInstance)
@@ -293,7 +294,7 @@ def summarize(
         model_dir = model_partition_uri(model, ds)
         # Trained means a manifest on storage whose every checksum matches, whatever
         # Dagster recorded.
-        if not is_committed(store, model_dir):
+        if not model_partition(store, model_dir, ds, checksums=True).committed:
             print(f"      {ds}  NOT FINISHED: no complete {MANIFEST_NAME} in {model_dir}")
             unfinished.append(ds)
             continue

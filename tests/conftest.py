@@ -349,7 +349,7 @@ def ray_head(
 def running_head(state_dir: Path, what: str, *, env: dict[str, str] | None = None) -> Iterator[Any]:
     """A local Ray head (2 CPUs) in ``state_dir``, recorded for cleanup while it runs;
     yields its HeadInfo and stops it afterwards (for fixtures: ``yield from``)."""
-    from zipline_dagster.training.launchers.ray_head import LocalRayHead
+    from zipline_dagster.jobs.launchers.ray_head import LocalRayHead
 
     head = LocalRayHead(state_dir, num_cpus=2, env=env)
     info = head.ensure_running()
@@ -386,7 +386,7 @@ def ray_two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     --address` node (each 2 CPUs), both in their own process groups, stopped after."""
     import signal
 
-    from zipline_dagster.training.launchers.ray_head import LocalRayHead
+    from zipline_dagster.jobs.launchers.ray_head import LocalRayHead
 
     head = LocalRayHead(tmp_path_factory.mktemp("ray2"), num_cpus=2)
     info = head.ensure_running()

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from tests.conftest import BIN, run_cli
+from zipline_dagster.jobs.archive import build_trainer_archive
 from zipline_dagster.storage.blobs import blob_store
-from zipline_dagster.training.archive import build_trainer_archive
 
 
 def _kv(stdout: str) -> dict[str, str]:

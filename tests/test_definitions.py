@@ -139,9 +139,9 @@ def test_an_external_table_observed_again_unchanged_retrains_nothing(file_base: 
     from tests.training.test_assets import TABLE, make_model
     from tests.training.test_assets import resources as test_resources
     from zipline_dagster.definitions import build_external_table_asset
+    from zipline_dagster.jobs.archive import publish_trainer_archive
     from zipline_dagster.lineage.backfill import FreshnessResolver, plan_backfill
     from zipline_dagster.storage.days import shift_day
-    from zipline_dagster.training.archive import publish_trainer_archive
 
     first, last = "2026-07-10", "2026-07-11"  # model days; windows 07-07..07-10, ..07-11
     for ds in days_ending(last, 5):

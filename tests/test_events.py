@@ -22,8 +22,8 @@ from zipline_dagster.events import (
     PartitionTrained,
     PlatformListener,
 )
+from zipline_dagster.jobs.archive import publish_trainer_archive
 from zipline_dagster.storage.blobs import BlobStore
-from zipline_dagster.training.archive import publish_trainer_archive
 
 
 class _Recorder:

@@ -13,7 +13,7 @@ import pytest
     [
         "zipline_dagster",
         "zipline_dagster.cli",
-        "zipline_dagster.training.archive",
+        "zipline_dagster.jobs.archive",
         "zipline_dagster.storage.blobs",
     ],
 )

@@ -25,8 +25,14 @@ from zipline_dagster.declarations.features import Producer, output_columns
 from zipline_dagster.declarations.model import Model, ModelSpecError
 from zipline_dagster.declarations.transforms import ModelTransforms
 from zipline_dagster.features.assets import build_producer_asset
+from zipline_dagster.jobs.pins import find_drift
+from zipline_dagster.jobs.resources import JobLauncher
 from zipline_dagster.lineage.automation import automation_sensor, retrain_condition
-from zipline_dagster.lineage.partitions import daily_partitions, table_asset_key
+from zipline_dagster.lineage.partitions import (
+    daily_partitions,
+    table_asset_key,
+    trainable_partitions,
+)
 from zipline_dagster.rollout.assets import (
     build_champion_asset,
     build_champion_sensor,
@@ -45,9 +51,7 @@ from zipline_dagster.storage.paths import model_archive_uri
 from zipline_dagster.storage.resources import WarehouseResource
 from zipline_dagster.storage.tables import Tables
 from zipline_dagster.tracking import MlflowResource
-from zipline_dagster.training.assets import build_model_asset, trainable_partitions
-from zipline_dagster.training.pins import find_drift
-from zipline_dagster.training.resources import TrainingLauncher
+from zipline_dagster.training.assets import build_model_asset
 
 log = logging.getLogger(__name__)
 
@@ -181,7 +185,7 @@ def check_archive_reachable(model: Model, resources: Mapping[str, Any]) -> None:
         ModelSpecError: naming the model, the archive's scheme and the reason.
     """
     launcher = resources.get("launcher")
-    if not isinstance(launcher, TrainingLauncher):
+    if not isinstance(launcher, JobLauncher):
         return
     warehouse = resources.get("warehouse")
     options = (
@@ -310,7 +314,7 @@ def build_definitions(
 
     ``trainers``: the project's trainer folders (``{trainers}/{model_name}``): a model
     whose source there builds to another version than it pins is named in a warning (the
-    log, and its asset's description in the UI) and refuses to train (``training.pins``).
+    log, and its asset's description in the UI) and refuses to train (``jobs.pins``).
 
     Raises:
         ModelSpecError: a table is produced twice, an input table resolves to no asset, or

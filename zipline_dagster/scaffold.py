@@ -58,7 +58,7 @@ from zipline_dagster import (
     selects,
 )
 from zipline_dagster.settings import artifact_base_uri
-from zipline_dagster.training.pins import pinned_version
+from zipline_dagster.jobs.pins import pinned_version
 
 #: The columns of {table} the trainer reads (besides its label, {label}).
 FEATURES = {features!r}
@@ -175,8 +175,8 @@ class Scaffold:
             ScaffoldError: a file is there already, the template is not a trainer, or the
                 code location does not load with the model (nothing is left written).
         """
-        from zipline_dagster.training.archive import build_trainer_archive
-        from zipline_dagster.training.pins import TRAINERS_DIR, find_lock, record_pin, write_lock
+        from zipline_dagster.jobs.archive import build_trainer_archive
+        from zipline_dagster.jobs.pins import TRAINERS_DIR, find_lock, record_pin, write_lock
 
         lock = find_lock(defs_file)
         source = lock.parent / TRAINERS_DIR / (template or self.template)

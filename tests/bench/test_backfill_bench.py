@@ -30,18 +30,18 @@ from tests.helpers import days_ending, run_days, write_table
 from tests.training.test_assets import TABLE, make_model, resources
 from zipline_dagster.definitions import build_definitions
 from zipline_dagster.features.spark import SparkResource
+from zipline_dagster.jobs.archive import publish_trainer_archive
+from zipline_dagster.jobs.request import (
+    build_training_request,
+)
+from zipline_dagster.jobs.resources import RayJobsResource
 from zipline_dagster.lineage.backfill import model_partitions, plan_backfill
 from zipline_dagster.lineage.internals import execute_plan_in_process
 from zipline_dagster.lineage.partitions import daily_partitions
 from zipline_dagster.rollout.assets import build_model_checks
 from zipline_dagster.storage.days import shift_day
 from zipline_dagster.storage.resources import WarehouseResource
-from zipline_dagster.training.archive import publish_trainer_archive
 from zipline_dagster.training.assets import build_model_asset
-from zipline_dagster.training.request import (
-    build_training_request,
-)
-from zipline_dagster.training.resources import RayJobsResource
 
 pytestmark = [pytest.mark.bench, pytest.mark.ray]
 DAYS = 30

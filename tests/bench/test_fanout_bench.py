@@ -32,9 +32,9 @@ from tests.training.test_assets import (
     resources,
 )
 from tests.training.test_fanout import write_market_table
+from zipline_dagster.jobs.archive import publish_trainer_archive
+from zipline_dagster.jobs.resources import RayJobsResource
 from zipline_dagster.storage.blobs import blob_store
-from zipline_dagster.training.archive import publish_trainer_archive
-from zipline_dagster.training.resources import RayJobsResource
 
 pytestmark = [pytest.mark.bench, pytest.mark.ray]
 REPEATS = 3

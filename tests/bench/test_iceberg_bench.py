@@ -21,10 +21,10 @@ import pytest
 
 from tests.bench.record import Case, Series, record, repeat
 from tests.helpers import tables_of
+from zipline_dagster.jobs import trainer_io as tio
 from zipline_dagster.storage.days import days_between, shift_day
 from zipline_dagster.storage.maintenance import maintain
 from zipline_dagster.storage.table_days import window_snapshot
-from zipline_dagster.training import trainer_io as tio
 
 pytestmark = [pytest.mark.bench, pytest.mark.spark]
 REPEATS = 3

@@ -21,7 +21,7 @@ from tests.conftest import _fresh_bucket, moto_server
 from tests.helpers import days_ending, s3_through_proxy, write_partition
 from tests.training.test_assets import DS, TABLE
 from tests.training.test_fanout import market_rows
-from zipline_dagster.training import trainer_io as tio
+from zipline_dagster.jobs import trainer_io as tio
 
 pytestmark = [pytest.mark.bench]
 REPEATS = 3

@@ -18,12 +18,12 @@ from tests.bench.record import Case, Series, record, repeat
 from tests.conftest import TRAINERS
 from tests.helpers import days_ending, write_table
 from tests.training.test_assets import DS, TABLE, make_model, resources
-from zipline_dagster.training.archive import publish_trainer_archive
-from zipline_dagster.training.assets import build_model_asset
-from zipline_dagster.training.request import (
+from zipline_dagster.jobs.archive import publish_trainer_archive
+from zipline_dagster.jobs.request import (
     build_training_request,
 )
-from zipline_dagster.training.resources import RayJobsResource
+from zipline_dagster.jobs.resources import RayJobsResource
+from zipline_dagster.training.assets import build_model_asset
 
 pytestmark = [pytest.mark.bench, pytest.mark.ray]
 

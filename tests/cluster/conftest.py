@@ -22,7 +22,7 @@ from tests.training.test_assets import TABLE
 @pytest.fixture(scope="package")
 def topology(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Topology]:
     from scripts.cluster import Cluster
-    from zipline_dagster.training.archive import publish_trainer_archive
+    from zipline_dagster.jobs.archive import publish_trainer_archive
 
     if not sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres")):
         pytest.fail("no PostgreSQL server: `make test` installs it (scripts/system-deps)")

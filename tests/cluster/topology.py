@@ -131,15 +131,15 @@ class Topology:
         the ledger), each partition's manifest verifies, and no day was trained by two
         Ray jobs at once."""
         from zipline_dagster.lineage.backfill import plan_backfill
-        from zipline_dagster.storage.artifacts import is_committed
         from zipline_dagster.storage.blobs import blob_store
+        from zipline_dagster.storage.manifests import model_partition
         from zipline_dagster.storage.paths import model_partition_uri
 
         plan = plan_backfill(self.defs, self.instance, MODEL_KEY, days)
         assert plan.empty, plan.describe()
         for ds in days:
             uri = model_partition_uri(self.model, ds)
-            assert is_committed(blob_store(uri), uri, checksums=True), uri
+            assert model_partition(blob_store(uri), uri, checksums=True).committed, uri
             assert max_overlap(self.jobs_of([ds])) <= 1, f"{ds} trained twice at once"
 
 

@@ -18,11 +18,11 @@ from tests.test_definitions import defs_with
 from tests.trainers.test_listing_ctr_model import run_trainer
 from zipline_dagster import EventSource, ModelSpecError, Query, selects
 from zipline_dagster.definitions import build_definitions
-from zipline_dagster.lineage.backfill import BackfillError, model_partitions
-from zipline_dagster.training.assets import build_model_asset
-from zipline_dagster.training.request import (
+from zipline_dagster.jobs.request import (
     build_training_request,
 )
+from zipline_dagster.lineage.backfill import BackfillError, model_partitions
+from zipline_dagster.training.assets import build_model_asset
 
 
 def with_query(query: Query, **conf: Any) -> Any:

@@ -7,14 +7,14 @@ import sys
 from pathlib import Path
 
 from tests.conftest import TRAINERS
-from zipline_dagster.training.archive import build_trainer_archive
+from zipline_dagster.jobs.archive import build_trainer_archive
 
 
 def test_every_trainer_of_the_project_builds_to_its_pin() -> None:
     """trainers.lock pins what trainers/listing_ctr_model builds, and the code location
     declares that pin."""
     from zipline_dagster.defs.listing_ctr import LISTING_CTR_MODEL_VERSION
-    from zipline_dagster.training.pins import find_lock, read_lock
+    from zipline_dagster.jobs.pins import find_lock, read_lock
 
     built = build_trainer_archive(TRAINERS / "listing_ctr_model")
     pin = read_lock(find_lock(TRAINERS / "listing_ctr_model"))["listing_ctr_model"]
@@ -128,7 +128,7 @@ def test_the_wheel_holds_the_library_and_not_the_demo(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     (wheel,) = tmp_path.glob("*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert "zipline_dagster/training/launchers/ray_job.py" in names
+    assert "zipline_dagster/jobs/launchers/ray_job.py" in names
     assert "zipline_dagster/declarations/model.py" in names
     assert "zipline_dagster/features/log4j2.properties" in names  # the Spark driver's logs
     assert not [n for n in names if n.startswith("zipline_dagster/defs/")]

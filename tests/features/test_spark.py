@@ -433,8 +433,8 @@ def test_a_model_trains_on_a_table_day_recorded_from_storage(
     from tests.training.test_assets import TABLE, make_model, resources
     from zipline_dagster.definitions import ExternalTable, build_definitions
     from zipline_dagster.features.spark import write_days
+    from zipline_dagster.jobs.archive import publish_trainer_archive
     from zipline_dagster.lineage.partitions import latest_materialization
-    from zipline_dagster.training.archive import publish_trainer_archive
 
     raw, ds = "ctr.raw_views", "2026-07-10"
     window = days_ending(ds, 4)

@@ -17,10 +17,10 @@ from tests.helpers import ctr_rows, days_ending, run_days, write_partition
 from tests.training.test_assets import TABLE, make_model, resources
 from zipline_dagster.declarations.features import StagingQuery
 from zipline_dagster.definitions import ExternalTable, build_definitions
+from zipline_dagster.jobs.archive import publish_trainer_archive
 from zipline_dagster.lineage.backfill import plan_backfill
 from zipline_dagster.lineage.ledger import RECORDED_FROM_STORAGE
 from zipline_dagster.lineage.partitions import latest_materialization
-from zipline_dagster.training.archive import publish_trainer_archive
 
 pytestmark = pytest.mark.spark
 RAW, DS = "ctr.raw_views", "2026-07-10"

@@ -12,6 +12,7 @@ from zipline_dagster.lineage.ledger import (
     RECORDED_FROM_STORAGE,
     Ledger,
     State,
+    prefixed,
 )
 from zipline_dagster.lineage.partitions import daily_partitions, latest_materialization
 from zipline_dagster.storage.commits import MODEL, TABLE, Commit
@@ -111,3 +112,27 @@ def test_a_model_partition_recorded_from_storage_gets_its_checks() -> None:
         [dg.AssetCheckKey(KEY, "gate")]
     )
     assert check[dg.AssetCheckKey(KEY, "gate")].status.value == "SUCCEEDED"
+
+
+def test_admit_is_the_rule_every_step_applies_before_using_a_partition() -> None:
+    """``admit``: a partition a run still writes is refused with the ledger's reason; one
+    whose run ended unrecorded is recorded and the step warned, naming it; one that
+    agrees passes silently."""
+    ours, elsewhere = dg.DagsterInstance.ephemeral(), dg.DagsterInstance.ephemeral()
+    first = dg.materialize([_table], partition_key=DS, instance=ours)
+    warned: list[str] = []
+    warn = prefixed(warned.append, f"ctr.t {DS}")
+    ledger = Ledger(ours)
+    assert ledger.admit(KEY, DS, _commit(_write(first), first.run_id), warn) is None
+    assert warned == []
+
+    going = dg.materialize([_table], partition_key=DS, instance=elsewhere)
+    copy_run_as_failed(elsewhere, ours, going.run_id, dg.DagsterRunStatus.STARTED)
+    why = ledger.admit(KEY, DS, _commit("w-going", going.run_id), warn)
+    assert why is not None and "(STARTED), which has not recorded it yet" in why
+    assert warned == []
+
+    other = dg.materialize([_table], partition_key=DS, instance=elsewhere)
+    assert ledger.admit(KEY, DS, _commit(_write(other), other.run_id), warn) is None
+    assert len(warned) == 1 and warned[0].startswith(f"ctr.t {DS}: storage holds write w-")
+    assert warned[0].endswith("recorded from storage")

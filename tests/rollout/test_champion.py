@@ -27,7 +27,12 @@ from tests.training.test_assets import TABLE, make_model, resources
 from zipline_dagster import DeploymentSpec, Metric, RolloutStrategy
 from zipline_dagster.declarations.model import Model
 from zipline_dagster.declarations.versions import model_code_version
-from zipline_dagster.lineage.partitions import daily_partitions, latest_materialization
+from zipline_dagster.jobs.archive import publish_trainer_archive
+from zipline_dagster.lineage.partitions import (
+    daily_partitions,
+    latest_materialization,
+    trainable_partitions,
+)
 from zipline_dagster.rollout.assets import (
     build_champion_asset,
     build_model_checks,
@@ -37,8 +42,7 @@ from zipline_dagster.rollout.assets import (
 from zipline_dagster.storage import champion_pointer as cp
 from zipline_dagster.storage.blobs import blob_store
 from zipline_dagster.tracking import MlflowResource
-from zipline_dagster.training.archive import publish_trainer_archive
-from zipline_dagster.training.assets import build_model_asset, trainable_partitions
+from zipline_dagster.training.assets import build_model_asset
 
 DS1, DS2, DS3 = "2026-08-10", "2026-08-11", "2026-08-12"
 THRESHOLD = 0.62
@@ -334,7 +338,7 @@ def test_a_champion_lock_that_cannot_be_deleted_leaves_the_move_standing(
     with the pointer storage holds and names the lock in a warning and its metadata;
     `promote` and `rollback` exit 0, move the pointer and warn."""
     from tests.helpers import s3_through_proxy
-    from tests.training.test_request import _attempt
+    from tests.jobs.test_request import _attempt
     from zipline_dagster.storage.artifacts import (
         promote_attempt,
     )

@@ -43,6 +43,7 @@ from zipline_dagster import (
 )
 from zipline_dagster.declarations.versions import scores_code_version
 from zipline_dagster.definitions import ExternalTable, build_definitions
+from zipline_dagster.jobs.archive import publish_trainer_archive
 from zipline_dagster.lineage.backfill import FreshnessResolver, plan_backfill
 from zipline_dagster.lineage.partitions import (
     champion_asset_key,
@@ -53,7 +54,6 @@ from zipline_dagster.rollout import by_hand
 from zipline_dagster.rollout import champion as ch
 from zipline_dagster.scoring.monitoring import monitoring_asset_key
 from zipline_dagster.storage.blobs import blob_store
-from zipline_dagster.training.archive import publish_trainer_archive
 
 LABELS = "ctr.labels_t"
 D1, D2, D3 = "2026-09-10", "2026-09-11", "2026-09-12"

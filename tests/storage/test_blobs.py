@@ -9,6 +9,12 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import s3_requests
+from zipline_dagster.jobs.archive import (
+    ArchiveVerificationError,
+    build_trainer_archive,
+    publish_trainer_archive,
+    verify_trainer_archive,
+)
 from zipline_dagster.storage.blobs import (
     CHUNK,
     BlobNotFoundError,
@@ -16,14 +22,9 @@ from zipline_dagster.storage.blobs import (
     blob_store,
     local_path,
 )
+from zipline_dagster.storage.manifests import model_partition
 from zipline_dagster.storage.object_store import S3_FIRST_READ
 from zipline_dagster.storage.paths import archive_uri
-from zipline_dagster.training.archive import (
-    ArchiveVerificationError,
-    build_trainer_archive,
-    publish_trainer_archive,
-    verify_trainer_archive,
-)
 
 BUCKETS = {"s3": "s3_bucket", "gs": "gs_bucket", "abfss": "abfss_container"}
 
@@ -104,7 +105,7 @@ def test_objects_ending_in_a_line_break_keep_it(base: str) -> None:
     or written by a trainer: gcsfs ends a multipart upload's data with a bare LF before
     the closing delimiter, and the GCS server here took that CR LF for the delimiter's
     line break, dropping the CR."""
-    from zipline_dagster.training import trainer_io as tio
+    from zipline_dagster.jobs import trainer_io as tio
 
     store = blob_store(base)
     for size in (1, 100, S3_FIRST_READ + 1):
@@ -252,11 +253,7 @@ def test_exclusive_create_and_move(base: str) -> None:
 @pytest.mark.parametrize("scheme", ["s3", "gs", "abfss"])
 def test_promotion_on_object_stores(scheme: str, request: pytest.FixtureRequest) -> None:
     """Attempt promotion through each object store's API (the lock is a conditional put)."""
-    from zipline_dagster.storage.artifacts import (
-        attempt_dir,
-        is_committed,
-        promote_attempt,
-    )
+    from zipline_dagster.storage.artifacts import attempt_dir, promote_attempt
 
     bucket = str(request.getfixturevalue(BUCKETS[scheme]))
     d = f"{bucket}/models/m/{'a' * 12}/2026-07-10"
@@ -264,8 +261,10 @@ def test_promotion_on_object_stores(scheme: str, request: pytest.FixtureRequest)
     store.write_bytes(f"{attempt_dir(d, 'a1')}/metrics.json", b"{}")
     store.write_bytes(f"{attempt_dir(d, 'a1')}/model.json", b"1")
     p = promote_attempt(store, d, "a1", extra={})
-    assert sorted(f["path"] for f in p.manifest["files"]) == ["metrics.json", "model.json"]
-    assert is_committed(store, d) and not store.exists(f"{d}/_PROMOTING.lock")
+    assert sorted(p.manifest.paths) == ["metrics.json", "model.json"]
+    assert model_partition(store, d, checksums=True).committed and not store.exists(
+        f"{d}/_PROMOTING.lock"
+    )
 
 
 def test_a_write_whose_answers_are_lost_succeeds_when_it_landed(

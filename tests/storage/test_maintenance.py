@@ -9,12 +9,12 @@ import pandas as pd
 import pytest
 
 from tests.helpers import tables_of, write_partition
+from zipline_dagster.jobs.trainer_io import TrainingDataError, iceberg_days
 from zipline_dagster.rollout.maintenance import build_maintenance
 from zipline_dagster.storage.days import days_between
 from zipline_dagster.storage.maintenance import maintain
 from zipline_dagster.storage.resources import WarehouseResource
 from zipline_dagster.storage.table_days import window_snapshot
-from zipline_dagster.training.trainer_io import TrainingDataError, iceberg_days
 
 TABLE = "ctr.kept"
 

@@ -10,8 +10,8 @@ import sys
 import textwrap
 
 from tests.helpers import ctr_rows, days_ending, local, tables_of, write_partition
+from zipline_dagster.jobs.trainer_io import WindowFiles
 from zipline_dagster.storage.table_days import window_snapshot
-from zipline_dagster.training.trainer_io import WindowFiles
 
 TABLE = "ctr.training_v1"
 

@@ -25,6 +25,7 @@ from tests.tcp_proxy import TcpProxy
 from tests.training.test_assets import TABLE, make_model, resources
 from zipline_dagster import DeploymentSpec, Metric, RolloutStrategy
 from zipline_dagster.declarations.model import Model
+from zipline_dagster.jobs.archive import publish_trainer_archive
 from zipline_dagster.lineage.partitions import (
     daily_partitions,
     latest_materialization,
@@ -35,7 +36,6 @@ from zipline_dagster.storage.artifacts import manifest_attempt, read_report, rep
 from zipline_dagster.storage.blobs import blob_store
 from zipline_dagster.storage.paths import model_partition_uri
 from zipline_dagster.tracking import IDENTITY_TAG, MlflowResource, Partition
-from zipline_dagster.training.archive import publish_trainer_archive
 from zipline_dagster.training.assets import build_model_asset
 
 DS1, DS2, DS3 = "2026-08-10", "2026-08-11", "2026-08-12"

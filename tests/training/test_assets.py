@@ -21,14 +21,14 @@ from dagster_aws.s3 import S3Resource
 from tests.conftest import FIXTURE_TRAINERS, TRAINERS, free_port
 from tests.helpers import ctr_rows, days_ending, write_partition, write_table
 from zipline_dagster import EventSource, InferenceSpec, Model, ResourceConfig, TrainingSpec, Window
+from zipline_dagster.jobs.archive import publish_trainer_archive
+from zipline_dagster.jobs.channel import attempt_flags, partition_results
+from zipline_dagster.jobs.resources import LocalLauncherResource, RayJobsResource
 from zipline_dagster.storage.blobs import blob_store
 from zipline_dagster.storage.paths import MANIFEST_NAME
 from zipline_dagster.storage.resources import WarehouseResource
 from zipline_dagster.tracking import MlflowResource
-from zipline_dagster.training.archive import publish_trainer_archive
 from zipline_dagster.training.assets import build_model_asset
-from zipline_dagster.training.channel import attempt_flags, partition_results
-from zipline_dagster.training.resources import LocalLauncherResource, RayJobsResource
 
 DS = "2026-07-10"
 TABLE = "ctr.training_v1"
@@ -349,8 +349,8 @@ def test_failing_trainer_fails_step_with_its_traceback(
 
 @pytest.mark.ray
 def test_second_submission_reattaches_to_live_job(ray_head: Any, file_base: str) -> None:
-    from zipline_dagster.training.launchers.ray_job import RayJobRunner
-    from zipline_dagster.training.request import (
+    from zipline_dagster.jobs.launchers.ray_job import RayJobRunner
+    from zipline_dagster.jobs.request import (
         build_training_request,
     )
 

@@ -18,8 +18,8 @@ from tests.training.test_assets import (
     only_materialization,
     resources,
 )
+from zipline_dagster.jobs.archive import publish_trainer_archive
 from zipline_dagster.storage.blobs import blob_store
-from zipline_dagster.training.archive import publish_trainer_archive
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 ROUNDS = 10

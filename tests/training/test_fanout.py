@@ -28,8 +28,8 @@ from tests.training.test_assets import (
     resources,
 )
 from zipline_dagster.declarations.model import ResourceConfig
+from zipline_dagster.jobs.archive import publish_trainer_archive
 from zipline_dagster.storage.blobs import blob_store
-from zipline_dagster.training.archive import publish_trainer_archive
 
 SEGMENTS = 300
 

@@ -26,15 +26,13 @@ from tests.conftest import BIN, FIXTURE_TRAINERS, ROOT
 from tests.helpers import days_ending, local, write_table
 from tests.tcp_proxy import TcpProxy
 from tests.training.test_assets import TABLE, make_model, ray_client, resources
+from zipline_dagster.jobs.archive import publish_trainer_archive
+from zipline_dagster.jobs.resources import RayJobsResource
 from zipline_dagster.lineage.backfill import plan_backfill
-from zipline_dagster.storage.artifacts import (
-    is_committed,
-)
 from zipline_dagster.storage.blobs import blob_store
+from zipline_dagster.storage.manifests import model_partition
 from zipline_dagster.storage.paths import MANIFEST_NAME
-from zipline_dagster.training.archive import publish_trainer_archive
 from zipline_dagster.training.assets import build_model_asset
-from zipline_dagster.training.resources import RayJobsResource
 
 
 def partition_files(model_dir: str) -> dict[str, bytes]:
@@ -85,7 +83,7 @@ def test_failed_retrain_leaves_the_finished_model_in_place(
     assert not second.success
     # The finished model is exactly where it was, and still verifies.
     assert partition_files(model_dir) == before
-    assert is_committed(blob_store(model_dir), model_dir)
+    assert model_partition(blob_store(model_dir), model_dir, checksums=True).committed
     assert not (local(model_dir) / "_superseded").exists()
     # Dagster's latest materialization (the first run) and storage agree: fresh.
     defs = dg.Definitions(assets=[build_model_asset(model=model)], resources=res)
@@ -98,7 +96,7 @@ def test_failed_retrain_leaves_the_finished_model_in_place(
     superseded = list((local(model_dir) / "_superseded").iterdir())
     assert len(superseded) == 1
     assert (superseded[0] / "model.json").read_bytes() == before["model.json"]
-    assert is_committed(blob_store(model_dir), model_dir)
+    assert model_partition(blob_store(model_dir), model_dir, checksums=True).committed
 
 
 KILL_SCRIPT = textwrap.dedent(
@@ -166,7 +164,7 @@ def test_step_killed_while_its_job_goes_on_leaves_the_finished_model(
     # The job wrote its attempt, but nobody promoted it: the finished model is untouched.
     assert (local(model_dir) / "_attempts" / sid / "metrics.json").exists()
     assert partition_files(model_dir) == before
-    assert is_committed(blob_store(model_dir), model_dir)
+    assert model_partition(blob_store(model_dir), model_dir, checksums=True).committed
 
 
 CONCURRENT_DEFS = textwrap.dedent(
@@ -254,7 +252,7 @@ def test_two_concurrent_runs_of_one_partition_share_one_job_and_one_promotion(
     assert sorted(jobs) == [f"zd-slow_model-{version}-{ds}-1", f"zd-slow_model-{version}-{ds}-2"]
     manifest = json.loads((local(model_dir) / MANIFEST_NAME).read_text())
     assert manifest["attempt"] == f"zd-slow_model-{version}-{ds}-2"
-    assert is_committed(blob_store(model_dir), model_dir)
+    assert model_partition(blob_store(model_dir), model_dir, checksums=True).committed
     superseded = list((local(model_dir) / "_superseded").iterdir())
     assert len(superseded) == 1  # promoted once, not twice
     assert json.loads((superseded[0] / MANIFEST_NAME).read_text()) == old_manifest
@@ -448,14 +446,14 @@ def test_a_job_failing_after_its_trainer_finished_is_finished_from_storage(
     mat = result.get_asset_materialization_events()[0].event_specific_data.materialization  # type: ignore[union-attr]
     assert mat.metadata["ray_job_id"].value == sid
     model_dir = f"{file_base}/models/slow_model/{version}/{ds}"
-    assert is_committed(blob_store(model_dir), model_dir)
+    assert model_partition(blob_store(model_dir), model_dir, checksums=True).committed
     assert json.loads((local(model_dir) / MANIFEST_NAME).read_text())["attempt"] == sid
     said = [m for m in log_messages(instance, result.run_id) if "end marker on storage" in m]
     assert len(said) == 1 and f"Ray job {sid} FAILED" in said[0], said
 
 
 def test_request_timeout_must_be_positive() -> None:
-    from zipline_dagster.training.launchers.ray_job import RayJobRunner
+    from zipline_dagster.jobs.launchers.ray_job import RayJobRunner
 
     for bad in (0, -1.0, float("nan"), float("inf"), True, "30"):
         with pytest.raises(
@@ -468,8 +466,8 @@ def test_request_timeout_must_be_positive() -> None:
 def test_timeout_counts_from_the_jobs_own_start(ray_head: Any, file_base: str) -> None:
     """A step that re-attaches to a job started 9 s earlier, with an 8 s timeout, stops it
     at once, not 8 s after attaching."""
-    from zipline_dagster.training.launchers.ray_job import RayJobRunner
-    from zipline_dagster.training.request import (
+    from zipline_dagster.jobs.launchers.ray_job import RayJobRunner
+    from zipline_dagster.jobs.request import (
         build_training_request,
     )
 

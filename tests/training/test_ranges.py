@@ -18,14 +18,14 @@ from dagster._core.storage.tags import (
 from tests.conftest import TRAINERS
 from tests.helpers import ctr_rows, days_ending, local, tables_of, write_partition, write_table
 from tests.training.test_assets import DS, TABLE, make_model, resources
+from zipline_dagster.jobs.archive import publish_trainer_archive
+from zipline_dagster.jobs.ranges import stored_results
 from zipline_dagster.lineage.partitions import daily_partitions
 from zipline_dagster.rollout.assets import build_model_checks
 from zipline_dagster.storage.blobs import blob_store
 from zipline_dagster.storage.paths import MANIFEST_NAME
 from zipline_dagster.storage.resources import WarehouseResource
-from zipline_dagster.training.archive import publish_trainer_archive
 from zipline_dagster.training.assets import build_model_asset
-from zipline_dagster.training.ranges import stored_results
 
 KEY = dg.AssetKey(["models", "listing_ctr_model"])
 DAYS = ["2026-08-05", "2026-08-06", "2026-08-07", "2026-08-08", "2026-08-09"]
@@ -261,9 +261,9 @@ def test_what_on_storage_makes_a_retry_train_again(file_base: str) -> None:
     trained (and the ledger finds as Dagster recorded it) is trained again on the retry:
     its manifest incomplete or without a commit time; a window day without a commit time,
     or committed after the model (a write the run's graph does not see)."""
+    from zipline_dagster.jobs.request import build_training_request
     from zipline_dagster.storage.paths import join_uri
     from zipline_dagster.storage.table_days import TableDay
-    from zipline_dagster.training.request import build_training_request
     from zipline_dagster.training.retries import why_input_changed
 
     store = blob_store(file_base)

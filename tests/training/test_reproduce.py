@@ -11,11 +11,11 @@ import pytest
 from tests.helpers import ctr_rows, days_ending, tables_of, write_partition, write_table
 from tests.training.test_assets import DS, TABLE, make_model, materialize, only_materialization
 from tests.training.test_assets import resources as model_resources
-from zipline_dagster.storage.artifacts import committed_manifest
+from zipline_dagster.jobs.archive import publish_trainer_archive
+from zipline_dagster.jobs.resources import LocalLauncherResource
 from zipline_dagster.storage.blobs import blob_store
-from zipline_dagster.training.archive import publish_trainer_archive
+from zipline_dagster.storage.manifests import model_partition
 from zipline_dagster.training.reproduce import ReproduceError, reproduce
-from zipline_dagster.training.resources import LocalLauncherResource
 
 
 def test_reproduce_trains_at_the_recorded_snapshot_into_an_unpromoted_attempt(
@@ -35,9 +35,11 @@ def test_reproduce_trains_at_the_recorded_snapshot_into_an_unpromoted_attempt(
     assert md["input_snapshot_id"] == str(newest.snapshot_id)  # the window's snapshot
     store = blob_store(file_base)
     model_dir = f"{file_base}/models/listing_ctr_model/{version}/{DS}"
-    manifest = committed_manifest(store, model_dir, checksums=False)
-    assert manifest is not None and manifest["input"]["snapshot_id"] == newest.snapshot_id
-    assert manifest["input"]["metadata"] == md["input_table_metadata"]
+    trained = model_partition(store, model_dir)
+    manifest = trained.manifest
+    assert trained.committed and manifest is not None
+    assert manifest.snapshot_id == newest.snapshot_id
+    assert manifest.input["metadata"] == md["input_table_metadata"]
 
     # the window is rewritten since: a reproduction still reads what the model read
     write_partition(file_base, TABLE, window[2], ctr_rows(window[2], 50, seed=9))
@@ -54,7 +56,7 @@ def test_reproduce_trains_at_the_recorded_snapshot_into_an_unpromoted_attempt(
     )
     assert any(line.startswith("holdout_auc") for line in lines)
     # not promoted: the partition's manifest is the one it had
-    assert committed_manifest(store, model_dir, checksums=False) == manifest
+    assert model_partition(store, model_dir).manifest == manifest
 
 
 def test_reproducing_an_untrained_partition_names_it(file_base: str) -> None:

@@ -34,7 +34,7 @@ DS = "2026-07-11"
 
 PREPARE = """
 import dagster as dg
-from zipline_dagster.training.archive import publish_trainer_archive
+from zipline_dagster.jobs.archive import publish_trainer_archive
 from zipline_dagster.lineage.backfill import model_partitions, plan_backfill
 from zipline_dagster.lineage.internals import execute_plan_in_process
 from zipline_dagster.defs import defs

@@ -21,8 +21,8 @@ from zipline_dagster.cli.common import (
 
 
 def _build_trainer(args: argparse.Namespace) -> int:
-    from zipline_dagster.training.archive import build_trainer_archive, publish_trainer_archive
-    from zipline_dagster.training.pins import find_lock, read_lock, record_pin
+    from zipline_dagster.jobs.archive import build_trainer_archive, publish_trainer_archive
+    from zipline_dagster.jobs.pins import find_lock, read_lock, record_pin
 
     lock = find_lock(args.path)
     archive = build_trainer_archive(args.path)
@@ -56,10 +56,10 @@ def _new_model(args: argparse.Namespace) -> int:
     import dagster as dg
 
     from zipline_dagster.declarations.model import MODEL_NAME_ACCEPTED, MODEL_NAME_RE
+    from zipline_dagster.jobs.archive import publish_trainer_archive
     from zipline_dagster.lineage.partitions import model_asset_key
     from zipline_dagster.scaffold import Scaffold, ScaffoldError
     from zipline_dagster.settings import artifact_base_uri
-    from zipline_dagster.training.archive import publish_trainer_archive
 
     name = args.name
     if not MODEL_NAME_RE.match(name) or not name.isidentifier():
@@ -118,7 +118,7 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _verify_trainer(args: argparse.Namespace) -> int:
-    from zipline_dagster.training.archive import verify_trainer_archive
+    from zipline_dagster.jobs.archive import verify_trainer_archive
 
     uri = verify_trainer_archive(base=args.base, model_name=args.model_name, version=args.version)
     print(f"ok: {uri} hashes to {args.version}")
@@ -126,7 +126,7 @@ def _verify_trainer(args: argparse.Namespace) -> int:
 
 
 def _ray(args: argparse.Namespace) -> int:
-    from zipline_dagster.training.launchers.ray_head import LocalRayHead
+    from zipline_dagster.jobs.launchers.ray_head import LocalRayHead
 
     head = LocalRayHead(args.state_dir, num_cpus=args.num_cpus)
     if args.action == "up":
@@ -229,10 +229,10 @@ def _ledger_check(model: object, warehouse: object) -> object:
             "note: DAGSTER_HOME is not set, so the partition is not checked against what "
             "Dagster recorded for it"
         )
-        return lambda ds, manifest: print(note, file=sys.stderr)
+        return lambda partition: print(note, file=sys.stderr)
     ledger = Ledger(instance, judge=gate_judge(model, store=warehouse.store))  # type: ignore[arg-type, attr-defined]
     warn = lambda text: print(f"warning: {text}", file=sys.stderr)  # noqa: E731
-    return lambda ds, manifest: why_in_flight(ledger, model, ds, manifest, warn)  # type: ignore[arg-type]
+    return lambda partition: why_in_flight(ledger, model, partition, warn)  # type: ignore[arg-type]
 
 
 def _promote(args: argparse.Namespace) -> int:
@@ -256,15 +256,15 @@ def _promote(args: argparse.Namespace) -> int:
 
 
 def _reproduce(args: argparse.Namespace) -> int:
+    from zipline_dagster.jobs.resources import JobLauncher, RayJobsResource
     from zipline_dagster.storage.resources import warehouse_of
     from zipline_dagster.training.reproduce import reproduce
-    from zipline_dagster.training.resources import RayJobsResource, TrainingLauncher
 
     module = args.module or project_code_location()
     defs = load_definitions(module)
     model = find_model(module, args.model)
     launcher = (getattr(defs, "resources", None) or {}).get("launcher")
-    if not isinstance(launcher, TrainingLauncher):
+    if not isinstance(launcher, JobLauncher):
         launcher = RayJobsResource()
     done = reproduce(model, args.ds, warehouse_of(defs), launcher)  # type: ignore[arg-type]
     print("\n".join(done.lines()))
@@ -416,13 +416,13 @@ def user_errors() -> tuple[type[Exception], ...]:
     """The library's errors about what a user gave or has (each message names the thing,
     the value and what is accepted): said as one ``error:`` line, not a traceback."""
     from zipline_dagster.declarations.model import ModelSpecError
+    from zipline_dagster.jobs.archive import ArchiveVerificationError, TrainerArchiveError
+    from zipline_dagster.jobs.launchers.ray_head import RayHeadError
     from zipline_dagster.lineage.backfill import BackfillError, RunFailed
     from zipline_dagster.rollout.champion import ChampionError
     from zipline_dagster.settings import SettingsError
     from zipline_dagster.storage.blobs import BlobStorageError
     from zipline_dagster.storage.catalog import WarehouseError
-    from zipline_dagster.training.archive import ArchiveVerificationError, TrainerArchiveError
-    from zipline_dagster.training.launchers.ray_head import RayHeadError
     from zipline_dagster.training.reproduce import ReproduceError
 
     return (

@@ -8,11 +8,11 @@ from pathlib import Path
 
 
 def project_drift(module: str, models: object) -> list[object]:
-    """The drifts (``training.pins``) of ``models`` against the trainer sources of the
+    """The drifts (``jobs.pins``) of ``models`` against the trainer sources of the
     project holding the code location ``module`` (``trainers/{model_name}``)."""
     import importlib
 
-    from zipline_dagster.training.pins import TRAINERS_DIR, find_drift, find_lock
+    from zipline_dagster.jobs.pins import TRAINERS_DIR, find_drift, find_lock
 
     project = find_lock(str(importlib.import_module(module).__file__)).parent
     return list(find_drift(models, project / TRAINERS_DIR))  # type: ignore[arg-type]

@@ -21,7 +21,7 @@ from zipline_dagster.declarations.model import Model
 from zipline_dagster.declarations.transforms import ModelTransforms
 from zipline_dagster.definitions import ExternalTable, SourceTable, build_definitions
 from zipline_dagster.defs.resources import resources
-from zipline_dagster.training.pins import TRAINERS_DIR, find_lock
+from zipline_dagster.jobs.pins import TRAINERS_DIR, find_lock
 
 
 def collect(package: str = __name__) -> dict[str, list[Any]]:

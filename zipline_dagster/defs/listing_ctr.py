@@ -43,8 +43,8 @@ from zipline_dagster.declarations.features import (
 )
 from zipline_dagster.definitions import SourceTable
 from zipline_dagster.defs.listing_ctr_data import build_listing_views_asset
+from zipline_dagster.jobs.pins import pinned_version
 from zipline_dagster.settings import artifact_base_uri
-from zipline_dagster.training.pins import pinned_version
 
 #: Content address of trainers/listing_ctr_model, as trainers.lock pins it
 #: (`zipline-dagster build-trainer` records it there). A changed trainer that is not built

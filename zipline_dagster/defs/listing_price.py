@@ -28,8 +28,8 @@ from zipline_dagster import (
     selects,
 )
 from zipline_dagster.defs.listing_ctr import training_table
+from zipline_dagster.jobs.pins import pinned_version
 from zipline_dagster.settings import artifact_base_uri
-from zipline_dagster.training.pins import pinned_version
 
 #: Content address of trainers/listing_price_model, as trainers.lock pins it.
 LISTING_PRICE_MODEL_VERSION = pinned_version("listing_price_model", near=__file__)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from zipline_dagster.features.spark import SparkResource
+from zipline_dagster.jobs.resources import LocalLauncherResource, RayJobsResource
 from zipline_dagster.settings import settings
 from zipline_dagster.storage.resources import default_warehouse
-from zipline_dagster.training.resources import LocalLauncherResource, RayJobsResource
 
 
 def resources() -> dict[str, object]:

@@ -220,9 +220,9 @@ class FreshnessResolver:
         ``ARTIFACT_ROOT`` or the table asset's Iceberg table (with the code location's
         tables) says; None when none says where (an external table); a reason when
         storage cannot be read."""
-        from zipline_dagster.storage.artifacts import committed_manifest, model_commit
         from zipline_dagster.storage.blobs import BlobStorageError
-        from zipline_dagster.storage.paths import MANIFEST_NAME, join_uri
+        from zipline_dagster.storage.manifests import model_partition
+        from zipline_dagster.storage.paths import join_uri
 
         self._code_versions(key)
         root = self.graph.get(key).metadata.get(ARTIFACT_ROOT)
@@ -231,10 +231,8 @@ class FreshnessResolver:
         )
         try:
             if model_dir is not None:
-                manifest = committed_manifest(self.store(model_dir), model_dir, checksums=False)
-                return model_commit(manifest, model_dir, partition), (
-                    f"no complete {join_uri(model_dir, MANIFEST_NAME)}"
-                )
+                stored = model_partition(self.store(model_dir), model_dir, partition)
+                return stored.commit(), f"no complete {stored.manifest_uri}"
             recorded = self._writes.get(key, {}).get(partition)
             declared = self.graph.get(key).metadata.get(TABLE_OF_ASSET)
             if recorded is None and (declared is None or self._tables is None):

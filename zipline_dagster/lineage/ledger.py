@@ -102,6 +102,11 @@ class Difference:
         return f"storage holds {held}, as Dagster recorded"
 
 
+def prefixed(warn: Callable[[str], None], what: str) -> Callable[[str], None]:
+    """``warn`` with ``what`` (the partition, as the step names it) before each text."""
+    return lambda text: warn(f"{what}: {text}")
+
+
 class Ledger:
     """Storage's commits against one Dagster instance's records (read once per partition
     per ledger), and the rule applied to their difference.
@@ -169,6 +174,23 @@ class Ledger:
             self._record_from_storage(diff, diff.commit)
             self.recorded.append(diff)
         return diff
+
+    def admit(
+        self,
+        key: dg.AssetKey,
+        partition: str,
+        commit: Commit | None,
+        warn: Callable[[str], None],
+    ) -> str | None:
+        """The rule every step applies before it uses a partition (training its window,
+        scoring by a model partition, monitoring a scores day, the champion judging one):
+        ``settle``, ``warn`` told of a commit recorded into Dagster from storage now, and
+        a commit by a run still going refused: why, returned (None: the partition may be
+        used). Each caller raises its own error with the reason."""
+        diff = self.settle(key, partition, commit)
+        if diff.state is State.RECORDED:
+            warn(diff.describe())
+        return diff.describe() if diff.state is State.IN_FLIGHT else None
 
     def _record_from_storage(self, diff: Difference, commit: Commit) -> None:
         model = commit.kind == MODEL

@@ -9,6 +9,8 @@ from typing import Any
 
 import dagster as dg
 
+from zipline_dagster.declarations.model import Model
+
 PARTITIONS_START = "2026-07-01"
 
 #: The metadata key of a scores day (and of its monitoring) naming the model partition
@@ -110,3 +112,17 @@ def record_range(
             "materialized_partitions": dg.MetadataValue.json(sorted(done)),
         },
     )
+
+
+def trainable_partitions(
+    model: Model, partitions_def: dg.PartitionsDefinition
+) -> dg.PartitionsDefinition:
+    """The partitions a model may train: none whose window reaches before its training
+    query's ``start_partition`` (so the UI never offers them as missing)."""
+    first = model.first_partition
+    if first is None or not isinstance(partitions_def, dg.TimeWindowPartitionsDefinition):
+        return partitions_def
+    start = partitions_def.start.date().isoformat()
+    if first <= start:
+        return partitions_def
+    return starting_at(partitions_def, first)

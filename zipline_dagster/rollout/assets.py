@@ -21,7 +21,7 @@ from zipline_dagster.declarations.model import Model
 from zipline_dagster.declarations.versions import gates_version
 from zipline_dagster.events import ChampionEvaluated, PartitionJudged, PlatformListener
 from zipline_dagster.lineage.internals import backfilling, check_target
-from zipline_dagster.lineage.ledger import Judge, Ledger, State
+from zipline_dagster.lineage.ledger import Judge, Ledger, prefixed
 from zipline_dagster.lineage.partitions import (
     champion_asset_key,
     latest_materialization,
@@ -30,8 +30,8 @@ from zipline_dagster.lineage.partitions import (
 from zipline_dagster.rollout import champion as ch
 from zipline_dagster.rollout import gates as g
 from zipline_dagster.storage import champion_pointer as cp
-from zipline_dagster.storage.artifacts import model_commit
 from zipline_dagster.storage.blobs import BlobStore
+from zipline_dagster.storage.manifests import ModelPartition
 from zipline_dagster.storage.paths import model_partition_uri
 from zipline_dagster.storage.resources import WarehouseResource
 
@@ -158,7 +158,7 @@ def build_model_checks(
     and the comparison with the champion as a warning-severity check that never blocks.
 
     A run of one partition yields one result per selected gate. A backfill run of a range
-    (``training.ranges.run_days``) evaluates every partition of the range and records each gate's
+    (``jobs.ranges.run_days``) evaluates every partition of the range and records each gate's
     result against its own partition, as Dagster cannot yet attach a check result to one
     partition of a range.
     """
@@ -232,21 +232,19 @@ def gate_judge(*models: Model, store: Callable[[str], BlobStore]) -> Judge:
 def why_in_flight(
     ledger: Ledger,
     model: Model,
-    ds: str,
-    manifest: dict[str, Any] | None,
+    partition: ModelPartition,
     warn: Callable[[str], None],
 ) -> str | None:
-    """The ledger's rule for model partition ``ds`` (its ``manifest`` as just read): why
-    it is left to a run still writing it, or None when it may be judged (recorded into
+    """The ledger's rule for a model partition (as storage holds it, just read): why it
+    is left to a run still writing it, or None when it may be judged (recorded into
     Dagster from storage first, with ``warn`` told, when its run ended without recording
     it)."""
-    model_dir = model_partition_uri(model, ds)
-    diff = ledger.settle(
-        model_asset_key(model.name), ds, model_commit(manifest or None, model_dir, ds)
+    return ledger.admit(
+        model_asset_key(model.name),
+        partition.ds,
+        partition.commit(),
+        prefixed(warn, f"{model.name} partition {partition.ds}"),
     )
-    if diff.state is State.RECORDED:
-        warn(f"{model.name} partition {ds}: {diff.describe()}")
-    return diff.describe() if diff.state is State.IN_FLIGHT else None
 
 
 def judged_gates(
@@ -298,8 +296,8 @@ def build_champion_asset(
             store,
             model,
             by=f"dagster run {context.run.run_id}",
-            in_flight=lambda ds, manifest: why_in_flight(
-                ledger, model, ds, manifest, context.log.warning
+            in_flight=lambda partition: why_in_flight(
+                ledger, model, partition, context.log.warning
             ),
         )
         md: dict[str, Any] = {

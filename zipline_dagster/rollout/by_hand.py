@@ -20,7 +20,7 @@ from zipline_dagster.rollout.champion import (
     make_pointer,
     why_pinned_attempt_gone,
 )
-from zipline_dagster.storage.artifacts import promotion_lock, read_manifest
+from zipline_dagster.storage.artifacts import promotion_lock
 from zipline_dagster.storage.blobs import BlobStore
 from zipline_dagster.storage.champion_pointer import (
     LOCK_NAME,
@@ -30,6 +30,7 @@ from zipline_dagster.storage.champion_pointer import (
     read_champion,
     write_pointer,
 )
+from zipline_dagster.storage.manifests import ModelPartition, model_partition
 from zipline_dagster.storage.paths import model_dir_uri
 
 
@@ -58,7 +59,7 @@ def promote(
     force: bool = False,
     by: str | None = None,
     left: list[str] | None = None,
-    in_flight: Callable[[str, dict[str, Any] | None], str | None] | None = None,
+    in_flight: Callable[[ModelPartition], str | None] | None = None,
 ) -> dict[str, Any]:
     """Point the champion at ``ds`` (of ``version``) by hand.
 
@@ -77,11 +78,11 @@ def promote(
     model_dir = model_dir_uri(model.model_artifact_base_uri, model.name, version, ds)
     with promotion_lock(store, model_root(model), lock_name=LOCK_NAME, left=left):
         current = read_champion(store, model)
-        manifest = read_manifest(store, model_dir)
-        results, attempt = judge(store, model, ds, version, manifest=manifest)
+        partition = model_partition(store, model_dir, ds)
+        results, attempt = judge(store, model, ds, version, manifest=partition.manifest)
         why_not = (
-            in_flight(ds, manifest)
-            if in_flight is not None and manifest is not None and version == model.version
+            in_flight(partition)
+            if in_flight is not None and partition.manifest is not None and version == model.version
             else None
         )
         if why_not:

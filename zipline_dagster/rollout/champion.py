@@ -26,10 +26,7 @@ from zipline_dagster.declarations.versions import gates_version
 from zipline_dagster.rollout import gates as g
 from zipline_dagster.storage.artifacts import (
     STALE_LOCK_S,
-    manifest_attempt,
-    named_attempt,
     promotion_lock,
-    read_manifest,
     report_metrics,
 )
 from zipline_dagster.storage.blobs import BlobStore
@@ -39,6 +36,12 @@ from zipline_dagster.storage.champion_pointer import (
     read_champion,
     trained_partitions,
     write_pointer,
+)
+from zipline_dagster.storage.manifests import (
+    Manifest,
+    ModelPartition,
+    manifest_attempt,
+    model_partition,
 )
 from zipline_dagster.storage.paths import model_dir_uri
 
@@ -122,7 +125,7 @@ def judge(
     ds: str,
     version: str | None = None,
     *,
-    manifest: dict[str, Any] | None = None,
+    manifest: Manifest | None = None,
 ) -> tuple[dict[str, g.GateResult], str | None]:
     """Every gate of partition ``ds`` and the attempt they judged (its manifest's;
     ``manifest``: the partition's, when the caller has just read it).
@@ -132,7 +135,7 @@ def judge(
     """
     version = version or model.version
     model_dir = model_dir_uri(model.model_artifact_base_uri, model.name, version, ds)
-    before = manifest_attempt(store, model_dir) if manifest is None else named_attempt(manifest)
+    before = manifest_attempt(store, model_dir) if manifest is None else manifest.attempt
     results = g.evaluate(model, store, ds, version=version)
     after = manifest_attempt(store, model_dir)
     if after != before:
@@ -166,14 +169,14 @@ def advance(
     model: Model,
     *,
     by: str,
-    in_flight: Callable[[str, dict[str, Any] | None], str | None] | None = None,
+    in_flight: Callable[[ModelPartition], str | None] | None = None,
 ) -> Decision:
     """Move the champion to the newest trained partition of the model's version that is
     newer than it, passes every gate and does not regress against it beyond the declared
     tolerance; stay when there is none. A lock that cannot be
     deleted afterwards is in ``left_behind``, the decision standing.
 
-    ``in_flight`` (a partition and its manifest -> why it is left to a run still writing
+    ``in_flight`` (a partition as storage holds it -> why it is left to a run still writing
     it, or None; the ledger's rule, ``rollout.assets.why_in_flight``, which records a
     partition whose run ended without recording it): a partition it names a reason for is
     passed over, the reason in ``rejected`` under ``RECORDED``."""
@@ -203,7 +206,7 @@ def _first_passing(
     days: list[str],
     rejected: dict[str, list[g.GateResult]],
     *,
-    in_flight: Callable[[str, dict[str, Any] | None], str | None] | None,
+    in_flight: Callable[[ModelPartition], str | None] | None,
     compare_with: dict[str, Any] | None = None,
 ) -> _Passing | None:
     """The newest of ``days`` (of the model's version) that passes every gate, is not
@@ -211,12 +214,12 @@ def _first_passing(
     does not regress against it; each one passed over goes into ``rejected`` with why."""
     for ds in reversed(days):
         model_dir = model_dir_uri(model.model_artifact_base_uri, model.name, model.version, ds)
-        manifest = read_manifest(store, model_dir)
-        why_not = in_flight(ds, manifest) if in_flight is not None else None
+        partition = model_partition(store, model_dir, ds)
+        why_not = in_flight(partition) if in_flight is not None else None
         if why_not:
             rejected[ds] = [g.GateResult(RECORDED, False, why_not)]
             continue
-        results, attempt = judge(store, model, ds, manifest=manifest)
+        results, attempt = judge(store, model, ds, manifest=partition.manifest)
         failed = [r for r in results.values() if not r.passed]
         if failed:
             rejected[ds] = failed
@@ -236,7 +239,7 @@ def _advance(
     model: Model,
     *,
     by: str,
-    in_flight: Callable[[str, dict[str, Any] | None], str | None] | None,
+    in_flight: Callable[[ModelPartition], str | None] | None,
 ) -> Decision:
     """``advance`` under the lock."""
     current = read_champion(store, model)
@@ -322,7 +325,7 @@ def _replace_failing(
     failing: list[g.GateResult],
     *,
     by: str,
-    in_flight: Callable[[str, dict[str, Any] | None], str | None] | None,
+    in_flight: Callable[[ModelPartition], str | None] | None,
 ) -> Decision:
     """The champion fails the current gates: move to the newest trained partition of the
     model's version that passes them (no comparison with a champion that fails them), or

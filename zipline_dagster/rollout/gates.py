@@ -19,13 +19,9 @@ from typing import Any
 
 from zipline_dagster.declarations.deployment import SPLITS, Metric
 from zipline_dagster.declarations.model import Model
-from zipline_dagster.storage.artifacts import (
-    REPORT_NAME,
-    is_committed,
-    manifest_uri,
-    report_metrics,
-)
+from zipline_dagster.storage.artifacts import REPORT_NAME, report_metrics
 from zipline_dagster.storage.blobs import BlobNotFoundError, BlobStore
+from zipline_dagster.storage.manifests import PartitionState, model_partition
 from zipline_dagster.storage.paths import MANIFEST_NAME, join_uri, model_dir_uri
 
 #: The gates, in the order they are shown.
@@ -170,9 +166,10 @@ def check_report_complete(report: dict[str, Any] | None) -> GateResult:
 
 
 def check_manifest(store: BlobStore, model_dir: str) -> GateResult:
-    if not store.exists(manifest_uri(model_dir)):
+    partition = model_partition(store, model_dir, checksums=True)
+    if partition.state is PartitionState.ABSENT:
         return GateResult(MANIFEST_VERIFIES, False, f"no {MANIFEST_NAME} at {model_dir}")
-    if not is_committed(store, model_dir, checksums=True):
+    if not partition.committed:
         return GateResult(
             MANIFEST_VERIFIES,
             False,

@@ -17,10 +17,10 @@ from pydantic import Field
 
 from zipline_dagster.declarations.model import Model
 from zipline_dagster.storage import champion_pointer as cp
-from zipline_dagster.storage.artifacts import committed_manifest
 from zipline_dagster.storage.blobs import BlobStorageError, BlobStore
 from zipline_dagster.storage.catalog import WarehouseError
 from zipline_dagster.storage.maintenance import maintain
+from zipline_dagster.storage.manifests import model_partition
 from zipline_dagster.storage.paths import model_dir_uri
 from zipline_dagster.storage.resources import WarehouseResource
 
@@ -34,9 +34,11 @@ def champion_snapshots(store: BlobStore, model: Model) -> dict[str, int]:
     for p in pointers:
         version, ds = str(p.get("version")), str(p.get("ds"))
         model_dir = model_dir_uri(model.model_artifact_base_uri, model.name, version, ds)
-        manifest = committed_manifest(store, model_dir, checksums=False) or {}
-        snapshot = (manifest.get("input") or {}).get("snapshot_id")
-        if isinstance(snapshot, int):
+        partition = model_partition(store, model_dir, ds)
+        snapshot = (
+            partition.manifest.snapshot_id if partition.committed and partition.manifest else None
+        )
+        if snapshot is not None:
             out[f"champion-{model.name}-{version}-{ds}"] = snapshot
     return out
 

@@ -1,6 +1,6 @@
 """The scores table of a ``ModelTransforms``: a daily asset whose partition ``ds`` is one
 Ray Job (the model's inference module, from the same trainer archive); a backfill run's
-range of days is one Ray Job too, one task per day (``training.ranges``, as model
+range of days is one Ray Job too, one task per day (``jobs.ranges``, as model
 partitions run).
 
 Partition ``ds`` depends on the source table's partition ``ds`` and on the model
@@ -23,7 +23,13 @@ import dagster as dg
 from zipline_dagster.declarations.transforms import ModelTransforms, ScoreWith
 from zipline_dagster.declarations.versions import scores_code_version
 from zipline_dagster.errors import failure
-from zipline_dagster.lineage.ledger import Ledger, State
+from zipline_dagster.jobs.ranges import Ran, run_days
+from zipline_dagster.jobs.request import (
+    JobRequest,
+    TableRead,
+)
+from zipline_dagster.jobs.resources import JobLauncher
+from zipline_dagster.lineage.ledger import Ledger, prefixed
 from zipline_dagster.lineage.partitions import (
     PARTITIONS_PER_RUN,
     SCORED_BY,
@@ -32,19 +38,17 @@ from zipline_dagster.lineage.partitions import (
     model_asset_key,
     starting_at,
     table_asset_key,
+    trainable_partitions,
 )
 from zipline_dagster.rollout import champion as ch
 from zipline_dagster.rollout import gates as g
 from zipline_dagster.rollout.assets import gate_judge
 from zipline_dagster.storage import champion_pointer as cp
-from zipline_dagster.storage.artifacts import (
-    committed_manifest,
-    model_commit,
-)
 from zipline_dagster.storage.blobs import BlobStorageError
 from zipline_dagster.storage.catalog import WarehouseError
 from zipline_dagster.storage.commits import Commit
 from zipline_dagster.storage.days import shift_day
+from zipline_dagster.storage.manifests import model_partition
 from zipline_dagster.storage.metadata import column_schema, day_metadata
 from zipline_dagster.storage.paths import (
     join_uri,
@@ -55,15 +59,6 @@ from zipline_dagster.storage.paths import (
 from zipline_dagster.storage.resources import WarehouseResource
 from zipline_dagster.storage.table_days import TableDay, window_snapshot
 from zipline_dagster.storage.tables import DaysReplaced, Tables
-from zipline_dagster.training.assets import (
-    trainable_partitions,
-)
-from zipline_dagster.training.ranges import Ran, run_days
-from zipline_dagster.training.request import (
-    TableRead,
-    TrainingRequest,
-)
-from zipline_dagster.training.resources import TrainingLauncher
 
 
 def scoring_partitions(transforms: ModelTransforms) -> dg.TimeWindowPartitionsDefinition:
@@ -94,7 +89,7 @@ def scoring_request(
     warehouse: str,
     model: Chosen,
     source: TableRead | None = None,
-) -> TrainingRequest:
+) -> JobRequest:
     """Day ``ds``'s job: the inference module on the source's day with the ``model``
     partition, its output file named by the attempt (``--write-id``)."""
     flags = (
@@ -107,7 +102,7 @@ def scoring_request(
         f"--passthrough={','.join(transforms.passthrough_fields)}",
         *(f"--{k}={v}" for k, v in (source.flags() if source else {}).items()),
     )
-    return TrainingRequest(
+    return JobRequest(
         model=transforms.model,
         ds=ds,
         warehouse=warehouse,
@@ -180,8 +175,8 @@ class ModelChoice:
             return self._champion(ds)
         model_ds = shift_day(ds, -1)
         model_dir = model_partition_uri(model, model_ds)
-        manifest = committed_manifest(store, model_dir, checksums=False)
-        if manifest is None:
+        held = model_partition(store, model_dir, model_ds)
+        if not held.committed:
             raise ScoringError(
                 f"{transforms.table} {ds} is scored by {model.name} partition {model_ds} "
                 f"(trained on data before {ds}), which is not trained: no finished model at "
@@ -194,8 +189,8 @@ class ModelChoice:
             chosen, why = self._newest_passing(ds, model_ds, failed)
         chosen_dir = model_partition_uri(model, chosen)
         if chosen != model_ds:  # an older partition: its own manifest
-            manifest = committed_manifest(store, chosen_dir, checksums=False)
-        self._check_recorded(ds, chosen, model_commit(manifest, chosen_dir, chosen))
+            held = model_partition(store, chosen_dir, chosen)
+        self._check_recorded(ds, chosen, held.commit())
         return Chosen(chosen_dir, model.version, chosen, why)
 
     def _newest_passing(
@@ -226,13 +221,16 @@ class ModelChoice:
         if self.ledger is None:
             return
         model = self.model
-        diff = self.ledger.settle(model_asset_key(model.name), model_ds, commit)
-        if diff.state is State.RECORDED:
-            self.warn(f"{model.name} partition {model_ds}: {diff.describe()}")
-        elif diff.state is State.IN_FLIGHT:
+        why = self.ledger.admit(
+            model_asset_key(model.name),
+            model_ds,
+            commit,
+            prefixed(self.warn, f"{model.name} partition {model_ds}"),
+        )
+        if why:
             raise ScoringError(
                 f"{self.transforms.table} {ds} is scored by {model.name} partition {model_ds}, "
-                f"but {diff.describe()}: score it once that run has ended"
+                f"but {why}: score it once that run has ended"
             )
 
     def _champion(self, ds: str) -> Chosen:
@@ -283,7 +281,7 @@ class ScoringWork:
         except (BlobStorageError, WarehouseError) as exc:
             raise failure(exc) from exc
 
-    def prepare(self, ds: str) -> TrainingRequest:
+    def prepare(self, ds: str) -> JobRequest:
         source = self.transforms.source.table
         try:
             chosen = self.choice.resolve(ds)
@@ -301,13 +299,13 @@ class ScoringWork:
             self.transforms, ds, warehouse=self.warehouse.uri, model=chosen, source=source_read
         )
 
-    def reuse(self, ready: list[TrainingRequest]) -> dict[str, dict[str, Any]]:
+    def reuse(self, ready: list[JobRequest]) -> dict[str, dict[str, Any]]:
         return {}
 
-    def begin(self, request: TrainingRequest) -> None:
+    def begin(self, request: JobRequest) -> None:
         pass
 
-    def finish(self, request: TrainingRequest, ran: Ran) -> dict[str, Any]:
+    def finish(self, request: JobRequest, ran: Ran) -> dict[str, Any]:
         return commit_day(
             self.transforms,
             request,
@@ -321,7 +319,7 @@ class ScoringWork:
 
 def commit_day(
     transforms: ModelTransforms,
-    request: TrainingRequest,
+    request: JobRequest,
     chosen: Chosen,
     tables: Tables,
     ran: Ran,
@@ -450,7 +448,7 @@ def build_scores_asset(
     )
     def _scores(
         context: dg.AssetExecutionContext,
-        launcher: TrainingLauncher,
+        launcher: JobLauncher,
         warehouse: WarehouseResource,
     ) -> dg.MaterializeResult:
         work = ScoringWork(context, transforms, warehouse)

@@ -20,7 +20,7 @@ from zipline_dagster.declarations.tasks import REALIZED_METRICS, Task, task_of
 from zipline_dagster.declarations.transforms import ModelTransforms, ScoreWith
 from zipline_dagster.declarations.versions import monitoring_code_version
 from zipline_dagster.lineage.internals import backfilling
-from zipline_dagster.lineage.ledger import Ledger, State
+from zipline_dagster.lineage.ledger import Ledger, prefixed
 from zipline_dagster.lineage.partitions import (
     PARTITIONS_PER_RUN,
     SCORED_BY,
@@ -183,11 +183,11 @@ def build_monitoring_asset(
         ledger = Ledger(context.instance)
         for ds in days:
             try:
-                day = ledger.settle(scores_key, ds, scores[ds].commit if ds in scores else None)
-                if day.state is State.RECORDED:
-                    context.log.warning(f"{transforms.table} {ds}: {day.describe()}")
-                elif day.state is State.IN_FLIGHT:  # left to the run that is writing them
-                    raise MonitoringError(f"its scores: {day.describe()}; monitor it after")
+                commit = scores[ds].commit if ds in scores else None
+                warn = prefixed(context.log.warning, f"{transforms.table} {ds}")
+                why = ledger.admit(scores_key, ds, commit, warn)
+                if why:  # left to the run that is writing them
+                    raise MonitoringError(f"its scores: {why}; monitor it after")
                 done[ds] = monitor_day(transforms, ds, store, committed, warehouse)
                 context.log.info(
                     f"{ds}: "

@@ -22,34 +22,28 @@ from typing import Any
 from zipline_dagster.declarations.deployment import SPLITS
 from zipline_dagster.processes import holder_gone, lock_owner
 from zipline_dagster.storage.blobs import BlobStorageError, BlobStore
-from zipline_dagster.storage.commits import MODEL, Commit
+from zipline_dagster.storage.manifests import (
+    ATTEMPTS_DIR,
+    CHECKPOINTS_DIR,
+    PROMOTE_LOCK_NAME,
+    PROMOTED_NAME,
+    SUPERSEDED_DIR,
+    Manifest,
+    artifact_files,
+    model_partition,
+    read_manifest,
+)
 from zipline_dagster.storage.paths import MANIFEST_NAME, join_uri
 
-#: Each training attempt writes into its own folder; only a successful one is promoted
-#: into ``{version}/{ds}/``, so a failed retrain leaves the finished model in place. The
-#: trainer side (``training.channel.ATTEMPTS_DIR``, shipped in every archive, which
-#: imports nothing of the platform) names the same folder; a test pins the two.
-ATTEMPTS_DIR = "_attempts"
+__all__ = [
+    "ATTEMPTS_DIR",
+    "CHECKPOINTS_DIR",
+    "PROMOTED_NAME",
+    "PROMOTE_LOCK_NAME",
+    "SUPERSEDED_DIR",
+]
+
 REPORT_NAME = "metrics.json"
-SUPERSEDED_DIR = "_superseded"
-#: Left in an attempt folder once it was promoted (holds the manifest it became).
-PROMOTED_NAME = "_PROMOTED.json"
-#: Held while one run promotes an attempt into the partition folder.
-PROMOTE_LOCK_NAME = "_PROMOTING.lock"
-#: Ray Train checkpoints live beside the attempts (``--checkpoint-dir``), so a new
-#: attempt resumes from an earlier one's; training state, not artifacts.
-CHECKPOINTS_DIR = "_checkpoints"
-_NOT_ARTIFACTS = (SUPERSEDED_DIR, ATTEMPTS_DIR, CHECKPOINTS_DIR, PROMOTE_LOCK_NAME, PROMOTED_NAME)
-
-
-def _artifact_files(store: BlobStore, model_dir: str) -> list[str]:
-    """Artifacts directly of ``model_dir``: not superseded ones, attempts or checkpoints."""
-    out = []
-    for uri in store.list(model_dir):
-        first = uri[len(model_dir) :].lstrip("/").split("/", 1)[0]
-        if first not in _NOT_ARTIFACTS:
-            out.append(uri)
-    return out
 
 
 def attempt_dir(model_dir: str, attempt_id: str) -> str:
@@ -72,7 +66,7 @@ def supersede_previous(store: BlobStore, model_dir: str) -> str | None:
     finished; the rest lands in ``{model_dir}/_superseded/{UTC stamp}/`` and stays
     recoverable. Returns that folder, or None when the partition was empty.
     """
-    current = _artifact_files(store, model_dir)
+    current = artifact_files(store, model_dir)
     if not current:
         return None
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S.%fZ")
@@ -146,7 +140,7 @@ def promotion_lock(
 
 @dataclass(frozen=True)
 class Promotion:
-    manifest: dict[str, Any]
+    manifest: Manifest
     #: where the earlier finished model was moved, if there was one
     superseded: str | None
     #: True when another run had already promoted this very attempt
@@ -186,16 +180,18 @@ def promote_attempt(
     manifest_uri = join_uri(model_dir, MANIFEST_NAME)
     left: list[str] = []
     with promotion_lock(store, model_dir, left=left):
-        current = read_json_object(store, manifest_uri)
-        if current and current.get("attempt") == attempt_id and is_committed(store, model_dir):
+        current = read_manifest(store, model_dir)
+        promoted = current is not None and current.attempt == attempt_id
+        if promoted and model_partition(store, model_dir, checksums=True).committed:
+            assert current is not None
             return Promotion(manifest=current, superseded=None, already=True, left_behind=left)
         if store.exists(join_uri(adir, PROMOTED_NAME)):
             raise ArtifactError(
                 f"attempt {attempt_id} was promoted into {model_dir} by another run and has "
                 f"since been superseded (the partition now holds attempt "
-                f"{(current or {}).get('attempt', 'none')}); nothing was changed"
+                f"{current.attempt if current is not None else 'none'}); nothing was changed"
             )
-        files = [u for u in _artifact_files(store, adir) if not u.endswith("/" + MANIFEST_NAME)]
+        files = [u for u in artifact_files(store, adir) if not u.endswith("/" + MANIFEST_NAME)]
         if join_uri(adir, REPORT_NAME) not in files:
             raise ArtifactError(
                 f"the trainer finished but wrote no {REPORT_NAME} into {adir} "
@@ -229,7 +225,11 @@ def promote_attempt(
             except (BlobStorageError, OSError):
                 left.append(uri)
         promotion = Promotion(
-            manifest=manifest, superseded=superseded, already=False, report=report, left_behind=left
+            manifest=Manifest.parse(manifest),
+            superseded=superseded,
+            already=False,
+            report=report,
+            left_behind=left,
         )
     return promotion
 
@@ -256,74 +256,3 @@ def report_metrics(report: dict[str, Any]) -> dict[str, float | None]:
             if ok or key != "rows" or "rows" in part:
                 out[f"{split}_{key}"] = float(raw) if ok else None
     return out
-
-
-def manifest_uri(model_dir: str) -> str:
-    """Where a model partition's manifest is (written last: it commits the partition)."""
-    return join_uri(model_dir, MANIFEST_NAME)
-
-
-def read_manifest(store: BlobStore, model_dir: str) -> dict[str, Any] | None:
-    """The partition's manifest as written (None: none), whatever its files hold."""
-    return read_json_object(store, manifest_uri(model_dir))
-
-
-def committed_manifest(
-    store: BlobStore, model_dir: str, *, checksums: bool = True
-) -> dict[str, Any] | None:
-    """The partition's manifest when it is a finished model (the manifest exists and every
-    file it lists matches), else None.
-
-    ``checksums=False`` checks that every listed file exists (one listing, no reads).
-    """
-    manifest = read_manifest(store, model_dir)
-    if manifest is None:
-        return None
-    entries = manifest.get("files", [])
-    if not checksums:
-        present = set(_artifact_files(store, model_dir))
-        whole = all(join_uri(model_dir, e["path"]) in present for e in entries)
-        return manifest if whole else None
-    for entry in entries:
-        try:
-            digest, _ = store.sha256(join_uri(model_dir, entry["path"]))
-        except FileNotFoundError:
-            return None
-        if digest != entry["sha256"]:
-            return None
-    return manifest
-
-
-def model_commit(manifest: dict[str, Any] | None, model_dir: str, ds: str) -> Commit | None:
-    """Model partition ``ds``'s commit, as its ``manifest`` (None: not committed) names it."""
-    if manifest is None:
-        return None
-    run, at = manifest.get("dagster_run_id"), manifest.get("committed_at")
-    return Commit(
-        MODEL,
-        ds,
-        model_dir,
-        named_attempt(manifest),
-        run_id=str(run) if run else None,
-        at=float(at) if isinstance(at, (int, float)) else None,
-        # the model's code version (trainer version and declaration hash); a manifest
-        # written before declarations were versioned names the trainer version only
-        code_version=str(manifest.get("code_version") or manifest.get("version") or "") or None,
-    )
-
-
-def is_committed(store: BlobStore, model_dir: str, *, checksums: bool = True) -> bool:
-    """A partition is a finished model only when its manifest exists and every file matches
-    (``committed_manifest``)."""
-    return committed_manifest(store, model_dir, checksums=checksums) is not None
-
-
-def named_attempt(manifest: dict[str, Any] | None) -> str | None:
-    """The attempt a partition's ``manifest`` names (None: no manifest, or one naming none)."""
-    attempt = manifest.get("attempt") if manifest is not None else None
-    return str(attempt) if attempt else None
-
-
-def manifest_attempt(store: BlobStore, model_dir: str) -> str | None:
-    """The attempt the partition's manifest names (``named_attempt``, read from storage)."""
-    return named_attempt(read_manifest(store, model_dir))

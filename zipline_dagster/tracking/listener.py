@@ -23,8 +23,9 @@ from zipline_dagster.events import (
 )
 from zipline_dagster.settings import settings
 from zipline_dagster.storage import champion_pointer as cp
-from zipline_dagster.storage.artifacts import manifest_attempt, read_json_object
+from zipline_dagster.storage.artifacts import read_json_object
 from zipline_dagster.storage.blobs import BlobStore, blob_store
+from zipline_dagster.storage.manifests import manifest_attempt
 from zipline_dagster.storage.paths import model_dir_uri, model_partition_uri
 from zipline_dagster.tracking.records import Partition, Synced, metadata, partition_from_storage
 from zipline_dagster.tracking.tracker import Tracker

@@ -13,8 +13,9 @@ from typing import Any
 import dagster as dg
 
 from zipline_dagster.events import PartitionTrained
-from zipline_dagster.storage.artifacts import named_attempt, read_manifest, read_report
+from zipline_dagster.storage.artifacts import read_report
 from zipline_dagster.storage.blobs import BlobNotFoundError, BlobStore
+from zipline_dagster.storage.manifests import read_manifest
 
 #: The training attempt (job) an MLflow run is of.
 ATTEMPT_TAG = "zipline.attempt"
@@ -74,7 +75,7 @@ def partition_from_storage(
 ) -> Partition | None:
     """The committed attempt of the partition at ``model_dir`` (None: no manifest)."""
     manifest = read_manifest(store, model_dir)
-    attempt = named_attempt(manifest)
+    attempt = manifest.attempt if manifest is not None else None
     if manifest is None or attempt is None:
         return None
     try:
@@ -85,13 +86,13 @@ def partition_from_storage(
         model=model,
         asset_key=asset_key,
         ds=ds,
-        version=str(manifest.get("version") or ""),
+        version=manifest.version or "",
         attempt=attempt,
         artifact_uri=model_dir,
         report=report,
-        dagster_run_id=manifest.get("dagster_run_id"),
-        flags=tuple(manifest.get("flags") or ()),
-        files=tuple(str(f["path"]) for f in manifest.get("files") or ()),
+        dagster_run_id=manifest.run_id,
+        flags=manifest.flags,
+        files=tuple(manifest.paths),
     )
 
 

@@ -1,3 +1,3 @@
-"""Training: a model partition's request (window, flags, paths), the content-addressed
-trainer archive, artifact promotion, report metadata, the model asset, and the launchers
-that run a trainer (``launchers/``: a Ray Job, the embedded Ray head, a local subprocess)."""
+"""Training: the model asset (a model partition trained as a job of ``jobs``), the reuse
+of partitions a retry need not train again, report metadata, and reproducing a recorded
+partition."""

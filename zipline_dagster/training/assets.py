@@ -13,17 +13,27 @@ from zipline_dagster.declarations.versions import (
 )
 from zipline_dagster.errors import failure
 from zipline_dagster.events import Listening, PartitionTrained, PlatformListener
-from zipline_dagster.lineage.ledger import ARTIFACT_ROOT, Ledger, State
+from zipline_dagster.jobs.pins import Drift, drift_of
+from zipline_dagster.jobs.ranges import Ran, run_days
+from zipline_dagster.jobs.request import (
+    JobRequest,
+    TableRead,
+    TrainingDataError,
+    build_training_request,
+    check_training_window,
+    window_days,
+)
+from zipline_dagster.jobs.resources import JobLauncher
+from zipline_dagster.lineage.ledger import ARTIFACT_ROOT, Ledger, prefixed
 from zipline_dagster.lineage.partitions import (
     PARTITIONS_PER_RUN,
     daily_partitions,
     model_asset_key,
-    starting_at,
     table_asset_key,
+    trainable_partitions,
 )
 from zipline_dagster.storage.artifacts import (
     ArtifactError,
-    named_attempt,
     promote_attempt,
     read_report,
 )
@@ -33,35 +43,10 @@ from zipline_dagster.storage.paths import join_uri, model_root_uri
 from zipline_dagster.storage.resources import WarehouseResource
 from zipline_dagster.storage.table_days import window_snapshot
 from zipline_dagster.training.metadata import report_metadata
-from zipline_dagster.training.pins import Drift, drift_of
-from zipline_dagster.training.ranges import Ran, run_days
-from zipline_dagster.training.request import (
-    TableRead,
-    TrainingDataError,
-    TrainingRequest,
-    build_training_request,
-    check_training_window,
-    window_days,
-)
-from zipline_dagster.training.resources import TrainingLauncher
 from zipline_dagster.training.retries import reusable_partitions
 
 #: The Dagster concurrency pool every model asset's training step is in.
 TRAINING_POOL = "zipline_training"
-
-
-def trainable_partitions(
-    model: Model, partitions_def: dg.PartitionsDefinition
-) -> dg.PartitionsDefinition:
-    """The partitions a model may train: none whose window reaches before its training
-    query's ``start_partition`` (so the UI never offers them as missing)."""
-    first = model.first_partition
-    if first is None or not isinstance(partitions_def, dg.TimeWindowPartitionsDefinition):
-        return partitions_def
-    start = partitions_def.start.date().isoformat()
-    if first <= start:
-        return partitions_def
-    return starting_at(partitions_def, first)
 
 
 def build_model_asset(
@@ -134,7 +119,7 @@ def build_model_asset(
     )
     def _model_asset(
         context: dg.AssetExecutionContext,
-        launcher: TrainingLauncher,
+        launcher: JobLauncher,
         warehouse: WarehouseResource,
         mlflow: PlatformListener,
     ) -> dg.MaterializeResult:
@@ -189,7 +174,7 @@ class TrainingWork:
             raise failure(exc) from None
         self.files = {day: len(held.files) for day, held in self.scan.items()}
 
-    def prepare(self, ds: str) -> TrainingRequest:
+    def prepare(self, ds: str) -> JobRequest:
         model = self.model
         try:
             days = window_days(ds, model.window_days)
@@ -201,11 +186,10 @@ class TrainingWork:
             raise failure(exc) from None
         in_flight = {}
         for day in request.days:
-            diff = self.ledger.settle(self.upstream, day, self.scan[day].commit)
-            if diff.state is State.RECORDED:
-                self.context.log.warning(f"{model.table} {day}: {diff.describe()}")
-            elif diff.state is State.IN_FLIGHT:
-                in_flight[day] = diff.describe()
+            warn = prefixed(self.context.log.warning, f"{model.table} {day}")
+            why = self.ledger.admit(self.upstream, day, self.scan[day].commit, warn)
+            if why:
+                in_flight[day] = why
         if in_flight:
             raise dg.Failure(
                 f"model {model.name!r} partition {ds}: training table {model.table} is still "
@@ -219,17 +203,17 @@ class TrainingWork:
         )
         return request
 
-    def reuse(self, ready: list[TrainingRequest]) -> dict[str, dict[str, Any]]:
+    def reuse(self, ready: list[JobRequest]) -> dict[str, dict[str, Any]]:
         return reusable_partitions(self.context, ready, self.warehouse, self.scan)
 
-    def begin(self, request: TrainingRequest) -> None:
+    def begin(self, request: JobRequest) -> None:
         pass
 
-    def finish(self, request: TrainingRequest, ran: Ran) -> dict[str, Any]:
+    def finish(self, request: JobRequest, ran: Ran) -> dict[str, Any]:
         return finish_partition(self.context, request, ran, self.listening)
 
 
-def input_read(request: TrainingRequest) -> dict[str, Any]:
+def input_read(request: JobRequest) -> dict[str, Any]:
     """The input table, its metadata file and the snapshot the job read (its flags)."""
     flags = dict(f[2:].split("=", 1) for f in request.flags if f.startswith("--") and "=" in f)
     snapshot = flags.get("snapshot-id")
@@ -242,7 +226,7 @@ def input_read(request: TrainingRequest) -> dict[str, Any]:
 
 def finish_partition(
     context: dg.AssetExecutionContext,
-    request: TrainingRequest,
+    request: JobRequest,
     ran: Ran,
     listening: Listening | None = None,
 ) -> dict[str, Any]:
@@ -312,7 +296,7 @@ def finish_partition(
         "window": f"{request.start_ds}..{request.end_ds}",
         "input_snapshot_id": str(read["snapshot_id"]),
         "input_table_metadata": dg.MetadataValue.path(str(read["metadata"])),
-        "artifact_files": dg.MetadataValue.json([f["path"] for f in promotion.manifest["files"]]),
+        "artifact_files": dg.MetadataValue.json(promotion.manifest.paths),
         **({"range": ran.span} if ran.span else {}),
         **report_metadata(report, pr_curve_png=png),
     }
@@ -327,12 +311,12 @@ def finish_partition(
             asset_key=context.asset_key.to_user_string(),
             ds=ds,
             version=model.version,
-            attempt=named_attempt(promotion.manifest) or ran.job_id,
+            attempt=promotion.manifest.attempt or ran.job_id,
             artifact_uri=request.canonical_dir,
             report=report,
             dagster_run_id=context.run.run_id,
             flags=request.flags,
-            files=[f["path"] for f in promotion.manifest["files"]],
+            files=promotion.manifest.paths,
         )
         metadata.update(listening.partition_trained(event))
     return metadata

@@ -13,18 +13,18 @@ import logging
 from dataclasses import dataclass
 
 from zipline_dagster.declarations.model import Model
+from zipline_dagster.jobs.ranges import load_archive
+from zipline_dagster.jobs.request import TableRead, build_training_request, traceback_tail
+from zipline_dagster.jobs.resources import JobLauncher
 from zipline_dagster.storage.artifacts import (
     ArtifactError,
-    committed_manifest,
     read_report,
     report_metrics,
 )
 from zipline_dagster.storage.blobs import BlobStorageError
+from zipline_dagster.storage.manifests import model_partition
 from zipline_dagster.storage.paths import model_partition_uri
 from zipline_dagster.storage.resources import WarehouseResource
-from zipline_dagster.training.ranges import load_archive
-from zipline_dagster.training.request import TableRead, build_training_request, traceback_tail
-from zipline_dagster.training.resources import TrainingLauncher
 
 
 class ReproduceError(RuntimeError):
@@ -60,7 +60,7 @@ def _num(value: float | None) -> str:
 
 
 def reproduce(
-    model: Model, ds: str, warehouse: WarehouseResource, launcher: TrainingLauncher
+    model: Model, ds: str, warehouse: WarehouseResource, launcher: JobLauncher
 ) -> Reproduced:
     """Train ``model`` partition ``ds`` again at the snapshot its manifest records.
 
@@ -74,10 +74,10 @@ def reproduce(
     store = warehouse.store(model.model_artifact_base_uri)
     model_dir = model_partition_uri(model, ds)
     try:
-        manifest = committed_manifest(store, model_dir, checksums=False)
-        if manifest is None:
+        partition = model_partition(store, model_dir, ds)
+        if not partition.committed or partition.manifest is None:
             raise ReproduceError(f"{who} is not trained: no complete manifest in {model_dir}")
-        read = manifest.get("input") or {}
+        read = partition.manifest.input
         if not read.get("metadata"):
             raise ReproduceError(
                 f"{who} records no input snapshot (trained before the warehouse was on "

@@ -16,16 +16,16 @@ from typing import Any
 import dagster as dg
 
 from zipline_dagster.declarations.versions import model_code_version
+from zipline_dagster.jobs.request import (
+    JobRequest,
+)
 from zipline_dagster.lineage.backfill import FreshnessResolver
 from zipline_dagster.lineage.internals import ASSET_RESUME_RETRY_TAG, RESUME_RETRY_TAG
 from zipline_dagster.lineage.ledger import CODE_VERSION_TAG
-from zipline_dagster.storage.artifacts import committed_manifest, model_commit
 from zipline_dagster.storage.blobs import BlobStore
+from zipline_dagster.storage.manifests import model_partition
 from zipline_dagster.storage.resources import WarehouseResource
 from zipline_dagster.storage.table_days import TableDay
-from zipline_dagster.training.request import (
-    TrainingRequest,
-)
 
 
 def earlier_attempt_runs(context: dg.AssetExecutionContext) -> set[str]:
@@ -46,14 +46,13 @@ def earlier_attempt_runs(context: dg.AssetExecutionContext) -> set[str]:
 
 
 def why_input_changed(
-    store: BlobStore, request: TrainingRequest, scan: dict[str, TableDay]
+    store: BlobStore, request: JobRequest, scan: dict[str, TableDay]
 ) -> str | None:
     """Why the partition's model on storage cannot stand for its window as committed now
     (``scan``: the training table's commits): a window day committed after the model was
     (a write Dagster was never told of, when the table is outside the run's graph), or a
     commit without a time. None: the model is newer than every day it read."""
-    manifest = committed_manifest(store, request.canonical_dir, checksums=False)
-    model = model_commit(manifest, request.canonical_dir, request.ds)
+    model = model_partition(store, request.canonical_dir, request.ds).commit()
     if model is None or model.at is None:
         return f"its manifest in {request.canonical_dir} is not complete or has no commit time"
     table = request.model.table
@@ -69,7 +68,7 @@ def why_input_changed(
 
 def reusable_partitions(
     context: dg.AssetExecutionContext,
-    requests: list[TrainingRequest],
+    requests: list[JobRequest],
     warehouse: WarehouseResource,
     scan: dict[str, TableDay],
 ) -> dict[str, dict[str, Any]]:

@@ -15,23 +15,23 @@ import pytest
 
 from tests.helpers import s3_requests
 from tests.training.test_assets import BUCKETS, make_model
+from zipline_dagster.jobs.channel import RESULT_PREFIX, TAIL_LINES
+from zipline_dagster.jobs.request import (
+    build_training_request,
+    window_days,
+)
 from zipline_dagster.storage.artifacts import (
     PROMOTE_LOCK_NAME,
     PROMOTED_NAME,
     ArtifactError,
     attempt_dir,
-    is_committed,
     promote_attempt,
     promotion_lock,
     supersede_previous,
 )
 from zipline_dagster.storage.blobs import blob_store
+from zipline_dagster.storage.manifests import ManifestFile, model_partition
 from zipline_dagster.storage.paths import MANIFEST_NAME
-from zipline_dagster.training.channel import RESULT_PREFIX, TAIL_LINES
-from zipline_dagster.training.request import (
-    build_training_request,
-    window_days,
-)
 
 
 def test_window_is_exactly_n_days_ending_at_ds() -> None:
@@ -103,7 +103,7 @@ def test_a_range_job_is_named_by_its_span_and_by_its_days_when_some_are_left_out
     """Every day of a span: the job is named by its first and last day. Some days only (a
     backfill of chosen days, a retry that reuses some): a hash of the days is added, so a
     run never re-attaches to a live job that trains another set of partitions."""
-    from zipline_dagster.training.request import (
+    from zipline_dagster.jobs.request import (
         build_range_request,
     )
 
@@ -129,19 +129,19 @@ def test_promotion_commits_with_the_manifest_last(file_base: str) -> None:
     _attempt(store, d, "a1", {"model.json": b"{}"})
     with pytest.raises(ArtifactError, match="wrote no metrics.json"):
         promote_attempt(store, d, "a1", extra={})
-    assert not is_committed(store, d)
+    assert not model_partition(store, d, checksums=True).committed
     assert not store.exists(f"{d}/model.json")  # nothing copied for a bad attempt
     _attempt(store, d, "a1", {"metrics.json": b'{"train": {}}'})
     p = promote_attempt(store, d, "a1", extra={"model": "m"})
-    assert [f["path"] for f in p.manifest["files"]] == ["metrics.json", "model.json"]
-    assert p.manifest["attempt"] == "a1" and p.superseded is None and not p.already
-    assert is_committed(store, d)
+    assert p.manifest.paths == ["metrics.json", "model.json"]
+    assert p.manifest.attempt == "a1" and p.superseded is None and not p.already
+    assert model_partition(store, d, checksums=True).committed
     # promoting the same attempt again (a second run attached to the same job) is a no-op
     again = promote_attempt(store, d, "a1", extra={"model": "m"})
     assert again.already and again.manifest == p.manifest
     store.write_bytes(f"{d}/model.json", b"changed after commit")
-    assert not is_committed(store, d)
-    assert is_committed(store, d, checksums=False)  # the cheap check sees files only
+    assert not model_partition(store, d, checksums=True).committed
+    assert model_partition(store, d).committed  # the cheap check sees files only
 
 
 def test_a_later_attempt_supersedes_and_an_old_one_cannot_come_back(file_base: str) -> None:
@@ -183,21 +183,19 @@ def test_promotion_streams_a_large_model_without_holding_it(
     try:
         first = promote_attempt(store, d, "a1", extra={})
         second = promote_attempt(store, d, "a2", extra={})  # supersedes a1's 64 MB
-        assert is_committed(store, d)  # reads every byte for its digest
+        assert model_partition(
+            store, d, checksums=True
+        ).committed  # reads every byte for its digest
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
     assert peak < 32 << 20, f"peak {peak / 2**20:.0f} MiB of Python allocations"
-    entry = {f["path"]: f for f in second.manifest["files"]}["model.bin"]
+    entry = {f.path: f for f in second.manifest.files}["model.bin"]
     data = store.read_bytes(f"{d}/model.bin")
-    assert entry == {
-        "path": "model.bin",
-        "sha256": hashlib.sha256(data).hexdigest(),
-        "bytes": 64 << 20,
-    }
+    assert entry == ManifestFile("model.bin", hashlib.sha256(data).hexdigest(), 64 << 20)
     assert second.superseded is not None
-    old = {f["path"]: f for f in first.manifest["files"]}["model.bin"]
-    assert store.sha256(f"{second.superseded}/model.bin") == (old["sha256"], old["bytes"])
+    old = {f.path: f for f in first.manifest.files}["model.bin"]
+    assert store.sha256(f"{second.superseded}/model.bin") == (old.sha256, old.bytes)
 
 
 def test_promotion_lock_excludes_and_breaks_when_stale(file_base: str) -> None:
@@ -227,7 +225,7 @@ def test_supersede_moves_everything_and_manifest_first(file_base: str) -> None:
     promote_attempt(store, d, "a1", extra={})
     dest = supersede_previous(store, d)
     assert dest is not None and dest.startswith(f"{d}/_superseded/")
-    assert not is_committed(store, d)
+    assert not model_partition(store, d, checksums=True).committed
     assert sorted(u[len(dest) + 1 :] for u in store.list(dest)) == [
         MANIFEST_NAME,
         "metrics.json",
@@ -247,8 +245,8 @@ def test_the_driver_is_told_where_to_write_its_end_marker() -> None:
     partitions and ranges alike)."""
     import shlex
 
-    from zipline_dagster.training.launchers.ray_job import RayJobRunner
-    from zipline_dagster.training.request import (
+    from zipline_dagster.jobs.launchers.ray_job import RayJobRunner
+    from zipline_dagster.jobs.request import (
         build_range_request,
     )
 
@@ -271,18 +269,18 @@ def test_scoring_runs_under_the_driver_with_its_marker_beside_the_scores() -> No
     never the model's; a scores range names its job by its days and by every day's flags
     (the model partition that scores it)."""
     from tests.scoring.test_scores import transforms_for
-    from zipline_dagster.scoring.assets import Chosen, scoring_request
-    from zipline_dagster.training.launchers.ray_job import RayJobRunner
-    from zipline_dagster.training.request import (
-        TrainingRequest,
+    from zipline_dagster.jobs.launchers.ray_job import RayJobRunner
+    from zipline_dagster.jobs.request import (
+        JobRequest,
         build_range_request,
     )
+    from zipline_dagster.scoring.assets import Chosen, scoring_request
 
     model = make_model("a" * 12, "s3://b/wh")
     t = transforms_for(model)
     model_dir = f"s3://b/wh/models/listing_ctr_model/{'a' * 12}"
 
-    def day(ds: str, model_ds: str) -> TrainingRequest:
+    def day(ds: str, model_ds: str) -> JobRequest:
         chosen = Chosen(f"{model_dir}/{model_ds}", "a" * 12, model_ds, "test")
         return scoring_request(t, ds, warehouse="s3://b/tables", model=chosen)
 
@@ -316,7 +314,7 @@ def test_end_marker_watcher_sees_the_file_appear_and_rides_out_errors(
 ) -> None:
     import threading
 
-    from zipline_dagster.training.launchers.ray_follow import done_watcher
+    from zipline_dagster.jobs.launchers.ray_follow import done_watcher
 
     base = str(request.getfixturevalue(BUCKETS[where]))
     uri = f"{base}/m/_attempts/zd-x-1.done"
@@ -363,7 +361,7 @@ def test_jobs_with_a_pip_env_may_write_bytecode_into_it() -> None:
     model's own env wins."""
     from dataclasses import replace
 
-    from zipline_dagster.training.launchers.ray_job import RayJobRunner
+    from zipline_dagster.jobs.launchers.ray_job import RayJobRunner
 
     model = make_model("a" * 12, "s3://b/wh")
     request = build_training_request(model, "2026-07-10", warehouse="s3://b/tables")
@@ -392,7 +390,7 @@ def test_a_partition_run_in_the_driver_keeps_only_the_tail_of_its_output(
         [
             sys.executable,
             "-m",
-            "zipline_dagster.training.channel",
+            "zipline_dagster.jobs.channel",
             "--attempt-id=zd-chatty-1",
             "--module=chatty",
             "--in-process",
@@ -417,7 +415,7 @@ def test_a_partition_run_in_the_driver_keeps_only_the_tail_of_its_output(
         [
             sys.executable,
             "-c",
-            "import sys; from zipline_dagster.training.channel import run_partition; "
+            "import sys; from zipline_dagster.jobs.channel import run_partition; "
             "r = run_partition('chatty', [], tail_chars=4096); "
             "sys.stderr.write(f\"{len(r['log'])} {r['log'].splitlines()[-1][:11]}\")",
         ],
@@ -434,7 +432,7 @@ def test_the_drivers_end_marker_holds_every_result_line(tmp_path: Path) -> None:
     """The driver writes each partition's result line into its end marker on storage
     too, before its last line: a step handed an incomplete log still learns every
     partition's outcome (the real driver, two partitions, one failing)."""
-    from zipline_dagster.training.channel import DONE_PREFIX, partition_results
+    from zipline_dagster.jobs.channel import DONE_PREFIX, partition_results
 
     (tmp_path / "fails_on_ninth.py").write_text(
         "import sys\nprint('training', sys.argv[1:])\nsys.exit(4 if '--day=09' in sys.argv else 0)\n"
@@ -445,7 +443,7 @@ def test_the_drivers_end_marker_holds_every_result_line(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "zipline_dagster.training.channel",
+            "zipline_dagster.jobs.channel",
             "--attempt-id=zd-x-1",
             "--module=fails_on_ninth",
             "--in-process",
@@ -469,7 +467,7 @@ def test_the_drivers_end_marker_holds_every_result_line(tmp_path: Path) -> None:
 
 
 def test_the_logged_command_sums_up_a_range_but_keeps_anything_else_whole() -> None:
-    from zipline_dagster.training.channel import loggable_command
+    from zipline_dagster.jobs.channel import loggable_command
 
     flags = ["--start-ds=2026-08-02", "--model-dir=file:///w/m/v/x"]
     one = shlex.join(["python", "-m", "m", f"--partitions={json.dumps({'2026-08-05': flags})}"])
@@ -499,7 +497,7 @@ def test_a_promotion_whose_copies_cannot_be_deleted_is_committed(s3_bucket: str)
         proxy.deny("DELETE")
         p = promote_attempt(store, d, "a1", extra={})
         assert proxy.denied >= 3
-        assert is_committed(store, d) and p.manifest["attempt"] == "a1"
+        assert model_partition(store, d, checksums=True).committed and p.manifest.attempt == "a1"
         adir = attempt_dir(d, "a1")
         assert sorted(p.left_behind) == sorted(
             [f"{adir}/metrics.json", f"{adir}/model.json", f"{d}/{PROMOTE_LOCK_NAME}"]
@@ -522,7 +520,11 @@ def test_a_promotion_whose_lock_answer_is_lost_goes_on(s3_bucket: str) -> None:
         proxy.lose_answers("PUT", count=1)  # the first PUT: the lock
         p = promote_attempt(store, d, "a1", extra={})
         assert proxy.lost == 1
-        assert is_committed(store, d) and p.manifest["attempt"] == "a1" and not p.left_behind
+        assert (
+            model_partition(store, d, checksums=True).committed
+            and p.manifest.attempt == "a1"
+            and not p.left_behind
+        )
         assert not store.exists(f"{d}/{PROMOTE_LOCK_NAME}")
 
 
@@ -583,7 +585,7 @@ def test_a_lock_whose_holder_was_killed_is_broken_at_once(file_base: str) -> Non
 def test_the_trainer_and_the_platform_name_the_same_attempts_folder() -> None:
     """The trainer side (shipped in every archive, importing nothing of the platform) and
     the artifact protocol on storage each name the attempts folder; they must agree."""
+    from zipline_dagster.jobs import channel
     from zipline_dagster.storage import artifacts
-    from zipline_dagster.training import channel
 
     assert channel.ATTEMPTS_DIR == artifacts.ATTEMPTS_DIR == "_attempts"

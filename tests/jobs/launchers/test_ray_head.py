@@ -13,9 +13,9 @@ import pytest
 
 from tests.cleanup import register, unregister
 from tests.conftest import run_cli
+from zipline_dagster.jobs.launchers.ray_client import RayUnreachableError
+from zipline_dagster.jobs.launchers.ray_job import RayJobRunner
 from zipline_dagster.processes import ProcessIdentity
-from zipline_dagster.training.launchers.ray_client import RayUnreachableError
-from zipline_dagster.training.launchers.ray_job import RayJobRunner
 
 
 @pytest.mark.ray
@@ -149,7 +149,7 @@ def test_down_never_signals_a_reused_pid(tmp_path: Path) -> None:
     import subprocess
     import time
 
-    from zipline_dagster.training.launchers.ray_head import LocalRayHead
+    from zipline_dagster.jobs.launchers.ray_head import LocalRayHead
 
     other = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
@@ -238,8 +238,8 @@ def test_ports_another_program_holds_are_given_up_for_others(
 
     from ray.job_submission import JobStatus, JobSubmissionClient
 
+    from zipline_dagster.jobs.launchers import ray_head
     from zipline_dagster.processes import free_ports
-    from zipline_dagster.training.launchers import ray_head
 
     held: list[socket.socket] = []
     given: list[list[int]] = []

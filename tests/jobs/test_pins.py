@@ -19,8 +19,8 @@ import pytest
 
 from tests.conftest import ROOT, TRAINERS, run_cli
 from zipline_dagster import ModelSpecError
-from zipline_dagster.training.archive import build_trainer_archive
-from zipline_dagster.training.pins import LOCK_NAME, find_drift, pinned_version
+from zipline_dagster.jobs.archive import build_trainer_archive
+from zipline_dagster.jobs.pins import LOCK_NAME, find_drift, pinned_version
 
 NAME = "listing_ctr_model"
 
@@ -40,7 +40,7 @@ def project(tmp_path: Path, base: str) -> Path:
             from pathlib import Path
             from tests.training.test_assets import TABLE, make_model, resources
             from zipline_dagster.definitions import ExternalTable, build_definitions
-            from zipline_dagster.training.pins import pinned_version
+            from zipline_dagster.jobs.pins import pinned_version
 
             model = make_model(pinned_version({NAME!r}, near=__file__), {base!r})
             defs = build_definitions(

@@ -25,10 +25,10 @@ from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import Any
 
-from zipline_dagster.training.request import (
+from zipline_dagster.jobs.request import (
     JobOutcome,
+    JobRequest,
     TrainingJobError,
-    TrainingRequest,
     traceback_tail,
 )
 
@@ -81,7 +81,7 @@ class LocalRunner:
 
     def run(
         self,
-        request: TrainingRequest,
+        request: JobRequest,
         *,
         archive: bytes,
         requirements: list[str],
@@ -102,7 +102,7 @@ class LocalRunner:
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
 
-    def _run_in(self, workdir: Path, request: TrainingRequest, started: float) -> JobOutcome:
+    def _run_in(self, workdir: Path, request: JobRequest, started: float) -> JobOutcome:
         argv = [sys.executable, *request.argv[1:]]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **request.env}
         proc = subprocess.Popen(

@@ -14,7 +14,7 @@ import pytest
 from tests.helpers import days_ending, s3_requests, tables_of, write_partition
 from tests.training.test_assets import BUCKETS, DS, TABLE
 from tests.training.test_fanout import market_rows
-from zipline_dagster.training.trainer_io import TrainingDataError, WindowFiles, filesystem
+from zipline_dagster.jobs.trainer_io import TrainingDataError, WindowFiles, filesystem
 
 DAYS = days_ending(DS, 3)
 
@@ -288,7 +288,7 @@ def test_a_window_is_planned_as_pyicebergs_own_scan_plans_it(
     from pyiceberg.catalog.sql import SqlCatalog
     from pyiceberg.expressions import In
 
-    from zipline_dagster.training import trainer_io
+    from zipline_dagster.jobs import trainer_io
 
     catalog = SqlCatalog("theirs", uri=f"sqlite:///{tmp_path / 'c.db'}", warehouse=file_base)
     catalog.create_namespace("ctr")
@@ -328,7 +328,7 @@ def test_an_artifact_written_to_a_missing_bucket_is_an_error_naming_it(
     """A trainer writing into a bucket (container) that does not exist, say a mistyped
     one: an error naming the URI, and no bucket made of the typo (s3fs's makedirs would
     create it), on each object store's server on loopback."""
-    from zipline_dagster.training.trainer_io import write_bytes
+    from zipline_dagster.jobs.trainer_io import write_bytes
 
     existing = str(request.getfixturevalue(BUCKETS[store]))
     scheme, rest = existing.split("://", 1)

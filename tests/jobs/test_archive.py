@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from zipline_dagster.training.archive import (
+from zipline_dagster.jobs.archive import (
     FIXED_DATE_TIME,
     TrainerArchiveError,
     build_trainer_archive,
@@ -182,7 +182,7 @@ def test_setup_py_keywords_must_be_literals(
 
 def test_install_requires_of_a_stored_archive_read_with_a_clear_error(trainer_copy: Path) -> None:
     """An archive built elsewhere (not by build_trainer_archive) is checked when it is used."""
-    from zipline_dagster.training.request import (
+    from zipline_dagster.jobs.request import (
         read_install_requires,
     )
 
@@ -200,7 +200,7 @@ def test_install_requires_of_a_stored_archive_read_with_a_clear_error(trainer_co
 def test_every_archive_gets_the_platforms_trainer_support(trainer_copy: Path) -> None:
     """Trainers share the support module and the driver (placed by the build), instead of
     copying them; a trainer folder cannot bring its own under those names."""
-    from zipline_dagster.training import channel, trainer_io, trainer_tables
+    from zipline_dagster.jobs import channel, trainer_io, trainer_tables
 
     archive = build_trainer_archive(trainer_copy)
     with zipfile.ZipFile(io.BytesIO(archive.data)) as zf:

@@ -3,7 +3,7 @@
 ``zipline-dagster build-trainer`` places this file into every archive as the top-level
 module ``zipline_trainer_io`` (beside the trainer's package), so a job on any cluster
 imports it without the platform installed; run by hand from this repository, trainers
-import it from ``zipline_dagster.training.trainer_io``. It holds the trainer contract's
+import it from ``zipline_dagster.jobs.trainer_io``. It holds the trainer contract's
 shared half: the platform flags, the training window, reading committed table
 partitions of an Iceberg table (the snapshot the platform resolved, planned by pyiceberg,
 with the ``--columns`` projection) and writing artifacts, for local paths, ``file://``,
@@ -20,12 +20,12 @@ import datetime as dt
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from zipline_dagster.training import trainer_tables as _tables
+    from zipline_dagster.jobs import trainer_tables as _tables
 else:
     try:  # in a job: the archive's top-level support module
         import zipline_trainer_tables as _tables
     except ImportError:  # by hand, from this repository
-        from zipline_dagster.training import trainer_tables as _tables
+        from zipline_dagster.jobs import trainer_tables as _tables
 
 # the storage half (``trainer_tables``), under the names trainers use (``tio.filesystem``)
 filesystem = _tables.filesystem

@@ -9,7 +9,7 @@ import re
 import urllib.request
 from typing import Any
 
-from zipline_dagster.training.request import TrainingJobError
+from zipline_dagster.jobs.request import TrainingJobError
 
 #: longest wait for the dashboard's answer to one request (Ray's client sets none)
 REQUEST_TIMEOUT_S = 30.0

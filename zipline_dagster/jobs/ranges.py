@@ -7,7 +7,7 @@ A step is handed one partition or a backfill run's range. For either, ``run_days
    that cannot run fails alone;
 2. leaves out what the run it re-executes already finished (``DayWork.reuse``);
 3. loads the trainer archive once;
-4. runs the days in one job, one Ray task each (``training.channel``), when the launcher
+4. runs the days in one job, one Ray task each (``jobs.channel``), when the launcher
    and the work allow it, else one job after another;
 5. finishes each day that ran (``DayWork.finish``: promote a model attempt, commit a
    scores file);
@@ -26,26 +26,26 @@ import dagster as dg
 from zipline_dagster.declarations.model import Model
 from zipline_dagster.declarations.versions import model_code_version
 from zipline_dagster.errors import failure
-from zipline_dagster.lineage.partitions import record_range
-from zipline_dagster.storage.blobs import BlobStorageError
-from zipline_dagster.storage.resources import WarehouseResource
-from zipline_dagster.training.archive import (
+from zipline_dagster.jobs.archive import (
     ArchiveVerificationError,
     TrainerArchiveError,
     load_verified_archive,
 )
-from zipline_dagster.training.channel import done_marker, partition_results
-from zipline_dagster.training.launchers.ray_client import RayUnreachableError, job_metadata
-from zipline_dagster.training.launchers.ray_head import RayHeadError
-from zipline_dagster.training.request import (
+from zipline_dagster.jobs.channel import done_marker, partition_results
+from zipline_dagster.jobs.launchers.ray_client import RayUnreachableError, job_metadata
+from zipline_dagster.jobs.launchers.ray_head import RayHeadError
+from zipline_dagster.jobs.request import (
     JobOutcome,
+    JobRequest,
     TrainingJobError,
-    TrainingRequest,
     build_range_request,
     read_install_requires,
     traceback_tail,
 )
-from zipline_dagster.training.resources import TrainingLauncher
+from zipline_dagster.jobs.resources import JobLauncher
+from zipline_dagster.lineage.partitions import record_range
+from zipline_dagster.storage.blobs import BlobStorageError
+from zipline_dagster.storage.resources import WarehouseResource
 
 
 @dataclass(frozen=True)
@@ -81,19 +81,19 @@ class DayWork(Protocol):
     #: whether its days may run together in one job
     together: bool
 
-    def prepare(self, ds: str) -> TrainingRequest:
+    def prepare(self, ds: str) -> JobRequest:
         """Day ``ds``'s request. Raises ``dg.Failure`` naming why the day cannot run."""
         ...
 
-    def reuse(self, ready: list[TrainingRequest]) -> dict[str, dict[str, Any]]:
+    def reuse(self, ready: list[JobRequest]) -> dict[str, dict[str, Any]]:
         """{ds: metadata} of the days the run this one re-executes finished already."""
         ...
 
-    def begin(self, request: TrainingRequest) -> None:
+    def begin(self, request: JobRequest) -> None:
         """Before the day's job runs."""
         ...
 
-    def finish(self, request: TrainingRequest, ran: Ran) -> dict[str, Any]:
+    def finish(self, request: JobRequest, ran: Ran) -> dict[str, Any]:
         """The day's job succeeded: make its output the partition; its metadata.
         Raises ``dg.Failure`` naming why it could not (the partition is left as it was)."""
         ...
@@ -121,7 +121,7 @@ def run_days(
     context: dg.AssetExecutionContext,
     work: DayWork,
     days: list[str],
-    launcher: TrainingLauncher,
+    launcher: JobLauncher,
     warehouse: WarehouseResource,
 ) -> dg.MaterializeResult:
     """Run ``days`` of ``work`` to their materializations (see the module's docstring).
@@ -133,7 +133,7 @@ def run_days(
     """
     done: dict[str, dict[str, Any]] = {}
     errors: dict[str, dg.Failure] = {}
-    ready: list[TrainingRequest] = []
+    ready: list[JobRequest] = []
     for ds in days:
         try:
             ready.append(work.prepare(ds))
@@ -161,8 +161,8 @@ def run_days(
 def _launch_ready(
     context: dg.AssetExecutionContext,
     work: DayWork,
-    ready: list[TrainingRequest],
-    launcher: TrainingLauncher,
+    ready: list[JobRequest],
+    launcher: JobLauncher,
     warehouse: WarehouseResource,
     done: dict[str, dict[str, Any]],
     errors: dict[str, dg.Failure],
@@ -175,7 +175,7 @@ def _launch_ready(
     except (RayUnreachableError, RayHeadError) as exc:
         raise failure(exc) from None
 
-    def launch(request: TrainingRequest, label: str) -> JobOutcome:
+    def launch(request: JobRequest, label: str) -> JobOutcome:
         return runner.run(
             request,
             archive=archive,
@@ -201,8 +201,8 @@ def _launch_ready(
 def _alone(
     context: dg.AssetExecutionContext,
     work: DayWork,
-    request: TrainingRequest,
-    launch: Callable[[TrainingRequest, str], JobOutcome],
+    request: JobRequest,
+    launch: Callable[[JobRequest, str], JobOutcome],
     warehouse: WarehouseResource,
 ) -> dict[str, Any]:
     """One day in a job of its own. A job that did not succeed, but whose driver's end
@@ -237,8 +237,8 @@ def _alone(
 def _in_one_job(
     context: dg.AssetExecutionContext,
     work: DayWork,
-    ready: list[TrainingRequest],
-    launch: Callable[[TrainingRequest, str], JobOutcome],
+    ready: list[JobRequest],
+    launch: Callable[[JobRequest, str], JobOutcome],
     done: dict[str, dict[str, Any]],
     errors: dict[str, dg.Failure],
     warehouse: WarehouseResource,
@@ -285,7 +285,7 @@ def stored_results(
     warehouse: WarehouseResource, marker_dir: str, sid: str
 ) -> dict[str, dict[str, Any]]:
     """The result lines the driver of job ``sid`` left in its end marker (in
-    ``marker_dir``, on storage: ``training.channel``), by ds; none when it wrote none (it
+    ``marker_dir``, on storage: ``jobs.channel``), by ds; none when it wrote none (it
     died first, or no job was submitted)."""
     if not sid:
         return {}

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from zipline_dagster.declarations.model import Model
+from zipline_dagster.jobs.channel import DRIVER_MODULE, attempt_flags, driver_argv
 from zipline_dagster.storage.artifacts import CHECKPOINTS_DIR, attempt_dir
 from zipline_dagster.storage.days import days_between, format_days, shift_day
 from zipline_dagster.storage.paths import (
@@ -23,7 +24,6 @@ from zipline_dagster.storage.paths import (
     model_archive_uri,
     model_partition_uri,
 )
-from zipline_dagster.training.channel import DRIVER_MODULE, attempt_flags, driver_argv
 
 
 class TrainingDataError(RuntimeError):
@@ -72,7 +72,7 @@ class TrainingRunner(Protocol):
 
     def run(
         self,
-        request: TrainingRequest,
+        request: JobRequest,
         *,
         archive: bytes,
         requirements: list[str],
@@ -96,7 +96,7 @@ def window_days(ds: str, length: int) -> list[str]:
 
 
 @dataclass(frozen=True)
-class TrainingRequest:
+class JobRequest:
     model: Model
     ds: str
     warehouse: str
@@ -131,7 +131,7 @@ class TrainingRequest:
         if not self.marker_dir:
             object.__setattr__(self, "marker_dir", self.canonical_dir)
 
-    def for_attempt(self, attempt_id: str) -> TrainingRequest:
+    def for_attempt(self, attempt_id: str) -> JobRequest:
         """The same request with the trainer writing into ``_attempts/{attempt_id}``
         (or, for ``attempt_flag="write-id"``, naming its output after the attempt)."""
         flags = tuple(attempt_flags(list(self.flags), attempt_id, self.attempt_flag))
@@ -227,7 +227,7 @@ def trainer_flags(
 
 def build_training_request(
     model: Model, ds: str, *, warehouse: str, table: TableRead | None = None
-) -> TrainingRequest:
+) -> JobRequest:
     dt.date.fromisoformat(ds)
     days = window_days(ds, model.window_days)
     derived_dir = model_partition_uri(model, ds)
@@ -246,7 +246,7 @@ def build_training_request(
         # Ray Train's controller polls workers every 2 s by default, which costs ~2 s per
         # reported round; 0.2 s halves a short run (RAY_NOTES.md).
         env["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = "0.2"
-    return TrainingRequest(
+    return JobRequest(
         model=model,
         ds=ds,
         warehouse=warehouse,
@@ -258,14 +258,12 @@ def build_training_request(
     )
 
 
-def build_range_request(
-    requests: list[TrainingRequest], *, key_prefix: str = ""
-) -> TrainingRequest:
+def build_range_request(requests: list[JobRequest], *, key_prefix: str = "") -> JobRequest:
     """One Ray job that runs several partitions of one model as parallel tasks: a
     training range, or a scores range (requests whose ``module`` is the inference module
     and whose attempt names the file each day writes).
 
-    Its entrypoint is the archive's driver (``training.channel``); each partition
+    Its entrypoint is the archive's driver (``jobs.channel``); each partition
     keeps exactly its single-partition flags (its attempt, named after this job's
     submission id, set by the driver as for a job of its own), so the trainer cannot
     tell the two apart. The job key covers the range, so a retried step re-attaches to
@@ -290,7 +288,7 @@ def build_range_request(
     flags = driver_argv(
         "", module, json.loads(spec), attempt_flag=first.attempt_flag, num_cpus=cpus
     )[3:]
-    return TrainingRequest(
+    return JobRequest(
         model=model,
         ds=first.ds,
         warehouse=first.warehouse,
@@ -334,7 +332,7 @@ def read_install_requires(archive: bytes, *, uri: str = "the trainer archive") -
     Raises:
         TrainerArchiveError: it is not a literal list of strings (names the archive).
     """
-    from zipline_dagster.training.archive import setup_keywords
+    from zipline_dagster.jobs.archive import setup_keywords
 
     with zipfile.ZipFile(io.BytesIO(archive)) as zf:
         names = [n for n in zf.namelist() if n.count("/") == 1 and n.endswith("/setup.py")]

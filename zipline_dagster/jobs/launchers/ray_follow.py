@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from zipline_dagster.training.channel import DoneWatcher, is_done_line, loggable_command
+from zipline_dagster.jobs.channel import DoneWatcher, is_done_line, loggable_command
 
 
 class LogFollower:

@@ -8,15 +8,15 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
-from zipline_dagster.settings import StorageOptions, settings
-from zipline_dagster.storage.blobs import BlobStore
-from zipline_dagster.training.launchers.ray_client import REQUEST_TIMEOUT_S
-from zipline_dagster.training.request import (
+from zipline_dagster.jobs.launchers.ray_client import REQUEST_TIMEOUT_S
+from zipline_dagster.jobs.request import (
     TrainingRunner,
 )
+from zipline_dagster.settings import StorageOptions, settings
+from zipline_dagster.storage.blobs import BlobStore
 
 
-class TrainingLauncher(dg.ConfigurableResource):
+class JobLauncher(dg.ConfigurableResource):
     """Runs a model partition's trainer: as a Ray Job, or locally for development.
 
     Both run the same archive with the same flags, paths and report.
@@ -46,25 +46,25 @@ class TrainingLauncher(dg.ConfigurableResource):
         return None
 
 
-class LocalLauncherResource(TrainingLauncher):
+class LocalLauncherResource(JobLauncher):
     """Runs the trainer as a subprocess of the step, in this environment (no cluster).
 
     Example:
         .. code-block:: python
 
             import dagster as dg
-            from zipline_dagster.training.resources import LocalLauncherResource
+            from zipline_dagster.jobs.resources import LocalLauncherResource
 
             defs = dg.Definitions(assets=[...], resources={"launcher": LocalLauncherResource(timeout_s=600)})
     """
 
     def runner(self, log: Any, store: Callable[[str], BlobStore] | None = None) -> TrainingRunner:
-        from zipline_dagster.training.launchers.local import LocalRunner
+        from zipline_dagster.jobs.launchers.local import LocalRunner
 
         return LocalRunner(timeout_s=self.timeout_s, log=log)
 
 
-class RayJobsResource(TrainingLauncher):
+class RayJobsResource(JobLauncher):
     """Submits training as Ray Jobs.
 
     The cluster is, in order: ``address`` if set, else ``RAY_ADDRESS``, else the embedded
@@ -75,7 +75,7 @@ class RayJobsResource(TrainingLauncher):
         .. code-block:: python
 
             import dagster as dg
-            from zipline_dagster.training.resources import RayJobsResource
+            from zipline_dagster.jobs.resources import RayJobsResource
 
             defs = dg.Definitions(
                 assets=[...],
@@ -142,19 +142,19 @@ class RayJobsResource(TrainingLauncher):
         auth = self.auth_mode or env.ray_auth_mode
         if address:
             return address, auth
-        from zipline_dagster.training.launchers.ray_head import EMBEDDED_AUTH_MODE, LocalRayHead
+        from zipline_dagster.jobs.launchers.ray_head import EMBEDDED_AUTH_MODE, LocalRayHead
 
         head = LocalRayHead(self.embedded_state_dir).ensure_running()
         return head.dashboard_url, EMBEDDED_AUTH_MODE
 
     def archive_problem(self, uri: str, options: StorageOptions) -> str | None:
         """Ray downloads the archive itself (as the job's working_dir)."""
-        from zipline_dagster.training.launchers.working_dir import working_dir_problem
+        from zipline_dagster.jobs.launchers.working_dir import working_dir_problem
 
         return working_dir_problem(uri, options)
 
     def runner(self, log: Any, store: Callable[[str], BlobStore] | None = None) -> TrainingRunner:
-        from zipline_dagster.training.launchers.ray_job import RayJobRunner
+        from zipline_dagster.jobs.launchers.ray_job import RayJobRunner
 
         address, auth = self.resolved_address()
         return RayJobRunner(

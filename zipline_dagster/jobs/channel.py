@@ -41,7 +41,7 @@ from typing import Any
 try:  # in a job: beside this module in the archive
     import zipline_trainer_io as tio
 except ImportError:  # in the platform
-    from zipline_dagster.training import trainer_io as tio  # type: ignore[no-redef]
+    from zipline_dagster.jobs import trainer_io as tio  # type: ignore[no-redef]
 
 #: The module name the driver has in every archive (``python -m zipline_channel``).
 DRIVER_MODULE = "zipline_channel"

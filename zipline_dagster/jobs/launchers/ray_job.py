@@ -30,13 +30,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from zipline_dagster.training.channel import (
+from zipline_dagster.jobs.channel import (
     DRIVER_MODULE,
     done_marker,
     driver_argv,
     loggable_command,
 )
-from zipline_dagster.training.launchers.ray_client import (
+from zipline_dagster.jobs.launchers.ray_client import (
     REQUEST_TIMEOUT_S,
     RayDashboardLostError,
     RayUnreachableError,
@@ -47,11 +47,11 @@ from zipline_dagster.training.launchers.ray_client import (
     job_submission_client,
     short_error,
 )
-from zipline_dagster.training.launchers.ray_follow import LogFollower, done_watcher
-from zipline_dagster.training.request import (
+from zipline_dagster.jobs.launchers.ray_follow import LogFollower, done_watcher
+from zipline_dagster.jobs.request import (
     JobOutcome,
+    JobRequest,
     TrainingJobError,
-    TrainingRequest,
     traceback_tail,
 )
 
@@ -234,7 +234,7 @@ class RayJobRunner:
         return last, info
 
     # -- submit ------------------------------------------------------------------------
-    def runtime_env(self, request: TrainingRequest, requirements: list[str]) -> dict[str, Any]:
+    def runtime_env(self, request: JobRequest, requirements: list[str]) -> dict[str, Any]:
         env_vars = {"PYTHONUNBUFFERED": "1"}
         pip = bool(requirements and self.install_requirements)
         if pip:
@@ -254,8 +254,8 @@ class RayJobRunner:
             env["pip"] = {"packages": requirements, "pip_check": False}
         return env
 
-    def entrypoint(self, request: TrainingRequest, sid: str) -> str:
-        """The job's command, always under the archive's driver (``training.channel``): a
+    def entrypoint(self, request: JobRequest, sid: str) -> str:
+        """The job's command, always under the archive's driver (``jobs.channel``): a
         partition (a model day, or a scores day) runs in the driver's own process, a range
         job is the driver itself; either way the driver signals the job's end."""
         done = done_marker(request.marker_dir, sid)
@@ -273,12 +273,12 @@ class RayJobRunner:
 
     def submit_or_attach(
         self,
-        request: TrainingRequest,
+        request: JobRequest,
         *,
         requirements: list[str],
         metadata: dict[str, str],
         archive: bytes | None = None,
-    ) -> tuple[TrainingRequest, bool]:
+    ) -> tuple[JobRequest, bool]:
         """Re-attach to a live job for the same (model, version, ds), else submit one.
 
         Returns the request of the attempt being followed (its ``attempt_id`` is the
@@ -354,7 +354,7 @@ class RayJobRunner:
         self.log.warning(f"Ray job {submission_id} stop requested; status {status}")
         return status
 
-    def wait(self, job: TrainingRequest, *, attached: bool) -> JobOutcome:
+    def wait(self, job: JobRequest, *, attached: bool) -> JobOutcome:
         """Follow the attempt's job to a terminal state, forwarding its logs as they come.
 
         Only a run cancellation (an interrupt) or the timeout stops the job; a dashboard
@@ -483,7 +483,7 @@ class RayJobRunner:
 
     def run(
         self,
-        request: TrainingRequest,
+        request: JobRequest,
         *,
         archive: bytes | None = None,
         requirements: list[str],

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from zipline_dagster.declarations.errors import ModelSpecError
 from zipline_dagster.declarations.model import Model
-from zipline_dagster.training.archive import TrainerArchive, build_trainer_archive
+from zipline_dagster.jobs.archive import TrainerArchive, build_trainer_archive
 
 LOCK_NAME = "trainers.lock"
 #: Where a project keeps its trainers, beside the lock: ``trainers/{model_name}/``.
