@@ -140,7 +140,8 @@ def test_an_external_table_observed_again_unchanged_retrains_nothing(file_base: 
     from tests.training.test_assets import resources as test_resources
     from zipline_dagster.definitions import build_external_table_asset
     from zipline_dagster.jobs.archive import publish_trainer_archive
-    from zipline_dagster.lineage.backfill import FreshnessResolver, plan_backfill
+    from zipline_dagster.lineage.backfill import plan_backfill
+    from zipline_dagster.lineage.freshness import FreshnessResolver
     from zipline_dagster.storage.days import shift_day
 
     first, last = "2026-07-10", "2026-07-11"  # model days; windows 07-07..07-10, ..07-11
@@ -187,8 +188,8 @@ def test_an_external_table_observed_again_unchanged_retrains_nothing(file_base: 
         d: v for d, v in versions.items() if d != last
     }
     fresh = FreshnessResolver(instance, graph)
-    assert fresh.status(key, first) == "fresh"  # its window ends the day before
-    assert fresh.status(key, last) == (
+    assert fresh.status(key, first).fresh  # its window ends the day before
+    assert str(fresh.status(key, last)) == (
         f"stale: upstream {TABLE.replace('.', '/')} {last} was updated after it "
         "(its observed data version changed)"
     )

@@ -111,8 +111,8 @@ def test_a_lost_ray_head_comes_back_whole_and_the_backfill_finishes(topology: To
     the backfill, run again where it did not finish, completes, and what was committed
     before it is not trained again."""
     from zipline_dagster.lineage.backfill import plan_backfill
-    from zipline_dagster.storage.artifacts import manifest_attempt
     from zipline_dagster.storage.blobs import blob_store
+    from zipline_dagster.storage.manifests import manifest_attempt
     from zipline_dagster.storage.paths import model_partition_uri
 
     backfill = topology.backfill(HEAD_DAYS, "ray head lost")

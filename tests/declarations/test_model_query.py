@@ -21,7 +21,8 @@ from zipline_dagster.definitions import build_definitions
 from zipline_dagster.jobs.request import (
     build_training_request,
 )
-from zipline_dagster.lineage.backfill import BackfillError, model_partitions
+from zipline_dagster.lineage.backfill import model_partitions
+from zipline_dagster.lineage.freshness import BackfillError
 from zipline_dagster.training.assets import build_model_asset
 
 

@@ -333,7 +333,7 @@ def test_a_range_that_cannot_be_committed_leaves_every_day_as_it_was(
     from tests.helpers import local, run_days
     from zipline_dagster.features.assets import build_producer_asset
     from zipline_dagster.features.spark import write_days
-    from zipline_dagster.lineage.backfill import FreshnessResolver
+    from zipline_dagster.lineage.freshness import FreshnessResolver
     from zipline_dagster.storage.resources import WarehouseResource
 
     base = (tmp_path / "wh").as_uri()
@@ -393,7 +393,7 @@ def test_a_range_that_cannot_be_committed_leaves_every_day_as_it_was(
     assert recorded("snapshot_id")["2026-07-03"] == str(held.snapshot_id)
     assert recorded("dagster/table_name")["2026-07-03"] == "ctr.labels"
     graph = defs.resolve_asset_graph()
-    assert FreshnessResolver(instance, graph).status(asset.key, "2026-07-02") == "fresh"
+    assert FreshnessResolver(instance, graph).status(asset.key, "2026-07-02").fresh
 
     frame = spark_resource.spark_session.createDataFrame(
         [(7, 1, "2026-07-02")], "listing_id long, label long, ds string"
@@ -407,14 +407,14 @@ def test_a_range_that_cannot_be_committed_leaves_every_day_as_it_was(
         code_version=graph.get(asset.key).code_version,  # the producer's own, as a run's
     )
     resolver = FreshnessResolver(instance, graph)
-    assert resolver.status(asset.key, "2026-07-02") == "fresh"
+    assert resolver.status(asset.key, "2026-07-02").fresh
     assert [d.describe() for d in resolver.ledger.recorded] == [
         f"storage holds write unrecorded-1, committed by no Dagster run, which ended without "
         f"recording it (Dagster had write {writes['2026-07-02']} (run "
         f"{instance.get_runs(limit=1)[0].run_id})): recorded from storage"
     ]
     assert recorded("write_id")["2026-07-02"] == "unrecorded-1"
-    assert FreshnessResolver(instance, graph).status(asset.key, "2026-07-04") == "fresh"
+    assert FreshnessResolver(instance, graph).status(asset.key, "2026-07-04").fresh
 
 
 def test_a_model_trains_on_a_table_day_recorded_from_storage(

@@ -461,7 +461,7 @@ def test_the_cli_reads_storage_through_the_code_locations_warehouse(
 
     # storage that cannot be read is named in the plan, not taken for "nothing there"
     from zipline_dagster.definitions import ExternalTable, build_definitions
-    from zipline_dagster.lineage.backfill import FreshnessResolver
+    from zipline_dagster.lineage.freshness import FreshnessResolver
     from zipline_dagster.settings import StorageOptions
 
     graph = build_definitions(
@@ -476,7 +476,7 @@ def test_the_cli_reads_storage_through_the_code_locations_warehouse(
         store=lambda uri: blob_store(uri, options=StorageOptions(s3_endpoint_url=closed)),
     )
     said = unreadable.status(model_asset_key(model.name), DS1)
-    assert said.startswith("missing: its storage cannot be read ("), said
+    assert str(said).startswith("missing: its storage cannot be read ("), said
 
     planned = run_cli("backfill", model.name, "--start-ds", DS1, "--end-ds", DS2, *cli, env=env)
     # both committed on that storage: recorded from it, and nothing to train again

@@ -44,7 +44,8 @@ from zipline_dagster import (
 from zipline_dagster.declarations.versions import scores_code_version
 from zipline_dagster.definitions import ExternalTable, build_definitions
 from zipline_dagster.jobs.archive import publish_trainer_archive
-from zipline_dagster.lineage.backfill import FreshnessResolver, plan_backfill
+from zipline_dagster.lineage.backfill import plan_backfill
+from zipline_dagster.lineage.freshness import FreshnessResolver
 from zipline_dagster.lineage.partitions import (
     champion_asset_key,
     latest_materialization,
@@ -284,11 +285,11 @@ def test_scores_served_by_the_day_before_and_monitored(
     # Retraining model partition D1 makes exactly the scores it served stale.
     graph = defs.resolve_asset_graph()
     fresh = FreshnessResolver(instance, graph)
-    assert fresh.status(scores_key, D2) == "fresh" and fresh.status(scores_key, D3) == "fresh"
+    assert fresh.status(scores_key, D2).fresh and fresh.status(scores_key, D3).fresh
     run(model_key, D1)
     after = FreshnessResolver(instance, graph)
-    assert after.status(scores_key, D2).startswith("stale: upstream models/listing_ctr_model")
-    assert after.status(scores_key, D3) == "fresh"
+    assert str(after.status(scores_key, D2)).startswith("stale: upstream models/listing_ctr_model")
+    assert after.status(scores_key, D3).fresh
 
 
 def test_a_range_of_days_scores_in_one_ray_job_and_a_failing_day_fails_only_itself(
@@ -501,7 +502,7 @@ def test_a_model_dagster_never_recorded_is_recorded_from_storage_and_served(
         "manifest_verifies": ("SUCCEEDED", ""),
     }
     assert D2 in committed_partitions(blob_store(file_base), file_base, t.table)
-    assert FreshnessResolver(ours, graph).status(model_key, D1) == "fresh"
+    assert FreshnessResolver(ours, graph).status(model_key, D1).fresh
     moves = champion_metadata(run(ours, champion_asset_key(model.name), None))
     assert moves["moved"] is True and moves["pointer"]["attempt"] == held
 
@@ -545,7 +546,7 @@ def test_a_model_its_own_run_never_recorded_is_recorded_from_storage(file_base: 
     # the run ended (failed) without recording it: recorded from storage
     copy_run_as_failed(elsewhere, ours, other.run_id)
     resolver = FreshnessResolver(ours, graph)
-    assert resolver.status(model_key, D1) == "fresh"
+    assert resolver.status(model_key, D1).fresh
     assert [d.describe() for d in resolver.ledger.recorded] == [
         f"storage holds attempt {held}, committed by run {other.run_id} (FAILURE), which "
         "ended without recording it (Dagster had no materialization): recorded from storage"
@@ -577,7 +578,7 @@ def test_scores_storage_holds_but_dagster_never_recorded_are_recorded_from_stora
     recorded = event.event_specific_data.materialization.metadata  # type: ignore[union-attr]
     write = str(recorded["write_id"].value)
     assert write == recorded["job_id"].value
-    assert FreshnessResolver(ours, graph).status(scores_key, D2) == "fresh"
+    assert FreshnessResolver(ours, graph).status(scores_key, D2).fresh
 
     again = run(elsewhere, scores_key, D2)
     assert again.success
@@ -595,12 +596,12 @@ def test_scores_storage_holds_but_dagster_never_recorded_are_recorded_from_stora
         f"storage holds write {held}, committed by run {again.run_id}, which ended without "
         f"recording it (Dagster had write {write} (run {scored.run_id})): recorded from storage"
     )
-    assert FreshnessResolver(ours, graph).status(scores_key, D2) == "fresh"
+    assert FreshnessResolver(ours, graph).status(scores_key, D2).fresh
     monitored = run(ours, monitoring_asset_key(t), D2)
     assert monitored.success
 
     tables_of(file_base).load(t.table).delete(f"ds = '{D2}'")  # another engine removes it
-    assert FreshnessResolver(ours, graph).status(scores_key, D2) == (
+    assert str(FreshnessResolver(ours, graph).status(scores_key, D2)) == (
         f"stale: it is not committed on storage (no committed {t.table} {D2})"
     )
 
@@ -728,13 +729,13 @@ def test_a_day_is_scored_by_the_newest_partition_passing_its_gates(file_base: st
     # the day's lineage follows the partition that scored it, not only ds-1: retraining
     # d0 makes D2's scores stale, and a backfill of them plans the day again
     resolver = lambda: FreshnessResolver(instance, defs.resolve_asset_graph())  # noqa: E731
-    assert resolver().status(scores_key, D2) == "fresh"
+    assert resolver().status(scores_key, D2).fresh
     assert run(model_key, d0).success
-    assert resolver().status(scores_key, D2) == (
+    assert str(resolver().status(scores_key, D2)) == (
         f"stale: upstream models/{model.name} {d0} was updated after it"
     )
     assert run(scores_key, D2).success  # scored again, by the retrained d0
-    assert resolver().status(scores_key, D2) == "fresh"
+    assert resolver().status(scores_key, D2).fresh
 
     # A threshold no partition meets: no day is scored by a failing partition.
     impossible = DeploymentSpec(

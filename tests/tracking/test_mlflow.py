@@ -32,8 +32,9 @@ from zipline_dagster.lineage.partitions import (
     model_asset_key,
 )
 from zipline_dagster.rollout.assets import build_champion_asset, build_model_checks
-from zipline_dagster.storage.artifacts import manifest_attempt, read_report, report_metrics
+from zipline_dagster.storage.artifacts import read_report, report_metrics
 from zipline_dagster.storage.blobs import blob_store
+from zipline_dagster.storage.manifests import manifest_attempt
 from zipline_dagster.storage.paths import model_partition_uri
 from zipline_dagster.tracking import IDENTITY_TAG, MlflowResource, Partition
 from zipline_dagster.training.assets import build_model_asset

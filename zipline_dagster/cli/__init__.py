@@ -418,7 +418,8 @@ def user_errors() -> tuple[type[Exception], ...]:
     from zipline_dagster.declarations.model import ModelSpecError
     from zipline_dagster.jobs.archive import ArchiveVerificationError, TrainerArchiveError
     from zipline_dagster.jobs.launchers.ray_head import RayHeadError
-    from zipline_dagster.lineage.backfill import BackfillError, RunFailed
+    from zipline_dagster.lineage.backfill import RunFailed
+    from zipline_dagster.lineage.freshness import BackfillError
     from zipline_dagster.rollout.champion import ChampionError
     from zipline_dagster.settings import SettingsError
     from zipline_dagster.storage.blobs import BlobStorageError

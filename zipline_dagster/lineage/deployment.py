@@ -16,7 +16,8 @@ from typing import Any
 
 import dagster as dg
 
-from zipline_dagster.lineage.backfill import BackfillError, Plan, contiguous_runs, plan_done
+from zipline_dagster.lineage.backfill import Plan, contiguous_runs, plan_done
+from zipline_dagster.lineage.freshness import BackfillError
 
 LAUNCH = """
 mutation Launch($params: LaunchBackfillParams!) {

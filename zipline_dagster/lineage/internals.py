@@ -39,13 +39,13 @@ from dagster._core.storage.tags import (
 
 from zipline_dagster.errors import step_error
 from zipline_dagster.lineage.backfill import (
-    BackfillError,
     Plan,
     RunFailed,
     contiguous_runs,
     plan_done,
     span_text,
 )
+from zipline_dagster.lineage.freshness import BackfillError
 
 __all__ = [
     "ASSET_PARTITION_RANGE_END_TAG",

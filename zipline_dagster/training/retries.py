@@ -19,7 +19,7 @@ from zipline_dagster.declarations.versions import model_code_version
 from zipline_dagster.jobs.request import (
     JobRequest,
 )
-from zipline_dagster.lineage.backfill import FreshnessResolver
+from zipline_dagster.lineage.freshness import FreshnessResolver
 from zipline_dagster.lineage.internals import ASSET_RESUME_RETRY_TAG, RESUME_RETRY_TAG
 from zipline_dagster.lineage.ledger import CODE_VERSION_TAG
 from zipline_dagster.storage.blobs import BlobStore
@@ -107,8 +107,8 @@ def reusable_partitions(
             continue
         status = resolver.status(key, request.ds)
         attempt = mat.metadata.get("attempt")
-        if status != "fresh":
-            why: str | None = status
+        if not status.fresh:
+            why: str | None = str(status)
         elif attempt is None:
             why = "its materialization names no attempt"
         else:
