@@ -238,7 +238,7 @@ def none_passes(store: "BlobStore", model: "Model", parts: list[str]) -> str | N
     ]
     champion = cp.read_champion(store, model)
     serving = (
-        f"the champion {champion['version']}/{champion['ds']} keeps serving, and"
+        f"the champion {champion.where} keeps serving, and"
         if champion is not None
         else "there is no champion, and"
     )
@@ -313,9 +313,9 @@ def summarize(
     else:
         keys = REALIZED_METRICS[task] if task is not None else ()
         print(
-            f"      champion: {champion['version']}/{champion['ds']} "
-            f"(holdout {_metrics(champion['metrics'], 'holdout_', keys)}; "
-            f"{champion['why']}) -> {cp.champion_uri(model)}"
+            f"      champion: {champion.where} "
+            f"(holdout {_metrics(champion.metrics, 'holdout_', keys)}; "
+            f"{champion.why}) -> {cp.champion_uri(model)}"
         )
         if failing := ch.fails_current_gates(model, champion):
             print(f"      warning: the champion fails the current gates: {failing[0].summary}")

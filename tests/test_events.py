@@ -44,11 +44,12 @@ class _Recorder:
         )
 
     def champion_evaluated(self, event: ChampionEvaluated) -> dict[str, Any]:
-        pointer = event.pointer or {}
-        gates = event.judged(str(pointer["version"]), str(pointer["ds"]))
+        pointer = event.pointer
+        assert pointer is not None
+        gates = event.judged(pointer.version, pointer.ds)
         self._write(
             event="champion",
-            ds=pointer.get("ds"),
+            ds=pointer.ds,
             moved=event.moved,
             passed=all(ok for ok, _ in gates.values()),
             attempt_gone=event.attempt_gone(pointer),

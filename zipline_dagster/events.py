@@ -18,6 +18,7 @@ import dagster as dg
 
 from zipline_dagster.declarations.model import Model
 from zipline_dagster.storage.blobs import BlobStore
+from zipline_dagster.storage.champion_pointer import ChampionPointer
 
 #: a gate's verdict as listeners get it: gate name -> (passed, summary)
 Gates = Mapping[str, tuple[bool, str]]
@@ -59,10 +60,10 @@ class ChampionEvaluated:
     model: Model
     asset_key: str
     store: BlobStore
-    pointer: dict[str, Any] | None
+    pointer: ChampionPointer | None
     moved: bool
     judged: Callable[[str, str], Gates]
-    attempt_gone: Callable[[dict[str, Any]], bool]
+    attempt_gone: Callable[[ChampionPointer], bool]
 
 
 class Listening(Protocol):

@@ -133,14 +133,14 @@ def test_champion_moves_only_to_partitions_passing_every_gate(
     md = advance(model, res, instance)
     assert md["moved"] is True and md["ds"] == DS1
     pointer = cp.read_champion(store, model)
-    assert pointer is not None and pointer["ds"] == DS1 and pointer["version"] == version
+    assert pointer is not None and pointer.ds == DS1 and pointer.version == version
     # the blocking gates (the comparison with a champion is not one of them)
-    assert pointer["checks_passed"] == [
+    assert pointer.checks_passed == (
         "rollout_thresholds",
         "report_complete",
         "manifest_verifies",
-    ]
-    assert pointer["artifact_uri"] == f"{file_base}/models/listing_ctr_model/{version}/{DS1}"
+    )
+    assert pointer.artifact_uri == f"{file_base}/models/listing_ctr_model/{version}/{DS1}"
 
     # A partition failing its threshold: the check fails with the numbers, blocking.
     second = train(model, res, DS2, instance)
@@ -158,7 +158,7 @@ def test_champion_moves_only_to_partitions_passing_every_gate(
     assert rejected == {
         "rollout_thresholds": f"holdout_auc={auc:.4f} fails holdout_auc >= {THRESHOLD:g}"
     }
-    assert cp.read_champion(store, model)["ds"] == DS1  # type: ignore[index]
+    assert getattr(cp.read_champion(store, model), "ds", None) == DS1
 
     # Under a threshold DS2 meets, retraining it after the champion exists succeeds: its
     # gates judge it alone. Being more than the tolerance (0.1) below the champion shows as
@@ -200,7 +200,7 @@ def test_champion_moves_only_to_partitions_passing_every_gate(
     assert refused.returncode == 1
     assert f"rollout_thresholds: holdout_auc={auc:.4f} fails" in refused.stderr
     assert "--force" in refused.stderr
-    assert cp.read_champion(store, model)["ds"] == DS1  # type: ignore[index]
+    assert getattr(cp.read_champion(store, model), "ds", None) == DS1
     forced = run_cli(
         "promote", "listing_ctr_model", "--ds", DS2, "--force", "--module", "champ_defs", env=env
     )
@@ -215,7 +215,7 @@ def test_champion_moves_only_to_partitions_passing_every_gate(
     back = json.loads(rolled.stdout)
     assert back["ds"] == DS1 and back["why"] == f"rollback from {version}/{DS2}"
     kept = cp.history(store, model)
-    assert [(p["ds"], p["forced"]) for p in kept] == [(DS1, False), (DS2, True)]
+    assert [(p.ds, p.forced) for p in kept] == [(DS1, False), (DS2, True)]
     # Nothing earlier than the first champion: a second rollback is refused.
     again = run_cli("rollback", "listing_ctr_model", "--module", "champ_defs", env=env)
     assert again.returncode == 1 and "no earlier champion" in again.stderr
@@ -226,7 +226,7 @@ def test_champion_moves_only_to_partitions_passing_every_gate(
     md = advance(model, res, instance)
     assert md["moved"] is True and md["ds"] == DS3
     assert md["reason"] == "newest partition passing every gate"
-    assert cp.read_champion(store, model)["replaced"] is not None  # type: ignore[index]
+    assert getattr(cp.read_champion(store, model), "replaced", None) is not None
 
 
 def test_promote_refuses_an_untrained_partition_even_forced(file_base: str, tmp_path: Path) -> None:
@@ -380,7 +380,7 @@ def test_a_champion_lock_that_cannot_be_deleted_leaves_the_move_standing(
             if e.level == 30 and "champion lock could not be deleted" in e.user_message
         ]
         assert len(warned) == 1 and lock in warned[0] and "600s old" in warned[0], warned
-        assert (cp.read_champion(store, model) or {}).get("ds") == DS2  # as Dagster says
+        assert getattr(cp.read_champion(store, model), "ds", None) == DS2  # as Dagster says
 
         for argv, ds in (
             (["promote", model.name, "--ds", DS1], DS1),
@@ -396,7 +396,7 @@ def test_a_champion_lock_that_cannot_be_deleted_leaves_the_move_standing(
                 res.stderr
             )
             assert json.loads(res.stdout)["ds"] == ds
-            assert (cp.read_champion(store, model) or {}).get("ds") == ds
+            assert getattr(cp.read_champion(store, model), "ds", None) == ds
 
 
 def test_the_cli_reads_storage_through_the_code_locations_warehouse(
@@ -507,4 +507,4 @@ def test_the_cli_reads_storage_through_the_code_locations_warehouse(
         moved = run_cli(*argv, *cli, env=env)
         assert moved.returncode == 0, moved.stderr
         assert f"champion -> {version}/{ds}" in moved.stderr
-        assert (cp.read_champion(store, model) or {}).get("ds") == ds
+        assert getattr(cp.read_champion(store, model), "ds", None) == ds

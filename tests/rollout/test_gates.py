@@ -21,6 +21,7 @@ from zipline_dagster.storage.artifacts import (
     promote_attempt,
 )
 from zipline_dagster.storage.blobs import BlobStore, blob_store
+from zipline_dagster.storage.champion_pointer import ChampionPointer
 from zipline_dagster.storage.paths import model_dir_uri
 
 
@@ -120,7 +121,7 @@ def test_a_regression_model_is_gated_on_rmse_and_r2(file_base: str) -> None:
         "holdout_rmse=0.4100 fails holdout_rmse <= 0.3; holdout_r2=0.3100 fails holdout_r2 >= 0.5"
     )
     # the champion takes the newest partition passing its gates, not the newer failing one
-    assert ch.advance(store, model, by="test").pointer["ds"] == "2026-07-10"  # type: ignore[index]
+    assert ch.advance(store, model, by="test").pointer.ds == "2026-07-10"  # type: ignore[index]
 
     # A metric the report does not hold fails the gate, listing what it holds.
     auc_gated = model_with(file_base, Metric("holdout_auc", 0.6))
@@ -208,7 +209,7 @@ def test_regression_is_the_champions_decision_never_a_partitions_gate(file_base:
     trained(store, model, "2026-07-11", report(0.74))  # within the tolerance
     trained(store, model, "2026-07-12", report(0.70))  # passes 0.6, but 0.05 worse
     first = ch.advance(store, model, by="test")
-    assert first.moved and first.pointer and first.pointer["ds"] == "2026-07-12"
+    assert first.moved and first.pointer and first.pointer.ds == "2026-07-12"
     # Start again from 07-10 as champion to judge 07-11 and 07-12 against it.
     by_hand.promote(store, model, "2026-07-10", by="test")
     champion = cp.read_champion(store, model)
@@ -226,7 +227,7 @@ def test_regression_is_the_champions_decision_never_a_partitions_gate(file_base:
     # The champion passes over the newer partition that regresses, saying why, and moves
     # to the newest one that does not.
     moved = ch.advance(store, model, by="test")
-    assert moved.moved and moved.pointer and moved.pointer["ds"] == "2026-07-11"
+    assert moved.moved and moved.pointer and moved.pointer.ds == "2026-07-11"
     assert [r.gate for r in moved.rejected["2026-07-12"]] == [g.NO_REGRESSION]
     assert moved.rejected["2026-07-12"][0].summary == worse.summary
     assert moved.reason == "newest partition passing every gate (after 1 newer rejected)"
@@ -247,7 +248,9 @@ def test_no_regression_against_a_champion_without_the_metric_says_not_compared(
     model = model_with(file_base, Metric("holdout_auc", 0.6), Metric("holdout_logloss", 0.9))
     store = blob_store(file_base)
     trained(store, model, "2026-07-11", report(0.72, logloss=0.5))
-    champion = {"version": model.version, "ds": "2026-07-10", "metrics": {"holdout_auc": 0.7}}
+    champion = ChampionPointer.parse(
+        {"version": model.version, "ds": "2026-07-10", "metrics": {"holdout_auc": 0.7}}
+    )
     result = g.compare_with_champion(model, store, "2026-07-11", champion)
     assert not result.passed and not result.compared
     assert result.summary == (
@@ -263,13 +266,13 @@ def test_changed_gates_judge_the_champion_again(file_base: str) -> None:
     old = model_with(file_base, Metric("holdout_auc", 0.6))
     trained(store, old, "2026-07-10", report(0.70, logloss=0.30))
     trained(store, old, "2026-07-11", report(0.75, logloss=0.60))
-    assert ch.advance(store, old, by="test").pointer["ds"] == "2026-07-11"  # type: ignore[index]
+    assert ch.advance(store, old, by="test").pointer.ds == "2026-07-11"  # type: ignore[index]
     # under the old gates nothing changes
     assert not ch.advance(store, old, by="test").moved
     # a logloss gate the champion (0.60) fails and 07-10 (0.30) passes
     stricter = model_with(file_base, Metric("holdout_auc", 0.6), Metric("holdout_logloss", 0.5))
     moved = ch.advance(store, stricter, by="test")
-    assert moved.moved and moved.pointer and moved.pointer["ds"] == "2026-07-10"
+    assert moved.moved and moved.pointer and moved.pointer.ds == "2026-07-10"
     assert moved.reason == (
         f"the champion {old.version}/2026-07-11 fails the current gates (holdout_logloss="
         "0.6000 fails holdout_logloss <= 0.5); newest partition passing them"
@@ -278,11 +281,11 @@ def test_changed_gates_judge_the_champion_again(file_base: str) -> None:
     # a gate no partition passes: the champion stays, serving, and the decision names it
     impossible = model_with(file_base, Metric("holdout_auc", 0.99))
     stays = ch.advance(store, impossible, by="test")
-    assert not stays.moved and stays.pointer and stays.pointer["ds"] == "2026-07-10"
+    assert not stays.moved and stays.pointer and stays.pointer.ds == "2026-07-10"
     assert [r.summary for r in stays.failing] == ["holdout_auc=0.7000 fails holdout_auc >= 0.99"]
     assert stays.reason.startswith(f"stays at {old.version}/2026-07-10, which fails the current")
-    assert cp.read_champion(store, impossible)["ds"] == "2026-07-10"  # type: ignore[index]
+    assert getattr(cp.read_champion(store, impossible), "ds", None) == "2026-07-10"
     # a champion forced by hand under the gates in force is left as the person chose
     forced = by_hand.promote(store, impossible, "2026-07-11", force=True, by="test")
-    assert forced["forced"] and not ch.advance(store, impossible, by="test").moved
+    assert forced.forced and not ch.advance(store, impossible, by="test").moved
     assert not ch.advance(store, impossible, by="test").failing

@@ -633,7 +633,7 @@ def test_scoring_by_the_champion_serves_only_the_attempt_its_gates_judged(
     judged = attempt_of(run(model_key, D1))
     assert run(champion_asset_key(model.name)).success
     pointer = ch.read_champion(store, model)
-    assert pointer is not None and (pointer["ds"], pointer["attempt"]) == (D1, judged)
+    assert pointer is not None and (pointer.ds, pointer.attempt) == (D1, judged)
     assert run(scores_key, D2).success
     files, scores = read_partition(file_base, t.table, D2)
     assert set(scores["model_ds"]) == {D1}
@@ -649,7 +649,7 @@ def test_scoring_by_the_champion_serves_only_the_attempt_its_gates_judged(
     moved = champion_metadata(run(champion_asset_key(model.name)))
     assert moved["moved"] is True
     assert f"trained again: attempt {retrained} judged" in moved["reason"]
-    assert ch.read_champion(store, model)["attempt"] == retrained  # type: ignore[index]
+    assert getattr(ch.read_champion(store, model), "attempt", None) == retrained
     assert run(scores_key, D2).success
 
     with pytest.raises(ch.ChampionError) as err:
@@ -660,7 +660,7 @@ def test_scoring_by_the_champion_serves_only_the_attempt_its_gates_judged(
         f"Promote it by hand (`zipline-dagster promote {model.name} --ds {D1} --version "
         f"{version}`) to judge what it holds now"
     )
-    assert ch.read_champion(store, model)["attempt"] == retrained  # type: ignore[index]
+    assert getattr(ch.read_champion(store, model), "attempt", None) == retrained
 
     # Trained again on a holdout day of one class, the partition has no holdout AUC and
     # fails its threshold: the champion stays, saying what its partition holds now did not
@@ -678,7 +678,9 @@ def test_scoring_by_the_champion_serves_only_the_attempt_its_gates_judged(
     assert not run(scores_key, D2).success
     # between a promotion's move of the old manifest and its new one, or once deleted
     Path(file_base[len("file://") :], "models", model.name, version, D1, "_MANIFEST.json").unlink()
-    assert ch.why_pinned_attempt_gone(store, ch.read_champion(store, model) or {}) == (
+    serving = ch.read_champion(store, model)
+    assert serving is not None
+    assert ch.why_pinned_attempt_gone(store, serving) == (
         f"{version}/{D1} was trained again after it became champion: it holds no finished "
         "model (no manifest: it is being trained again, or was deleted), not the attempt "
         f"{retrained} that was judged"

@@ -7,6 +7,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from zipline_dagster.cli.backfill import run_backfill
 from zipline_dagster.cli.common import (
@@ -18,6 +19,9 @@ from zipline_dagster.cli.common import (
     project_code_location,
     project_drift,
 )
+
+if TYPE_CHECKING:  # the CLI imports the platform lazily, per command
+    from zipline_dagster.storage.champion_pointer import ChampionPointer
 
 
 def _build_trainer(args: argparse.Namespace) -> int:
@@ -162,17 +166,17 @@ def _configured(module: str) -> tuple[object, object]:
     return warehouse_of(defs), mlflow_of(defs)  # type: ignore[arg-type]
 
 
-def _print_pointer(pointer: dict[str, object]) -> None:
+def _print_pointer(pointer: ChampionPointer) -> None:
     import json
 
-    print(json.dumps(pointer, indent=2, sort_keys=True))
+    print(json.dumps(pointer.to_json(), indent=2, sort_keys=True))
 
 
 def _moved(
     args: argparse.Namespace,
     model: object,
     store: object,
-    pointer: dict[str, object],
+    pointer: ChampionPointer,
     left: list[str],
     configured: tuple[object, object],
 ) -> int:
@@ -185,7 +189,7 @@ def _moved(
     from zipline_dagster.tracking.listener import sync
 
     print(
-        f"{args.model} champion -> {pointer['version']}/{pointer['ds']} ({pointer['why']})",
+        f"{args.model} champion -> {pointer.where} ({pointer.why})",
         file=sys.stderr,
     )
     if left:

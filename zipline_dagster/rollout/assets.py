@@ -31,6 +31,7 @@ from zipline_dagster.rollout import champion as ch
 from zipline_dagster.rollout import gates as g
 from zipline_dagster.storage import champion_pointer as cp
 from zipline_dagster.storage.blobs import BlobStore
+from zipline_dagster.storage.champion_pointer import ChampionPointer
 from zipline_dagster.storage.manifests import ModelPartition
 from zipline_dagster.storage.paths import model_partition_uri
 from zipline_dagster.storage.resources import WarehouseResource
@@ -97,7 +98,7 @@ def _evaluation(
 
 
 def gate_results(
-    model: Model, store: Any, ds: str, champion: dict[str, Any] | None, selected: list[str]
+    model: Model, store: Any, ds: str, champion: ChampionPointer | None, selected: list[str]
 ) -> list[tuple[str, dg.AssetCheckResult]]:
     """The ``selected`` checks of model partition ``ds``: each gate, and the comparison
     with ``champion`` (warning severity)."""
@@ -307,13 +308,13 @@ def build_champion_asset(
         p = decision.pointer
         if p is not None:
             md.update(
-                version=dg.MetadataValue.text(str(p["version"])),
-                ds=dg.MetadataValue.text(str(p["ds"])),
-                artifact_uri=dg.MetadataValue.path(str(p["artifact_uri"])),
-                pointer=dg.MetadataValue.json(p),
+                version=dg.MetadataValue.text(p.version),
+                ds=dg.MetadataValue.text(p.ds),
+                artifact_uri=dg.MetadataValue.path(p.artifact_uri),
+                pointer=dg.MetadataValue.json(p.to_json()),
             )
-            for name, value in (p.get("metrics") or {}).items():
-                md[f"champion/{name}"] = dg.MetadataValue.float(float(value))
+            for name, value in p.metrics.items():
+                md[f"champion/{name}"] = dg.MetadataValue.float(value)
         if decision.rejected:
             md["rejected"] = dg.MetadataValue.json(
                 {
@@ -322,7 +323,7 @@ def build_champion_asset(
                 }
             )
         if decision.moved:
-            context.log.info(f"{model.name} champion -> {p and p['ds']}: {decision.reason}")
+            context.log.info(f"{model.name} champion -> {p and p.ds}: {decision.reason}")
         else:
             context.log.info(f"{model.name} champion {decision.reason}")
         for ds, failed in sorted(decision.rejected.items()):

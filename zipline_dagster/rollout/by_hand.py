@@ -7,8 +7,8 @@ rolled-back-to partition's manifest and attempt) and write the pointer as
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
-from typing import Any
 
 from zipline_dagster.declarations.model import VERSION_ACCEPTED, VERSION_RE, Model, is_day
 from zipline_dagster.rollout import gates as g
@@ -24,6 +24,7 @@ from zipline_dagster.storage.artifacts import promotion_lock
 from zipline_dagster.storage.blobs import BlobStore
 from zipline_dagster.storage.champion_pointer import (
     LOCK_NAME,
+    ChampionPointer,
     champion_uri,
     earlier_pointer,
     model_root,
@@ -60,7 +61,7 @@ def promote(
     by: str | None = None,
     left: list[str] | None = None,
     in_flight: Callable[[ModelPartition], str | None] | None = None,
-) -> dict[str, Any]:
+) -> ChampionPointer:
     """Point the champion at ``ds`` (of ``version``) by hand.
 
     ``left``: when given, a lock that cannot be deleted once the pointer is written is
@@ -126,7 +127,7 @@ def promote(
 
 def rollback(
     store: BlobStore, model: Model, *, by: str | None = None, left: list[str] | None = None
-) -> dict[str, Any]:
+) -> ChampionPointer:
     """Point the champion back at the pointer the current one replaced (``left``: as for
     ``promote``).
 
@@ -138,31 +139,29 @@ def rollback(
         current = read_champion(store, model)
         if current is None:
             raise ChampionError(f"{model.name} has no champion ({champion_uri(model)} is absent)")
-        earlier_name = current.get("replaced")
-        if not earlier_name:
+        if not current.replaced:
             raise ChampionError(
-                f"{model.name}'s champion {current.get('version')}/{current.get('ds')} "
+                f"{model.name}'s champion {current.where} "
                 "replaced nothing: there is no earlier champion to roll back to"
             )
-        earlier = earlier_pointer(store, model, str(earlier_name))
-        model_dir = str(earlier.get("artifact_uri"))
-        verdict = g.check_manifest(store, model_dir)
+        earlier = earlier_pointer(store, model, current.replaced)
+        verdict = g.check_manifest(store, earlier.artifact_uri)
         if not verdict.passed:
             raise ChampionError(
-                f"cannot roll {model.name} back to {earlier.get('version')}/{earlier.get('ds')}: "
-                f"{verdict.summary}"
+                f"cannot roll {model.name} back to {earlier.where}: {verdict.summary}"
             )
         retrained = why_pinned_attempt_gone(store, earlier)
         if retrained:
             raise ChampionError(
                 f"cannot roll {model.name} back: {retrained}. Promote it by hand "
-                f"(`zipline-dagster promote {model.name} --ds {earlier.get('ds')} --version "
-                f"{earlier.get('version')}`) to judge what it holds now"
+                f"(`zipline-dagster promote {model.name} --ds {earlier.ds} --version "
+                f"{earlier.version}`) to judge what it holds now"
             )
-        pointer = {k: v for k, v in earlier.items() if k not in ("history_name", "moved_at")}
-        pointer.update(
+        pointer = dataclasses.replace(
+            earlier,
+            history_name=None,
+            moved_at=None,
             moved_by=by or default_actor(),
-            why=f"rollback from {current.get('version')}/{current.get('ds')}",
-            replaced=earlier.get("replaced"),
+            why=f"rollback from {current.where}",
         )
-        return write_pointer(store, model, pointer, current)
+        return write_pointer(store, model, pointer, current, rollback=True)

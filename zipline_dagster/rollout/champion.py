@@ -32,6 +32,7 @@ from zipline_dagster.storage.artifacts import (
 from zipline_dagster.storage.blobs import BlobStore
 from zipline_dagster.storage.champion_pointer import (
     LOCK_NAME,
+    ChampionPointer,
     model_root,
     read_champion,
     trained_partitions,
@@ -64,7 +65,7 @@ class Decision:
     for each newer partition passed over, the gates that failed it (or the comparison
     with the champion, ``gates.NO_REGRESSION``, when it regressed)."""
 
-    pointer: dict[str, Any] | None
+    pointer: ChampionPointer | None
     moved: bool
     rejected: dict[str, list[g.GateResult]]
     reason: str
@@ -98,25 +99,22 @@ def make_pointer(
     forced: bool = False,
     report: dict[str, Any] | None = None,
     attempt: str | None = None,
-) -> dict[str, Any]:
+) -> ChampionPointer:
     metrics = {k: v for k, v in report_metrics(report or {}).items() if v is not None}
-    return {
-        "model": model.name,
-        "version": version,
-        "ds": ds,
-        "artifact_uri": model_dir_uri(model.model_artifact_base_uri, model.name, version, ds),
-        # the attempt judged: the partition trained again holds another, never judged
-        "attempt": attempt,
-        "metrics": metrics,
-        "checks_passed": [n for n, r in results.items() if r.passed],
-        "checks_failed": {n: r.summary for n, r in results.items() if not r.passed},
-        "forced": forced,
-        # the gates it was judged under: a champion forced by hand is judged again only
-        # once they change
-        "gates_version": gates_version(model),
-        "moved_by": by,
-        "why": why,
-    }
+    return ChampionPointer(
+        model=model.name,
+        version=version,
+        ds=ds,
+        artifact_uri=model_dir_uri(model.model_artifact_base_uri, model.name, version, ds),
+        attempt=attempt,
+        metrics=metrics,
+        checks_passed=tuple(n for n, r in results.items() if r.passed),
+        checks_failed={n: r.summary for n, r in results.items() if not r.passed},
+        forced=forced,
+        gates_version=gates_version(model),
+        moved_by=by,
+        why=why,
+    )
 
 
 def judge(
@@ -146,11 +144,11 @@ def judge(
     return results, after
 
 
-def why_pinned_attempt_gone(store: BlobStore, pointer: dict[str, Any]) -> str | None:
+def why_pinned_attempt_gone(store: BlobStore, pointer: ChampionPointer) -> str | None:
     """Why the partition a champion ``pointer`` names no longer holds the attempt that
     was judged when it moved there (it was trained again since), or None when it does."""
-    judged = pointer.get("attempt")
-    held = manifest_attempt(store, str(pointer.get("artifact_uri")))
+    judged = pointer.attempt
+    held = manifest_attempt(store, pointer.artifact_uri)
     if held == judged:
         return None
     now = (
@@ -159,7 +157,7 @@ def why_pinned_attempt_gone(store: BlobStore, pointer: dict[str, Any]) -> str | 
         else "no finished model (no manifest: it is being trained again, or was deleted)"
     )
     return (
-        f"{pointer.get('version')}/{pointer.get('ds')} was trained again after it became "
+        f"{pointer.where} was trained again after it became "
         f"champion: it holds {now}, not the attempt {judged} that was judged"
     )
 
@@ -207,7 +205,7 @@ def _first_passing(
     rejected: dict[str, list[g.GateResult]],
     *,
     in_flight: Callable[[ModelPartition], str | None] | None,
-    compare_with: dict[str, Any] | None = None,
+    compare_with: ChampionPointer | None = None,
 ) -> _Passing | None:
     """The newest of ``days`` (of the model's version) that passes every gate, is not
     left to a run writing it (``in_flight``) and, with ``compare_with`` (a champion),
@@ -252,8 +250,8 @@ def _advance(
         ds
         for ds in trained_partitions(store, model)
         if current is None
-        or ds > str(current.get("ds"))
-        or (ds == current.get("ds") and (model.version != current.get("version") or retrained))
+        or ds > current.ds
+        or (ds == current.ds and (model.version != current.version or retrained))
     ]
     rejected: dict[str, list[g.GateResult]] = {}
     found = _first_passing(store, model, newer, rejected, in_flight=in_flight, compare_with=current)
@@ -264,7 +262,7 @@ def _advance(
     why = "newest partition passing every gate" + (
         f" (after {len(rejected)} newer rejected)" if rejected else ""
     )
-    if current is not None and found.ds == current.get("ds") and retrained:
+    if current is not None and found.ds == current.ds and retrained:
         why += f" (its partition was trained again: attempt {found.attempt} judged)"
     pointer = make_pointer(
         model, model.version, found.ds, found.results, by=by, why=why,
@@ -275,7 +273,7 @@ def _advance(
 
 def _stays(
     model: Model,
-    current: dict[str, Any] | None,
+    current: ChampionPointer | None,
     newer: list[str],
     rejected: dict[str, list[g.GateResult]],
     retrained: str | None,
@@ -284,7 +282,7 @@ def _stays(
     holds what was judged)."""
     if current is None:
         return "no trained partition passes every gate yet" if newer else "nothing trained"
-    reason = f"stays at {current.get('version')}/{current.get('ds')}: " + (
+    reason = f"stays at {current.where}: " + (
         "no newer partition passes every gate" if newer else "no newer trained partition"
     )
     regressed = sorted(ds for ds, r in rejected.items() if r[0].gate == g.NO_REGRESSION)
@@ -302,18 +300,15 @@ def _stays(
     return reason
 
 
-def fails_current_gates(model: Model, pointer: dict[str, Any] | None) -> list[g.GateResult]:
+def fails_current_gates(model: Model, pointer: ChampionPointer | None) -> list[g.GateResult]:
     """The model's current thresholds that the champion ``pointer`` fails, judged on the
     metrics it recorded when it moved (empty when it passes, or when a person forced it
     under the gates in force now)."""
     if pointer is None:
         return []
-    if pointer.get("forced") and pointer.get("gates_version") == gates_version(model):
+    if pointer.forced and pointer.gates_version == gates_version(model):
         return []
-    metrics = pointer.get("metrics") or {}
-    values: dict[str, float | None] = {
-        str(k): float(v) for k, v in metrics.items() if isinstance(v, (int, float))
-    }
+    values: dict[str, float | None] = dict(pointer.metrics)
     result = g.check_thresholds(model, {}, values)
     return [] if result.passed else [result]
 
@@ -321,7 +316,7 @@ def fails_current_gates(model: Model, pointer: dict[str, Any] | None) -> list[g.
 def _replace_failing(
     store: BlobStore,
     model: Model,
-    current: dict[str, Any],
+    current: ChampionPointer,
     failing: list[g.GateResult],
     *,
     by: str,
@@ -330,7 +325,7 @@ def _replace_failing(
     """The champion fails the current gates: move to the newest trained partition of the
     model's version that passes them (no comparison with a champion that fails them), or
     keep serving it, saying which gates it fails."""
-    where = f"{current.get('version')}/{current.get('ds')}"
+    where = current.where
     fails = "; ".join(r.summary for r in failing)
     rejected: dict[str, list[g.GateResult]] = {}
     found = _first_passing(

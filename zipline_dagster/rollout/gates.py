@@ -21,6 +21,7 @@ from zipline_dagster.declarations.deployment import SPLITS, Metric
 from zipline_dagster.declarations.model import Model
 from zipline_dagster.storage.artifacts import REPORT_NAME, report_metrics
 from zipline_dagster.storage.blobs import BlobNotFoundError, BlobStore
+from zipline_dagster.storage.champion_pointer import ChampionPointer
 from zipline_dagster.storage.manifests import PartitionState, model_partition
 from zipline_dagster.storage.paths import MANIFEST_NAME, join_uri, model_dir_uri
 
@@ -94,7 +95,7 @@ def check_thresholds(
 
 
 def check_no_regression(
-    model: Model, report: dict[str, Any], champion: dict[str, Any] | None
+    model: Model, report: dict[str, Any], champion: ChampionPointer | None
 ) -> GateResult:
     thresholds: tuple[Metric, ...] = tuple(model.rollout.rollout_metric_thresholds)
     if champion is None:
@@ -103,8 +104,8 @@ def check_no_regression(
         return GateResult(NO_REGRESSION, True, "no threshold metrics declared to compare")
     tol = model.rollout.regression_tolerance
     values = report_metrics(report)
-    theirs = champion.get("metrics") or {}
-    who = f"champion {champion.get('version')}/{champion.get('ds')}"
+    theirs = champion.metrics
+    who = f"champion {champion.where}"
     failed: list[str] = []
     uncompared: list[str] = []
     shown: dict[str, Any] = {"tolerance": tol}
@@ -208,7 +209,7 @@ def evaluate(
 
 
 def compare_with_champion(
-    model: Model, store: BlobStore, ds: str, champion: dict[str, Any] | None
+    model: Model, store: BlobStore, ds: str, champion: ChampionPointer | None
 ) -> GateResult:
     """Partition ``ds`` of the model's version against ``champion`` (a pointer), as the
     warning check shows it."""

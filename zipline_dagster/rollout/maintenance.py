@@ -32,7 +32,7 @@ def champion_snapshots(store: BlobStore, model: Model) -> dict[str, int]:
     pointers = [p for p in [cp.read_champion(store, model), *cp.history(store, model)] if p]
     out: dict[str, int] = {}
     for p in pointers:
-        version, ds = str(p.get("version")), str(p.get("ds"))
+        version, ds = p.version, p.ds
         model_dir = model_dir_uri(model.model_artifact_base_uri, model.name, version, ds)
         partition = model_partition(store, model_dir, ds)
         snapshot = (

@@ -247,11 +247,10 @@ class ModelChoice:
                 f"{transforms.table} {ds} is scored by the champion of {model.name}, but "
                 f"{retrained}. Move the champion again (materialize "
                 f"{champion_asset_key(model.name).to_user_string()}, or `zipline-dagster promote "
-                f"{model.name} --ds {pointer['ds']}`) so that what serves has passed the gates"
+                f"{model.name} --ds {pointer.ds}`) so that what serves has passed the gates"
             )
-        version, model_ds = str(pointer["version"]), str(pointer["ds"])
         return Chosen(
-            str(pointer["artifact_uri"]), version, model_ds, f"champion {version}/{model_ds}"
+            pointer.artifact_uri, pointer.version, pointer.ds, f"champion {pointer.where}"
         )
 
 

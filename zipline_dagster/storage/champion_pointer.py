@@ -10,8 +10,11 @@ The one reader and writer of those files; ``rollout.champion`` decides what they
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from zipline_dagster.declarations.model import VERSION_RE, Model, is_day
@@ -21,6 +24,78 @@ from zipline_dagster.storage.paths import MANIFEST_NAME, join_uri, model_root_ur
 CHAMPION_NAME = "CHAMPION.json"
 HISTORY_DIR = "_champions"
 LOCK_NAME = "_CHAMPION.lock"
+
+
+@dataclass(frozen=True)
+class ChampionPointer:
+    """What ``CHAMPION.json`` (and each pointer in the history) holds: the partition in
+    use and why it is there."""
+
+    model: str
+    version: str
+    ds: str
+    #: the partition's folder
+    artifact_uri: str
+    #: the attempt judged: the partition trained again holds another, never judged
+    attempt: str | None = None
+    #: the partition's metrics when it was judged (``{split}_{metric}``)
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    checks_passed: tuple[str, ...] = ()
+    #: the gates that failed (a champion forced by hand), with their numbers
+    checks_failed: Mapping[str, str] = field(default_factory=dict)
+    forced: bool = False
+    #: the gates it was judged under: a champion forced by hand is judged again only
+    #: once they change
+    gates_version: str | None = None
+    moved_by: str = ""
+    why: str = ""
+    moved_at: str | None = None
+    #: the history name of the pointer this one replaced (None: the first champion)
+    replaced: str | None = None
+    #: its name in the history, once it was replaced
+    history_name: str | None = None
+
+    @property
+    def where(self) -> str:
+        """``{version}/{ds}``, as messages name a champion."""
+        return f"{self.version}/{self.ds}"
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any]) -> ChampionPointer:
+        def text(key: str) -> str | None:
+            value = raw.get(key)
+            return str(value) if value is not None and value != "" else None
+
+        metrics = raw.get("metrics") or {}
+        return cls(
+            model=str(raw.get("model") or ""),
+            version=str(raw.get("version") or ""),
+            ds=str(raw.get("ds") or ""),
+            artifact_uri=str(raw.get("artifact_uri") or ""),
+            attempt=text("attempt"),
+            metrics={
+                str(k): float(v)
+                for k, v in metrics.items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool)
+            },
+            checks_passed=tuple(str(c) for c in raw.get("checks_passed") or ()),
+            checks_failed={str(k): str(v) for k, v in (raw.get("checks_failed") or {}).items()},
+            forced=bool(raw.get("forced")),
+            gates_version=text("gates_version"),
+            moved_by=str(raw.get("moved_by") or ""),
+            why=str(raw.get("why") or ""),
+            moved_at=text("moved_at"),
+            replaced=text("replaced"),
+            history_name=text("history_name"),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["metrics"], out["checks_failed"] = dict(self.metrics), dict(self.checks_failed)
+        out["checks_passed"] = list(self.checks_passed)
+        if self.history_name is None:
+            del out["history_name"]  # only a pointer kept in the history has one
+        return out
 
 
 def model_root(model: Model) -> str:
@@ -36,22 +111,22 @@ def history_uri(model: Model) -> str:
     return join_uri(model_root(model), HISTORY_DIR)
 
 
-def read_champion(store: BlobStore, model: Model) -> dict[str, Any] | None:
+def read_champion(store: BlobStore, model: Model) -> ChampionPointer | None:
     """The model's champion pointer; None when it has none."""
     try:
         pointer = json.loads(store.read_bytes(champion_uri(model)))
     except BlobNotFoundError:
         return None
-    return pointer if isinstance(pointer, dict) else None
+    return ChampionPointer.parse(pointer) if isinstance(pointer, dict) else None
 
 
-def history(store: BlobStore, model: Model) -> list[dict[str, Any]]:
+def history(store: BlobStore, model: Model) -> list[ChampionPointer]:
     """Every earlier pointer, oldest first."""
     out = []
     for uri in store.list(history_uri(model)):
         if uri.endswith(".json"):
-            out.append(json.loads(store.read_bytes(uri)))
-    return sorted(out, key=lambda p: (str(p.get("moved_at")), str(p.get("history_name"))))
+            out.append(ChampionPointer.parse(json.loads(store.read_bytes(uri))))
+    return sorted(out, key=lambda p: (str(p.moved_at), str(p.history_name)))
 
 
 def earlier_champions(store: BlobStore, model: Model) -> dict[str, tuple[str, str]]:
@@ -68,9 +143,9 @@ def earlier_champions(store: BlobStore, model: Model) -> dict[str, tuple[str, st
     return out
 
 
-def earlier_pointer(store: BlobStore, model: Model, name: str) -> dict[str, Any]:
+def earlier_pointer(store: BlobStore, model: Model, name: str) -> ChampionPointer:
     """The earlier pointer kept as ``name`` in the model's history."""
-    return dict(json.loads(store.read_bytes(join_uri(history_uri(model), name))))
+    return ChampionPointer.parse(json.loads(store.read_bytes(join_uri(history_uri(model), name))))
 
 
 def _now() -> dt.datetime:
@@ -90,19 +165,24 @@ def trained_partitions(store: BlobStore, model: Model, version: str | None = Non
 
 
 def write_pointer(
-    store: BlobStore, model: Model, pointer: dict[str, Any], current: dict[str, Any] | None
-) -> dict[str, Any]:
-    """Keep ``current`` in the history, then write ``pointer`` (naming it) in one put."""
+    store: BlobStore,
+    model: Model,
+    pointer: ChampionPointer,
+    current: ChampionPointer | None,
+    *,
+    rollback: bool = False,
+) -> ChampionPointer:
+    """Keep ``current`` in the history, then write ``pointer`` in one put, naming the
+    one it replaced; a ``rollback``'s pointer keeps the ``replaced`` of the earlier
+    pointer it restores (a rollback walks back one step at a time)."""
     now = _now()
-    pointer = {**pointer, "moved_at": now.isoformat(timespec="milliseconds")}
+    pointer = dataclasses.replace(pointer, moved_at=now.isoformat(timespec="milliseconds"))
     if current is not None:
-        name = (
-            f"{now.strftime('%Y%m%dT%H%M%S.%fZ')}-{current.get('version')}-{current.get('ds')}.json"
-        )
-        kept = {**current, "history_name": name}
+        name = f"{now.strftime('%Y%m%dT%H%M%S.%fZ')}-{current.version}-{current.ds}.json"
+        kept = dataclasses.replace(current, history_name=name).to_json()
         store.write_bytes(join_uri(history_uri(model), name), json.dumps(kept, indent=2).encode())
-        pointer.setdefault("replaced", name)
-    else:
-        pointer.setdefault("replaced", None)
-    store.write_bytes(champion_uri(model), json.dumps(pointer, indent=2, sort_keys=True).encode())
+        if not rollback:
+            pointer = dataclasses.replace(pointer, replaced=name)
+    body = json.dumps(pointer.to_json(), indent=2, sort_keys=True).encode()
+    store.write_bytes(champion_uri(model), body)
     return pointer

@@ -23,7 +23,6 @@ from zipline_dagster.events import (
 )
 from zipline_dagster.settings import settings
 from zipline_dagster.storage import champion_pointer as cp
-from zipline_dagster.storage.artifacts import read_json_object
 from zipline_dagster.storage.blobs import BlobStore, blob_store
 from zipline_dagster.storage.manifests import manifest_attempt
 from zipline_dagster.storage.paths import model_dir_uri, model_partition_uri
@@ -188,7 +187,7 @@ def sync(tracker: Tracker, event: ChampionEvaluated) -> Synced | None:
     }
     champion = None
     if pointer is not None:
-        champion = stored(str(pointer["version"]), str(pointer["ds"]))
+        champion = stored(pointer.version, pointer.ds)
         if champion is not None and event.attempt_gone(pointer):
             champion = None  # trained again since it was judged: nothing to register
 
@@ -199,7 +198,7 @@ def sync(tracker: Tracker, event: ChampionEvaluated) -> Synced | None:
         for uri, (version, ds) in cp.earlier_champions(store, model).items():
             if (version, ds) in known:
                 continue
-            if event.attempt_gone(read_json_object(store, uri) or {}):
+            if event.attempt_gone(cp.earlier_pointer(store, model, uri.rpartition("/")[2])):
                 continue  # trained again since it was champion, or gone: nothing to register
             p = stored(version, ds)
             if p is not None:
