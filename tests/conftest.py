@@ -49,8 +49,8 @@ def pytest_configure(config: pytest.Config) -> None:
     # The tests' Ray jobs run in the tests' own environment, which holds every trainer's
     # requirements (compiled), as an image would: Ray's pip env is a clone of that whole
     # environment per requirement set and per head, about 26 s of CPU each (measured on
-    # this 2-core machine), a few minutes of a suite run. The tests about the pip env turn
-    # it on themselves (test_fanout's pool test; test_request checks the runtime_env).
+    # this 2-core machine; the two workers' heads built four). The tests about the pip env
+    # turn it on themselves (test_fanout's pool test; test_request checks the runtime_env).
     config.stash[_INSTALL] = os.environ.get(INSTALL_REQUIREMENTS)
     os.environ.setdefault(INSTALL_REQUIREMENTS, "false")
 

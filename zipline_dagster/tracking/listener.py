@@ -198,7 +198,11 @@ def sync(tracker: Tracker, event: ChampionEvaluated) -> Synced | None:
         for uri, (version, ds) in cp.earlier_champions(store, model).items():
             if (version, ds) in known:
                 continue
-            if event.attempt_gone(cp.earlier_pointer(store, model, uri.rpartition("/")[2])):
+            try:
+                pointer = cp.earlier_pointer(store, model, uri.rpartition("/")[2])
+            except (FileNotFoundError, ValueError):  # gone since listed, or not a pointer
+                continue
+            if event.attempt_gone(pointer):
                 continue  # trained again since it was champion, or gone: nothing to register
             p = stored(version, ds)
             if p is not None:
