@@ -149,7 +149,7 @@ def test_a_trainers_window_read_against_reading_its_files_with_pyarrow(
         assert read.num_rows == len(DAYS) * rows_per_day
 
     def plan_only() -> None:
-        tio.iceberg_days(metadata, snapshot, DAYS, "ds")
+        tio.plan_window(metadata, snapshot, DAYS, "ds")
 
     planned(), straight()  # warm
     theirs, ours, plans = [], [], []

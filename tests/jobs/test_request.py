@@ -21,8 +21,6 @@ from zipline_dagster.jobs.request import (
     window_days,
 )
 from zipline_dagster.storage.artifacts import (
-    PROMOTE_LOCK_NAME,
-    PROMOTED_NAME,
     ArtifactError,
     attempt_dir,
     promote_attempt,
@@ -30,7 +28,12 @@ from zipline_dagster.storage.artifacts import (
     supersede_previous,
 )
 from zipline_dagster.storage.blobs import blob_store
-from zipline_dagster.storage.manifests import ManifestFile, model_partition
+from zipline_dagster.storage.manifests import (
+    PROMOTE_LOCK_NAME,
+    PROMOTED_NAME,
+    ManifestFile,
+    model_partition,
+)
 from zipline_dagster.storage.paths import MANIFEST_NAME
 
 
@@ -586,6 +589,6 @@ def test_the_trainer_and_the_platform_name_the_same_attempts_folder() -> None:
     """The trainer side (shipped in every archive, importing nothing of the platform) and
     the artifact protocol on storage each name the attempts folder; they must agree."""
     from zipline_dagster.jobs import channel
-    from zipline_dagster.storage import artifacts
+    from zipline_dagster.storage import manifests
 
-    assert channel.ATTEMPTS_DIR == artifacts.ATTEMPTS_DIR == "_attempts"
+    assert channel.ATTEMPTS_DIR == manifests.ATTEMPTS_DIR == "_attempts"

@@ -308,7 +308,7 @@ def test_a_window_is_planned_as_pyicebergs_own_scan_plans_it(
     table.delete(f"ds == '{days[4]}'" if kind == "string" else In("ds", [days[4]]))
     found = catalog.load_table(TABLE)
     window = days[1:]
-    planned, _ = trainer_io.iceberg_days(found.metadata_location, None, window, "ds")
+    planned = trainer_io.plan_window(found.metadata_location, None, window, "ds").files
     theirs: dict[str, list[str]] = {}
     for task in found.scan(row_filter=In("ds", window)).plan_files():
         value = task.file.partition[0]

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from tests.helpers import tables_of, write_partition
-from zipline_dagster.jobs.trainer_io import TrainingDataError, iceberg_days
+from zipline_dagster.jobs.trainer_io import TrainingDataError, plan_window
 from zipline_dagster.rollout.maintenance import build_maintenance
 from zipline_dagster.storage.days import days_between
 from zipline_dagster.storage.maintenance import maintain
@@ -51,7 +51,7 @@ def test_maintenance_expires_and_compacts_but_keeps_a_champions_snapshot(file_ba
     at = window_snapshot(after, window)
     held = {s.snapshot_id for s in found.snapshots()}
     assert at in held and before[window[-1]].snapshot_id not in held
-    planned, _ = iceberg_days(found.metadata_location, at, window, "ds")
+    planned = plan_window(found.metadata_location, at, window, "ds").files
     assert {d: tuple(f) for d, f in planned.items()} == {d: after[d].files for d in window}
     # writing goes on after maintenance
     write_partition(file_base, TABLE, days[0], pd.DataFrame({"x": [7, 7]}))
@@ -82,4 +82,4 @@ def test_a_window_read_at_a_snapshot_the_table_no_longer_holds_names_it(file_bas
         TrainingDataError,
         match=r"--snapshot-id=12345 is not a snapshot of .*expired by maintenance",
     ):
-        iceberg_days(found.metadata_location, 12345, ["2026-07-01"], "ds")
+        plan_window(found.metadata_location, 12345, ["2026-07-01"], "ds")

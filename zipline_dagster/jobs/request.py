@@ -17,8 +17,9 @@ from typing import Protocol
 
 from zipline_dagster.declarations.model import Model
 from zipline_dagster.jobs.channel import DRIVER_MODULE, attempt_flags, driver_argv
-from zipline_dagster.storage.artifacts import CHECKPOINTS_DIR, attempt_dir
+from zipline_dagster.storage.artifacts import attempt_dir
 from zipline_dagster.storage.days import days_between, format_days, shift_day
+from zipline_dagster.storage.manifests import CHECKPOINTS_DIR
 from zipline_dagster.storage.paths import (
     join_uri,
     model_archive_uri,

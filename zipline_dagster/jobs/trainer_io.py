@@ -35,7 +35,6 @@ is_local = _tables.is_local
 write_bytes = _tables.write_bytes
 file_version = _tables.file_version
 newest_metadata = _tables.newest_metadata
-iceberg_days = _tables.iceberg_days
 plan_window = _tables.plan_window
 iceberg_io_properties = _tables.iceberg_io_properties
 TrainingDataError = _tables.TrainingDataError

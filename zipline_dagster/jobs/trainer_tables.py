@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import os
 from typing import Any, NamedTuple
 from urllib.parse import urlparse
@@ -144,15 +145,6 @@ class PlannedWindow(NamedTuple):
     columns: list[str]
 
 
-def iceberg_days(
-    metadata: str, snapshot_id: int | None, window: list[str], partition_column: str
-) -> tuple[dict[str, list[str]], set[str]]:
-    """({day: its data files' URIs}, the days marked empty) of ``window`` at
-    ``snapshot_id`` (None: the metadata's current snapshot): ``plan_window``'s first two."""
-    planned = plan_window(metadata, snapshot_id, window, partition_column)
-    return planned.files, planned.empty
-
-
 def plan_window(
     metadata: str, snapshot_id: int | None, window: list[str], partition_column: str
 ) -> PlannedWindow:
@@ -220,8 +212,17 @@ def _may_hold(manifest: Any, days: set[str], as_day: Any) -> bool:
 
 #: {(what the reader reads, the file's Avro schema as its header holds it): (its Iceberg
 #: schema, the reader of its records)}: every manifest (and manifest list) of a table is
-#: written with the same schema; and under ("header", ""), an Avro file header's reader
+#: written with the same schema
 _AVRO_READERS: dict[tuple[str, str], tuple[Any, Any]] = {}
+
+
+@functools.cache
+def _header_reader() -> Any:
+    """The reader of an Avro file's header (pyiceberg's ``AvroFile`` builds it per file)."""
+    from pyiceberg.avro.file import META_SCHEMA, AvroFileHeader
+    from pyiceberg.avro.resolver import construct_reader
+
+    return construct_reader(META_SCHEMA, {-1: AvroFileHeader})
 
 
 def _avro_records(io: Any, path: str, kind: str) -> list[Any]:
@@ -234,8 +235,8 @@ def _avro_records(io: Any, path: str, kind: str) -> list[Any]:
     both are kept here. Public pyiceberg names only."""
     from pyiceberg import manifest as m
     from pyiceberg.avro.decoder import new_decoder
-    from pyiceberg.avro.file import META_SCHEMA, AvroFile, AvroFileHeader
-    from pyiceberg.avro.resolver import construct_reader, resolve_reader
+    from pyiceberg.avro.file import AvroFile
+    from pyiceberg.avro.resolver import resolve_reader
 
     if kind == "list":
         avro: Any = AvroFile[m.ManifestFile](
@@ -253,9 +254,7 @@ def _avro_records(io: Any, path: str, kind: str) -> list[Any]:
         )
     with avro.input_file.open() as f:  # as AvroFile.__enter__, less the schema's work
         avro.decoder = new_decoder(f.read())
-    if ("header", "") not in _AVRO_READERS:  # as AvroFile._read_header, built once
-        _AVRO_READERS["header", ""] = (None, construct_reader(META_SCHEMA, {-1: AvroFileHeader}))
-    avro.header = _AVRO_READERS["header", ""][1].read(avro.decoder)
+    avro.header = _header_reader().read(avro.decoder)  # as AvroFile._read_header
     key = (kind, avro.header.meta.get("avro.schema", ""))
     if key not in _AVRO_READERS:
         schema = avro.header.get_schema()

@@ -24,7 +24,6 @@ from zipline_dagster.processes import holder_gone, lock_owner
 from zipline_dagster.storage.blobs import BlobStorageError, BlobStore
 from zipline_dagster.storage.manifests import (
     ATTEMPTS_DIR,
-    CHECKPOINTS_DIR,
     PROMOTE_LOCK_NAME,
     PROMOTED_NAME,
     SUPERSEDED_DIR,
@@ -34,14 +33,6 @@ from zipline_dagster.storage.manifests import (
     read_manifest,
 )
 from zipline_dagster.storage.paths import MANIFEST_NAME, join_uri
-
-__all__ = [
-    "ATTEMPTS_DIR",
-    "CHECKPOINTS_DIR",
-    "PROMOTED_NAME",
-    "PROMOTE_LOCK_NAME",
-    "SUPERSEDED_DIR",
-]
 
 REPORT_NAME = "metrics.json"
 
@@ -150,16 +141,6 @@ class Promotion:
     #: what could not be deleted once the manifest was written (the attempt's copied
     #: files, the lock): tidying, never read, and never a failed promotion
     left_behind: list[str] = field(default_factory=list)
-
-
-def read_json_object(store: BlobStore, uri: str) -> dict[str, Any] | None:
-    """The JSON object stored at ``uri``; None when there is none, or it holds another
-    JSON value (invalid JSON raises ValueError)."""
-    try:
-        value = json.loads(store.read_bytes(uri))
-    except FileNotFoundError:
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def promote_attempt(

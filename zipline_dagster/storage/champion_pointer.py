@@ -132,7 +132,7 @@ def history(store: BlobStore, model: Model) -> list[ChampionPointer]:
 def earlier_champions(store: BlobStore, model: Model) -> dict[str, tuple[str, str]]:
     """Every earlier pointer's location and the (version, ds) it pointed at, by the name
     ``write_pointer`` gave it (``{moved at}-{version}-{ds}.json``): what they were, without
-    reading each (``read_json_object`` reads one)."""
+    reading each (``earlier_pointer`` reads one)."""
     out = {}
     for uri in store.list(history_uri(model)):
         stem = uri.rpartition("/")[2].removesuffix(".json")
