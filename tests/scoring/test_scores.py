@@ -357,6 +357,8 @@ def test_a_range_of_days_scores_in_one_ray_job_and_a_failing_day_fails_only_itse
         _, frame = read_partition(file_base, t.table, ds)
         assert md["score_mean"] == pytest.approx(frame["score"].mean())
         assert md["score_p50"] == pytest.approx(frame["score"].median())
+        assert md["cost/cpu_s"] > 0 and md["cost/wall_s"] > 0 and md["cost/peak_mem_mb"] > 0
+        assert md["cost/rows_per_s"] == pytest.approx(200 / md["cost/run_s"], rel=0.01)
     # the job's end marker (a Ray job writes it for its first day) went with the commit
     assert store.list(f"{file_base}/ctr/listing_ctr_model_scores/_jobs/ds={scored[0]}") == []
     job_ids = {mats[ds]["job_id"] for ds in scored[:2]}

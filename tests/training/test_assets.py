@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -215,7 +216,17 @@ def test_materialize_partition_file_warehouse(
         assert "ray_job_id" not in md
 
     files = sorted(p.name for p in Path(model_dir[len("file://") :]).iterdir() if p.is_file())
-    assert files == [MANIFEST_NAME, "metrics.json", "model.json", "pr_curve.png"]
+    assert files == [MANIFEST_NAME, "card.md", "metrics.json", "model.json", "pr_curve.png"]
+    # its card, on the materialization (Markdown the UI renders) and beside the artifacts
+    card = md["card"]
+    assert Path(model_dir[len("file://") :], "card.md").read_text() == card
+    assert f"| trainer version | `{version}` |" in card
+    assert "| window | 2026-07-07..2026-07-10 (4 days) |" in card
+    assert f"`ctr.training_v1` snapshot `{md['input_snapshot_id']}`" in card
+    assert f"| holdout_auc | {md['holdout/auc']:.4f} | - | - |" in card  # no gate declared
+    assert "`--input-table=ctr.training_v1`" in card
+    assert re.search(r"\| cost \| [\d.]+s wall, [\d.]+ CPU-s, peak \d+ MB \|", card), card
+    assert "**Champion**: none when this partition trained" in card
     # the promoted attempt keeps only a note of what it became
     attempt = Path(model_dir[len("file://") :], "_attempts", job_id)
     assert sorted(p.name for p in attempt.iterdir()) == ["_PROMOTED.json"]

@@ -97,6 +97,14 @@ def test_range_trains_in_one_ray_job_and_a_failing_partition_fails_only_itself(
         assert md["range"] == f"{DAYS[0]}..{DAYS[-1]}"
         assert md["holdout/auc"] > 0.5
         assert store.exists(f"{md['artifact_uri']}/{MANIFEST_NAME}")
+        # its cost: a fifth of the range job's wall time, its own task's run, CPU and
+        # memory (a trainer of xgboost on some thousands of rows: real numbers, not 0)
+        assert "one Ray job for 5 partitions" in md["cost/split"]
+        assert md["cost/run_s"] > 0 and md["cost/wall_s"] > 0
+        assert md["cost/cpu_s"] > 0 and 50 < md["cost/peak_mem_mb"] < 4096
+        assert md["cost/rows_per_s"] == pytest.approx(
+            (md["train/rows"] + md["holdout/rows"]) / md["cost/run_s"], rel=0.01
+        )
         job_ids.add(md["ray_job_id"])
     # one Ray job trained the range
     sid = f"zd-listing_ctr_model-{version}-{DAYS[0]}_{DAYS[-1]}-1"

@@ -6,6 +6,7 @@ blocking checks with their numbers, and the champion asset moving to it."""
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import re
 import shlex
@@ -30,9 +31,15 @@ from tests.ui.browser import (
 from zipline_dagster.lineage.deployment import Deployment
 
 pytestmark = [pytest.mark.ui, pytest.mark.ray, pytest.mark.spark]
-DS = "2026-07-11"
+#: Recent days, as a team's daily model has: Dagster's "Plots" by partition view draws
+#: an asset's newest 120 partitions only (a day months back plots nothing there)
+_TODAY = dt.datetime.now(dt.UTC).date()
+DS = (_TODAY - dt.timedelta(days=2)).isoformat()
+DAY_BEFORE = (_TODAY - dt.timedelta(days=3)).isoformat()
+FIRST = (_TODAY - dt.timedelta(days=6)).isoformat()
 
 PREPARE = """
+import sys
 import dagster as dg
 from zipline_dagster.jobs.archive import publish_trainer_archive
 from zipline_dagster.lineage.backfill import model_partitions, plan_backfill
@@ -44,7 +51,7 @@ for model in (m, p):  # automation may train either once the training table exis
     publish_trainer_archive(f"trainers/{model.name}", model_name=model.name, base=model.model_artifact_base_uri)
 key = dg.AssetKey(["ctr", "training_v1"])
 instance = dg.DagsterInstance.get()
-plan = plan_backfill(defs, instance, key, model_partitions(defs, key, "2026-07-07", "2026-07-11"))
+plan = plan_backfill(defs, instance, key, model_partitions(defs, key, sys.argv[1], sys.argv[2]))
 execute_plan_in_process(defs, instance, plan, log=lambda m: None)
 """
 
@@ -72,7 +79,7 @@ def dagster_dev(
         "SPARK_MASTER": "local[2]",
     }
     subprocess.run(
-        [sys.executable, "-c", PREPARE],
+        [sys.executable, "-c", PREPARE, FIRST, DS],
         cwd=ROOT,
         env=env,
         check=True,
@@ -143,6 +150,16 @@ def test_launch_partition_from_ui_and_see_metadata(dagster_dev: dict[str, Any]) 
         assert image.evaluate("img => img.naturalWidth") > 100  # a real picture decoded
         page.screenshot(path=str(SCREENSHOTS / "model_pr_curve.png"))
 
+        # Its numeric metadata plotted across partitions (the metadata's Plots view, by
+        # Partitions: the newest 120 partition keys), its cost among them.
+        page.goto(asset_url)
+        page.get_by_role("button", name="Plots").first.click()
+        page.get_by_role("button", name="Partitions").first.wait_for(timeout=30_000)
+        for plotted in ("holdout/auc", "cost/cpu_s", "cost/peak_mem_mb", "cost/wall_s"):
+            page.get_by_text(plotted, exact=True).first.wait_for(timeout=30_000)
+        assert not page.get_by_text("Asset plots are automatically generated").count()
+        page.screenshot(path=str(SCREENSHOTS / "model_plots_by_partition.png"), full_page=True)
+
         # The run ran the partition's blocking checks; the Checks tab shows each one
         # with the numbers that decided it.
         page.goto(f"{asset_url}?view=checks")
@@ -177,19 +194,19 @@ def test_a_backfill_launched_and_followed_through_the_webserver(
     and names the champion. Run again, the partition is fresh: nothing is launched."""
     command = [
         str(BIN / "zipline-dagster"),
-        *("backfill", "listing_ctr_model", "--start-ds", "2026-07-10", "--end-ds", "2026-07-10"),
+        *("backfill", "listing_ctr_model", "--start-ds", DAY_BEFORE, "--end-ds", DAY_BEFORE),
         *("--url", dagster_dev["url"], "--wait"),
     ]
     run = subprocess.run(
         command, cwd=ROOT, env=dagster_dev["env"], capture_output=True, text=True, timeout=600
     )
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "models/listing_ctr_model: 2026-07-10 (missing)" in run.stderr
+    assert f"models/listing_ctr_model: {DAY_BEFORE} (missing)" in run.stderr
     assert re.search(r"^backfill_id=\w+$", run.stdout, re.M), run.stdout
     assert "status=COMPLETED_SUCCESS" in run.stdout
     # the progress the deployment reported: the model's run, then the champion's
     assert re.search(r"COMPLETED_SUCCESS: 2 runs 2 success", run.stderr), run.stderr
-    assert re.search(r"^champion=\w{12}/2026-07-1[01] \(", run.stdout, re.M), run.stdout
+    assert re.search(rf"^champion=\w{{12}}/({DAY_BEFORE}|{DS}) \(", run.stdout, re.M), run.stdout
     # the runs are read page by page (a backfill can have more than one page of runs)
     backfill_id = run.stdout.split("backfill_id=", 1)[1].split()[0]
     paged = Deployment(dagster_dev["url"], page=1)

@@ -10,9 +10,9 @@ else:
   (``attempt_flags``): a trainer writes into ``{model-dir}/_attempts/{submission id}``,
   an inference module names its file after it (``--write-id``);
 * **result lines**: one line per partition, ``zipline-partition-result {json}`` (its
-  ``ds``, exit code, seconds, and a failed partition's output tail), printed as each
-  one finishes; the step reads them with ``partition_results``, so a failing partition
-  fails only itself;
+  ``ds``, exit code, seconds, CPU-seconds and peak memory of its run, and a failed
+  partition's output tail), printed as each one finishes; the step reads them with
+  ``partition_results``, so a failing partition fails only itself;
 * **the end**: just before it exits the driver writes a marker file
   (``done_marker``: ``_attempts/{submission id}.done`` beside the attempts) holding every
   result line and the last one, then prints that last line, ``zipline-partitions-done
@@ -174,6 +174,7 @@ def run_partition(
         tees.append(tee)
     saved = sys.argv
     sys.argv = [module, *flags]
+    usage = _Usage()
     started = time.time()
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
@@ -188,7 +189,49 @@ def run_partition(
         for tee in tees:
             tee.flush()
             tee.captured = []
-    return {"exit_code": code, "seconds": round(time.time() - started, 3), "log": "".join(out)}
+    return {
+        "exit_code": code,
+        "seconds": round(time.time() - started, 3),
+        **usage.since(),
+        "log": "".join(out),
+    }
+
+
+class _Usage:
+    """What this process (and the children it waited for) used from now on: CPU-seconds
+    (``getrusage``) and peak resident memory (Linux's high-water mark, reset here through
+    ``/proc/self/clear_refs`` so that a warm worker's earlier partitions do not count;
+    where it cannot be reset, the process's peak so far)."""
+
+    def __init__(self) -> None:
+        import resource
+
+        self.cpu = self._cpu(resource)
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+        except OSError:
+            pass
+
+    @staticmethod
+    def _cpu(resource: Any) -> float:
+        me, kids = (
+            resource.getrusage(resource.RUSAGE_SELF),
+            resource.getrusage(resource.RUSAGE_CHILDREN),
+        )
+        return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+    def since(self) -> dict[str, float]:
+        import resource
+
+        out = {"cpu_s": round(self._cpu(resource) - self.cpu, 3)}
+        try:
+            with open("/proc/self/status") as f:
+                hwm = next(line for line in f if line.startswith("VmHWM:"))
+            out["peak_mem_mb"] = round(int(hwm.split()[1]) / 1024, 1)
+        except (OSError, StopIteration, ValueError):  # not Linux: the process's peak (KiB)
+            out["peak_mem_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+        return out
 
 
 def run_partitions(argv: Any = None) -> int:

@@ -17,6 +17,7 @@ A step is handed one partition or a backfill run's range. For either, ``run_days
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -32,6 +33,7 @@ from zipline_dagster.jobs.archive import (
     load_verified_archive,
 )
 from zipline_dagster.jobs.channel import done_marker, partition_results
+from zipline_dagster.jobs.cost import Cost, Usage
 from zipline_dagster.jobs.launchers.ray_client import RayUnreachableError, job_metadata
 from zipline_dagster.jobs.launchers.ray_head import RayHeadError
 from zipline_dagster.jobs.request import (
@@ -63,6 +65,8 @@ class Ran:
     launcher: str
     #: ``first..last`` when the job ran several days, one task each
     span: str | None = None
+    #: what the day cost (its share of the job, its own run)
+    cost: Cost | None = None
 
 
 class DayWork(Protocol):
@@ -211,8 +215,14 @@ def _alone(
     work.begin(request)
     try:
         outcome = launch(request, request.ds)
+        usage = Usage.of(partition_results(outcome.logs).get(request.ds)) or outcome.usage
         ran = Ran(
-            outcome.job_id, outcome.job_url, outcome.attached, outcome.seconds, outcome.launcher
+            outcome.job_id,
+            outcome.job_url,
+            outcome.attached,
+            outcome.seconds,
+            outcome.launcher,
+            cost=Cost(outcome.seconds, 1, usage),
         )
     except TrainingJobError as exc:
         sid = exc.job_id or ""
@@ -228,7 +238,8 @@ def _alone(
             f"(exit code 0 in the job's end marker on storage), so the day is {work.verb} "
             "from what it wrote"
         )
-        ran = Ran(sid, None, False, float(result["seconds"]), "ray")
+        seconds = float(result["seconds"])
+        ran = Ran(sid, None, False, seconds, "ray", cost=Cost(seconds, 1, Usage.of(result)))
     except (RayUnreachableError, RayHeadError) as exc:
         raise failure(exc) from None
     return work.finish(request, ran)
@@ -255,11 +266,14 @@ def _in_one_job(
         work.begin(request)
     job = build_range_request(ready, key_prefix=work.key_prefix)
     error: TrainingJobError | None = None
+    started = time.monotonic()
     try:
         outcome = launch(job, f"{first}_{last}")
         sid, logs, url, attached = outcome.job_id, outcome.logs, outcome.job_url, outcome.attached
+        job_s = outcome.seconds
     except TrainingJobError as exc:
         sid, logs, url, attached, error = exc.job_id or "", exc.logs, None, False, exc
+        job_s = time.monotonic() - started
     except (RayUnreachableError, RayHeadError) as exc:
         raise failure(exc) from None
     # what the driver left on storage is the truth; the log fills in the rest
@@ -274,7 +288,8 @@ def _in_one_job(
                 + traceback_tail(result.get("tail", ""))
             )
         else:
-            ran = Ran(sid, url, attached, float(result["seconds"]), "ray", span)
+            cost = Cost(job_s, len(ready), Usage.of(result))
+            ran = Ran(sid, url, attached, float(result["seconds"]), "ray", span, cost)
             try:
                 done[request.ds] = work.finish(request, ran)
             except dg.Failure as exc:

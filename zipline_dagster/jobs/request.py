@@ -17,6 +17,7 @@ from typing import Protocol
 
 from zipline_dagster.declarations.model import Model
 from zipline_dagster.jobs.channel import DRIVER_MODULE, attempt_flags, driver_argv
+from zipline_dagster.jobs.cost import Usage
 from zipline_dagster.storage.artifacts import attempt_dir
 from zipline_dagster.storage.days import days_between, format_days, shift_day
 from zipline_dagster.storage.manifests import CHECKPOINTS_DIR
@@ -57,6 +58,8 @@ class JobOutcome:
     launcher: str = "ray"
     #: the attempt folder the trainer wrote into
     model_dir: str = ""
+    #: what the trainer's process used, where the launcher measured it (the local one)
+    usage: Usage | None = None
 
     @property
     def job_url(self) -> str | None:

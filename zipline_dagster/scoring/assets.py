@@ -399,6 +399,8 @@ def commit_day(
         md["ray_job"] = dg.MetadataValue.url(ran.url)
     if ran.span:
         md["range"] = dg.MetadataValue.text(ran.span)
+    if ran.cost is not None:
+        md.update(ran.cost.metadata(rows))
     return md
 
 

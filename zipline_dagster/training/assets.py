@@ -34,14 +34,17 @@ from zipline_dagster.lineage.partitions import (
 )
 from zipline_dagster.storage.artifacts import (
     ArtifactError,
+    Promotion,
     promote_attempt,
     read_report,
 )
-from zipline_dagster.storage.blobs import BlobNotFoundError, BlobStorageError
+from zipline_dagster.storage.blobs import BlobNotFoundError, BlobStorageError, BlobStore
 from zipline_dagster.storage.catalog import WarehouseError
+from zipline_dagster.storage.champion_pointer import read_champion
 from zipline_dagster.storage.paths import join_uri, model_root_uri
 from zipline_dagster.storage.resources import WarehouseResource
 from zipline_dagster.storage.table_days import window_snapshot
+from zipline_dagster.training.card import CARD_NAME, CardInput, model_card
 from zipline_dagster.training.metadata import report_metadata
 from zipline_dagster.training.retries import reusable_partitions
 
@@ -224,22 +227,57 @@ def input_read(request: JobRequest) -> dict[str, Any]:
     }
 
 
-def finish_partition(
+def write_card(
     context: dg.AssetExecutionContext,
+    artifacts: BlobStore,
     request: JobRequest,
     ran: Ran,
-    listening: Listening | None = None,
-) -> dict[str, Any]:
-    """Promote the attempt ``ran`` wrote into ``{version}/{ds}/`` (the earlier finished
-    model is superseded only now, the manifest written last); the partition's metadata,
-    with what the listener recorded (a link to its MLflow run) when one listens.
+    report: dict[str, Any],
+    read: dict[str, Any],
+) -> str:
+    """The partition's card (``training.card``), also written beside its artifacts (a
+    view of the partition, not in its manifest: a card that could not be written is a
+    warning, never a failed partition)."""
+    model = request.model
+    try:
+        champion = read_champion(artifacts, model)
+    except (BlobStorageError, ValueError):  # unreadable: the card says none is known
+        champion = None
+    card = model_card(
+        CardInput(
+            model=model,
+            ds=request.ds,
+            code_version=model_code_version(model),
+            archive_uri=request.archive_uri,
+            window=list(request.days),
+            input=read,
+            flags=list(request.flags),
+            report=report,
+            cost=ran.cost,
+            champion=champion,
+        )
+    )
+    try:
+        artifacts.write_bytes(join_uri(request.canonical_dir, CARD_NAME), card.encode())
+    except BlobStorageError as exc:
+        context.log.warning(f"{model.name} {request.ds}: its card was not written ({exc})")
+    return card
+
+
+def _promote(
+    context: dg.AssetExecutionContext,
+    artifacts: BlobStore,
+    request: JobRequest,
+    ran: Ran,
+    read: dict[str, Any],
+) -> tuple[Promotion, dict[str, Any], bytes | None]:
+    """The attempt promoted (what happened said in the step's log); its report and PR
+    curve.
 
     Raises:
         dg.Failure: the attempt's artifacts do not satisfy the contract (named).
     """
     model, ds = request.model, request.ds
-    read = input_read(request)
-    artifacts = context.resources.warehouse.store(request.canonical_dir)
     try:
         promotion = promote_attempt(
             artifacts,
@@ -284,6 +322,26 @@ def finish_partition(
             f"{model.version}/{ds} is committed, but these could not be deleted (never read; "
             f"a stale lock is broken by the next promotion): {', '.join(promotion.left_behind)}"
         )
+    return promotion, report, png
+
+
+def finish_partition(
+    context: dg.AssetExecutionContext,
+    request: JobRequest,
+    ran: Ran,
+    listening: Listening | None = None,
+) -> dict[str, Any]:
+    """Promote the attempt ``ran`` wrote into ``{version}/{ds}/`` (the earlier finished
+    model is superseded only now, the manifest written last); the partition's metadata,
+    with what the listener recorded (a link to its MLflow run) when one listens.
+
+    Raises:
+        dg.Failure: the attempt's artifacts do not satisfy the contract (named).
+    """
+    model, ds = request.model, request.ds
+    read = input_read(request)
+    artifacts = context.resources.warehouse.store(request.canonical_dir)
+    promotion, report, png = _promote(context, artifacts, request, ran, read)
     metadata: dict[str, Any] = {
         "version": model.version,
         "declaration_hash": model_declaration_hash(model),
@@ -300,6 +358,12 @@ def finish_partition(
         **({"range": ran.span} if ran.span else {}),
         **report_metadata(report, pr_curve_png=png),
     }
+    if ran.cost is not None:
+        rows = sum(int((report.get(s) or {}).get("rows") or 0) for s in ("train", "holdout"))
+        metadata.update(ran.cost.metadata(rows or None))
+    metadata["card"] = dg.MetadataValue.md(
+        write_card(context, artifacts, request, ran, report, read)
+    )
     metadata["ray_job_id" if ran.launcher == "ray" else "job_id"] = ran.job_id
     if ran.url:
         metadata["ray_dashboard"] = dg.MetadataValue.url(ran.url)

@@ -25,6 +25,7 @@ from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import Any
 
+from zipline_dagster.jobs.cost import Usage
 from zipline_dagster.jobs.request import (
     JobOutcome,
     JobRequest,
@@ -145,7 +146,9 @@ class LocalRunner:
                         job_id=job_id,
                         logs_tail=traceback_tail("\n".join(logs)),
                     )
-            proc.wait()
+            # the child's own CPU-seconds and peak memory, as the kernel counted them
+            _, status, rusage = os.wait4(proc.pid, 0)
+            proc.returncode = os.waitstatus_to_exitcode(status)
         except BaseException:
             self._stop(proc)
             raise
@@ -166,6 +169,11 @@ class LocalRunner:
             logs=text,
             launcher="local",
             model_dir=request.model_dir,
+            usage=Usage(
+                seconds=time.monotonic() - started,
+                cpu_s=rusage.ru_utime + rusage.ru_stime,
+                peak_mem_mb=rusage.ru_maxrss / 1024,
+            ),
         )
 
     @staticmethod
