@@ -44,6 +44,7 @@ from zipline_dagster.scoring.monitoring import (
     build_monitoring_asset,
     build_monitoring_checks,
     build_rescoring_sensor,
+    monitoring_asset_key,
 )
 from zipline_dagster.settings import settings
 from zipline_dagster.storage.catalog import WarehouseError
@@ -273,13 +274,23 @@ def check_inputs(
         check_transforms_columns(mt, by_table)
 
 
+def live_keys(model: Model, transforms: Sequence[ModelTransforms]) -> list[dg.AssetKey]:
+    """The monitoring assets of ``model``'s scores: its champion's live metrics."""
+    return [
+        monitoring_asset_key(mt)
+        for mt in transforms
+        if mt.labels is not None and mt.model.name == model.name
+    ]
+
+
 def sensors(
     models: Sequence[Model], transforms: Sequence[ModelTransforms]
 ) -> list[dg.SensorDefinition]:
     """Automation's: its own sensor, the champions' and the rescoring one."""
     out: list[dg.SensorDefinition] = [automation_sensor()]
     if models:
-        out.append(build_champion_sensor(list(models)))
+        live = {m.name: live_keys(m, transforms) for m in models if m.rollout.rollback_after_days}
+        out.append(build_champion_sensor(list(models), live=live))
     if transforms:
         out.append(build_rescoring_sensor(list(transforms)))
     return out
@@ -339,7 +350,7 @@ def build_definitions(
     checks: list[Any] = []
     for m in models:
         checks += build_model_checks(m, trainable_partitions(m, daily_partitions))
-        assets.append(build_champion_asset(m))
+        assets.append(build_champion_asset(m, live_keys=live_keys(m, transforms)))
     for mt in transforms:
         assets.append(build_scores_asset(mt, automation_condition=condition))
         if mt.labels is not None:

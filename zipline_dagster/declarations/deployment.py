@@ -130,6 +130,11 @@ class RolloutStrategy:
         regression_tolerance: how much worse than the current champion each threshold
             metric of a newer partition may be (absolute; 0 = not worse at all). The
             champion passes over one that is worse; it is never a partition's gate.
+        rollback_after_days: when set (K), the champion moves back to the champion it
+            replaced once its realized value of a threshold metric (monitoring, on the
+            days it scored) is worse than its holdout value by more than
+            ``regression_tolerance`` on its K latest monitored days running; the partition
+            rolled back from is retired (never advanced to again). Off (None) by default.
 
     Example:
         ``RolloutStrategy(rollout_metric_thresholds=[Metric("holdout_auc", 0.65)],
@@ -138,6 +143,7 @@ class RolloutStrategy:
 
     rollout_metric_thresholds: Sequence[Metric] = field(default_factory=tuple)
     regression_tolerance: float = 0.0
+    rollback_after_days: int | None = None
 
     def __post_init__(self) -> None:
         for m in self.rollout_metric_thresholds:
@@ -158,6 +164,21 @@ class RolloutStrategy:
                 f"RolloutStrategy: regression_tolerance={tol!r} is invalid; expected a number >= 0"
             )
         object.__setattr__(self, "rollout_metric_thresholds", tuple(self.rollout_metric_thresholds))
+        self._check_rollback()
+
+    def _check_rollback(self) -> None:
+        k = self.rollback_after_days
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+            raise ModelSpecError(
+                f"RolloutStrategy: rollback_after_days={k!r} is invalid; expected None (off) "
+                "or a whole number of days >= 1"
+            )
+        if k is not None and not self.rollout_metric_thresholds:
+            raise ModelSpecError(
+                f"RolloutStrategy: rollback_after_days={k} compares the champion's realized "
+                "threshold metrics with its holdout values, but rollout_metric_thresholds is "
+                "empty; declare at least one Metric"
+            )
 
     def threshold(self, name: str) -> Metric | None:
         """The declared threshold on metric ``name`` (``holdout_auc``), if any."""

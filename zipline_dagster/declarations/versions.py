@@ -98,7 +98,8 @@ def monitoring_code_version(transforms: ModelTransforms) -> str:
 
 
 def gates_version(model: Model) -> str:
-    """The champion's code version: the gates it judges under (thresholds, tolerance)."""
+    """The champion's code version: the gates it judges under (thresholds, tolerance) and
+    its rollback policy."""
     r = model.rollout
     return digest(
         {
@@ -106,5 +107,7 @@ def gates_version(model: Model) -> str:
                 [m.name, m.threshold, m.is_minimum] for m in r.rollout_metric_thresholds
             ],
             "tolerance": r.regression_tolerance,
+            # off by default: a champion declared before the policy keeps its version
+            **({"rollback_after_days": r.rollback_after_days} if r.rollback_after_days else {}),
         }
     )

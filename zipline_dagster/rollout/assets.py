@@ -12,7 +12,7 @@
 """
 
 import warnings
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 import dagster as dg
@@ -29,6 +29,7 @@ from zipline_dagster.lineage.partitions import (
 )
 from zipline_dagster.rollout import champion as ch
 from zipline_dagster.rollout import gates as g
+from zipline_dagster.rollout import policy
 from zipline_dagster.storage import champion_pointer as cp
 from zipline_dagster.storage.blobs import BlobStore
 from zipline_dagster.storage.champion_pointer import ChampionPointer
@@ -261,8 +262,24 @@ def judged_gates(
 
 
 def build_champion_asset(
-    model: Model, *, automation_condition: dg.AutomationCondition | None = None
+    model: Model,
+    *,
+    automation_condition: dg.AutomationCondition | None = None,
+    live_keys: Sequence[dg.AssetKey] = (),
 ) -> dg.AssetsDefinition:
+    """The champion asset; with a rollback policy declared, ``live_keys`` are the
+    monitoring assets whose realized metrics it judges the champion on
+    (``rollout.policy``), and its ``champion_holds_live`` check says what it found."""
+    policy_on = bool(model.rollout.rollback_after_days)
+    live_spec = dg.AssetCheckSpec(
+        LIVE_CHECK,
+        asset=champion_asset_key(model.name),
+        description=f"The champion's realized metrics hold against its holdout (a rollback "
+        f"after {model.rollout.rollback_after_days} monitored days running worse than it "
+        f"by more than {model.rollout.regression_tolerance:g}); fails naming the days when "
+        "the champion was rolled back.",
+    )
+
     @dg.asset(
         key=champion_asset_key(model.name),
         group_name="champions",
@@ -285,7 +302,8 @@ def build_champion_asset(
                 description="The champion passes the model's current gates (after the gates "
                 "change, it keeps serving until a partition passes them; this check names "
                 "the gates it fails).",
-            )
+            ),
+            *([live_spec] if policy_on else []),
         ],
     )
     def _champion(
@@ -293,10 +311,13 @@ def build_champion_asset(
     ) -> dg.MaterializeResult:
         store = warehouse.store(model.model_artifact_base_uri)
         ledger = Ledger(context.instance, judge=gate_judge(model, store=warehouse.store))
-        decision = ch.advance(
+        by = f"dagster run {context.run.run_id}"
+        checks = [] if not policy_on else [live_check(context, store, model, live_keys, by)]
+        rolled_back = checks[0][1] if checks else None
+        decision = rolled_back or ch.advance(
             store,
             model,
-            by=f"dagster run {context.run.run_id}",
+            by=by,
             in_flight=lambda partition: why_in_flight(
                 ledger, model, partition, context.log.warning
             ),
@@ -346,13 +367,54 @@ def build_champion_asset(
         if decision.left_behind:  # the pointer is written: recorded as it is on storage
             md["left_behind"] = dg.MetadataValue.json(decision.left_behind)
             context.log.warning(ch.lock_left_behind(model, decision.left_behind))
-        return dg.MaterializeResult(metadata=md, check_results=[champion_check(decision)])
+        return dg.MaterializeResult(
+            metadata=md, check_results=[champion_check(decision), *(c for c, _ in checks)]
+        )
 
     return _champion
 
 
 #: The champion asset's check: the champion passes the current gates.
 CHAMPION_CHECK = "champion_passes_gates"
+#: The champion asset's check under a rollback policy: its live metrics hold.
+LIVE_CHECK = "champion_holds_live"
+
+
+def live_check(
+    context: dg.AssetExecutionContext,
+    store: BlobStore,
+    model: Model,
+    live_keys: Sequence[dg.AssetKey],
+    by: str,
+) -> tuple[dg.AssetCheckResult, ch.Decision | None]:
+    """The rollback policy applied (``rollout.policy``): its check result (a warning that
+    fails naming the days when the champion was rolled back, or could not be), and the
+    decision when it rolled the champion back (None: the champion is judged as usual)."""
+    current = cp.read_champion(store, model)
+    try:
+        verdict, restored = policy.apply(
+            store,
+            model,
+            current,
+            lambda c: policy.live_days(context.instance, live_keys, c),
+            by=by,
+        )
+        summary, passed = verdict.summary, restored is None
+    except ch.ChampionError as exc:
+        restored, passed = None, False
+        summary = f"the rollback policy would roll {model.name} back, but {exc}"
+        context.log.warning(summary)
+    result = dg.AssetCheckResult(
+        check_name=LIVE_CHECK,
+        passed=passed,
+        severity=dg.AssetCheckSeverity.WARN,
+        description=summary,
+        metadata={"summary": dg.MetadataValue.text(summary)},
+    )
+    if restored is None:
+        return result, None
+    context.log.warning(f"{model.name} champion rolled back to {restored.where}: {summary}")
+    return result, ch.Decision(restored, True, {}, summary)
 
 
 def champion_check(decision: ch.Decision) -> dg.AssetCheckResult:
@@ -379,14 +441,19 @@ def latest_storage_id(instance: dg.DagsterInstance, key: dg.AssetKey) -> int:
     return records.records[0].storage_id if records.records else 0
 
 
-def build_champion_sensor(models: list[Model]) -> dg.SensorDefinition:
+def build_champion_sensor(
+    models: list[Model], *, live: Mapping[str, Sequence[dg.AssetKey]] | None = None
+) -> dg.SensorDefinition:
     """Evaluates each model's champion whenever a partition of the model was materialized
     after the champion's last evaluation, by any path (the UI, a CLI backfill, a sensor,
     ``make demo``), whether or not a daemon ran then: it compares what the instance holds
     (the model's newest materialization against the champion's), not ticks. One run per
     new model materialization (its storage id is the run key). A champion that a backfill
     in progress targets is left to that backfill, which evaluates it once its model
-    partitions are done; a model materialized meanwhile is seen once the backfill ends."""
+    partitions are done; a model materialized meanwhile is seen once the backfill ends.
+    A model with a rollback policy (``live``: its monitoring assets, by model name) is
+    evaluated too when one of them was materialized after the champion's evaluation."""
+    live = live or {}
 
     @dg.sensor(
         name="zipline_champions",
@@ -399,7 +466,10 @@ def build_champion_sensor(models: list[Model]) -> dg.SensorDefinition:
         busy = backfilling(context.instance)
         for model in models:
             champion = champion_asset_key(model.name)
-            trained = latest_storage_id(context.instance, model_asset_key(model.name))
+            trained = max(
+                latest_storage_id(context.instance, key)
+                for key in [model_asset_key(model.name), *live.get(model.name, ())]
+            )
             if trained <= latest_storage_id(context.instance, champion):
                 continue
             if champion in busy:

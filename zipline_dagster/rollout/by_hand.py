@@ -126,10 +126,17 @@ def promote(
 
 
 def rollback(
-    store: BlobStore, model: Model, *, by: str | None = None, left: list[str] | None = None
+    store: BlobStore,
+    model: Model,
+    *,
+    by: str | None = None,
+    left: list[str] | None = None,
+    why: str | None = None,
+    retire: bool = False,
 ) -> ChampionPointer:
     """Point the champion back at the pointer the current one replaced (``left``: as for
-    ``promote``).
+    ``promote``; ``why``: the pointer's reason, "rollback from ..." unless given;
+    ``retire``: the partition rolled back from is never advanced to again).
 
     Raises:
         ChampionError: there is no champion, no earlier one, or the earlier partition is
@@ -162,6 +169,7 @@ def rollback(
             history_name=None,
             moved_at=None,
             moved_by=by or default_actor(),
-            why=f"rollback from {current.where}",
+            why=why or f"rollback from {current.where}",
+            retired=(current.where,) if retire else (),
         )
         return write_pointer(store, model, pointer, current, rollback=True)

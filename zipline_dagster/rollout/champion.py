@@ -186,6 +186,8 @@ def advance(
 
 #: ``Decision.rejected``'s name for a partition a run is still writing (not recorded yet)
 RECORDED = "recorded_by_dagster"
+#: ``Decision.rejected``'s name for a partition the rollback policy retired
+RETIRED = "retired"
 
 
 @dataclass(frozen=True)
@@ -206,11 +208,16 @@ def _first_passing(
     *,
     in_flight: Callable[[ModelPartition], str | None] | None,
     compare_with: ChampionPointer | None = None,
+    retired: tuple[str, ...] = (),
 ) -> _Passing | None:
     """The newest of ``days`` (of the model's version) that passes every gate, is not
-    left to a run writing it (``in_flight``) and, with ``compare_with`` (a champion),
-    does not regress against it; each one passed over goes into ``rejected`` with why."""
+    left to a run writing it (``in_flight``), is not ``retired`` (rolled back from by
+    policy) and, with ``compare_with`` (a champion), does not regress against it; each
+    one passed over goes into ``rejected`` with why."""
     for ds in reversed(days):
+        if f"{model.version}/{ds}" in retired:
+            rejected[ds] = [g.GateResult(RETIRED, False, "retired: rolled back from by policy")]
+            continue
         model_dir = model_dir_uri(model.model_artifact_base_uri, model.name, model.version, ds)
         partition = model_partition(store, model_dir, ds)
         why_not = in_flight(partition) if in_flight is not None else None
@@ -254,7 +261,10 @@ def _advance(
         or (ds == current.ds and (model.version != current.version or retrained))
     ]
     rejected: dict[str, list[g.GateResult]] = {}
-    found = _first_passing(store, model, newer, rejected, in_flight=in_flight, compare_with=current)
+    found = _first_passing(
+        store, model, newer, rejected, in_flight=in_flight, compare_with=current,
+        retired=getattr(current, "retired", ()),
+    )  # fmt: skip
     if found is None:
         return Decision(
             current, False, rejected, _stays(model, current, newer, rejected, retrained)
@@ -329,8 +339,9 @@ def _replace_failing(
     fails = "; ".join(r.summary for r in failing)
     rejected: dict[str, list[g.GateResult]] = {}
     found = _first_passing(
-        store, model, trained_partitions(store, model), rejected, in_flight=in_flight
-    )
+        store, model, trained_partitions(store, model), rejected, in_flight=in_flight,
+        retired=current.retired,
+    )  # fmt: skip
     if found is None:
         reason = (
             f"stays at {where}, which fails the current gates ({fails}): no trained partition "

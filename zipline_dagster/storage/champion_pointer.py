@@ -54,6 +54,10 @@ class ChampionPointer:
     replaced: str | None = None
     #: its name in the history, once it was replaced
     history_name: str | None = None
+    #: partitions (``{version}/{ds}``) rolled back from by policy: the automatic advance
+    #: never moves to them again (a person may promote one by hand); carried from pointer
+    #: to pointer
+    retired: tuple[str, ...] = ()
 
     @property
     def where(self) -> str:
@@ -78,7 +82,7 @@ class ChampionPointer:
                 for k, v in metrics.items()
                 if isinstance(v, (int, float)) and not isinstance(v, bool)
             },
-            checks_passed=tuple(str(c) for c in raw.get("checks_passed") or ()),
+            checks_passed=_strings(raw, "checks_passed"),
             checks_failed={str(k): str(v) for k, v in (raw.get("checks_failed") or {}).items()},
             forced=bool(raw.get("forced")),
             gates_version=text("gates_version"),
@@ -87,15 +91,21 @@ class ChampionPointer:
             moved_at=text("moved_at"),
             replaced=text("replaced"),
             history_name=text("history_name"),
+            retired=_strings(raw, "retired"),
         )
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["metrics"], out["checks_failed"] = dict(self.metrics), dict(self.checks_failed)
         out["checks_passed"] = list(self.checks_passed)
+        out["retired"] = list(self.retired)
         if self.history_name is None:
             del out["history_name"]  # only a pointer kept in the history has one
         return out
+
+
+def _strings(raw: Mapping[str, Any], key: str) -> tuple[str, ...]:
+    return tuple(str(v) for v in raw.get(key) or ())
 
 
 def model_root(model: Model) -> str:
@@ -176,7 +186,14 @@ def write_pointer(
     one it replaced; a ``rollback``'s pointer keeps the ``replaced`` of the earlier
     pointer it restores (a rollback walks back one step at a time)."""
     now = _now()
-    pointer = dataclasses.replace(pointer, moved_at=now.isoformat(timespec="milliseconds"))
+    # what was retired stays retired, but for the partition this pointer names (promoted
+    # by hand)
+    retired = {*(current.retired if current is not None else ()), *pointer.retired}
+    pointer = dataclasses.replace(
+        pointer,
+        moved_at=now.isoformat(timespec="milliseconds"),
+        retired=tuple(sorted(retired - {pointer.where})),
+    )
     if current is not None:
         name = f"{now.strftime('%Y%m%dT%H%M%S.%fZ')}-{current.version}-{current.ds}.json"
         kept = dataclasses.replace(current, history_name=name).to_json()
