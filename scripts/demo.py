@@ -289,9 +289,10 @@ def summarize(
     import dagster as dg
 
     from zipline_dagster.declarations.tasks import REALIZED_METRICS, task_of
-    from zipline_dagster.lineage.partitions import model_asset_key, scored_by
+    from zipline_dagster.lineage.partitions import model_asset_key, scored_by, table_asset_key
     from zipline_dagster.rollout import champion as ch
     from zipline_dagster.rollout import gates
+    from zipline_dagster.scoring.drift import drift_line
     from zipline_dagster.scoring.monitoring import monitoring_asset_key
     from zipline_dagster.storage import champion_pointer as cp
     from zipline_dagster.storage.artifacts import read_report, report_metrics
@@ -344,6 +345,8 @@ def summarize(
             f"      {ds}  realized {_metrics(realized, 'realized/', keys)}  on "
             f"{realized.get('rows_joined')} labelled rows, scored by {model.name} {scored_by(realized)}"
         )
+        scores = _latest_metadata(instance, table_asset_key(transforms.table), ds) or {}
+        print(f"{'':18}drift {drift_line(scores)}; cost {_cost(scores)}")
     return unfinished
 
 

@@ -39,7 +39,8 @@ from zipline_dagster.rollout.assets import (
     build_model_checks,
 )
 from zipline_dagster.rollout.maintenance import build_maintenance
-from zipline_dagster.scoring.assets import build_scores_asset
+from zipline_dagster.scoring.assets import build_scores_asset, scoring_partitions
+from zipline_dagster.scoring.drift import build_drift_checks
 from zipline_dagster.scoring.monitoring import (
     build_monitoring_asset,
     build_monitoring_checks,
@@ -353,6 +354,7 @@ def build_definitions(
         assets.append(build_champion_asset(m, live_keys=live_keys(m, transforms)))
     for mt in transforms:
         assets.append(build_scores_asset(mt, automation_condition=condition))
+        checks += build_drift_checks(mt, scoring_partitions(mt))
         if mt.labels is not None:
             assets.append(build_monitoring_asset(mt, automation_condition=condition))
             checks += build_monitoring_checks(mt)

@@ -419,7 +419,7 @@ def test_a_scores_file_that_cannot_be_read_is_never_committed(
     materialized). Local launcher: the commit is the platform's, whichever runs the job."""
     score = trainer_copy / "trainer" / "score.py"
     text = score.read_text()
-    wrote = "    uri = tio.write_table_file(args.warehouse, args.output_table, args.ds, args.write_id, out)\n"
+    wrote = "        args.warehouse, args.output_table, args.ds, args.write_id, out, drift=drift\n    )\n"
     assert wrote in text
     score.write_text(
         text.replace(

@@ -37,6 +37,8 @@ _TODAY = dt.datetime.now(dt.UTC).date()
 DS = (_TODAY - dt.timedelta(days=2)).isoformat()
 DAY_BEFORE = (_TODAY - dt.timedelta(days=3)).isoformat()
 FIRST = (_TODAY - dt.timedelta(days=6)).isoformat()
+#: the day after DS: scored by it
+NEXT = (_TODAY - dt.timedelta(days=1)).isoformat()
 
 PREPARE = """
 import sys
@@ -79,7 +81,7 @@ def dagster_dev(
         "SPARK_MASTER": "local[2]",
     }
     subprocess.run(
-        [sys.executable, "-c", PREPARE, FIRST, DS],
+        [sys.executable, "-c", PREPARE, FIRST, NEXT],
         cwd=ROOT,
         env=env,
         check=True,
@@ -183,6 +185,22 @@ def test_launch_partition_from_ui_and_see_metadata(dagster_dev: dict[str, Any]) 
         # The champion asset, materialized from the UI, moves to that partition.
         ds_row = materialize_champion(page, dagster_dev["url"], "listing_ctr_model", "champion.png")
         assert "/models/listing_ctr_model/" in ds_row and ds_row.rstrip().endswith(DS)
+
+        # The day after, scored from the UI: its drift and cost plotted by partition.
+        scores_url = f"{dagster_dev['url']}/assets/ctr/listing_ctr_model_scores"
+        launch_partitions(page, scores_url, NEXT, "Launch 1 run")
+        reload_until(
+            page,
+            scores_url,
+            "drift/psi_predictions",
+            timeout_s=300,
+            what="the launched run did not score the day",
+        )
+        page.get_by_role("button", name="Plots").first.click()
+        for plotted in ("drift/psi_predictions", "drift/max_feature_psi", "cost/cpu_s"):
+            page.get_by_text(plotted, exact=True).first.wait_for(timeout=30_000)
+        assert not page.get_by_text("Asset plots are automatically generated").count()
+        page.screenshot(path=str(SCREENSHOTS / "scores_plots_by_partition.png"), full_page=True)
 
 
 def test_a_backfill_launched_and_followed_through_the_webserver(

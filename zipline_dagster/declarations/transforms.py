@@ -69,6 +69,20 @@ def _check_tolerances(who: str, auc: object, tolerances: dict[str, object]) -> N
             )
 
 
+def _check_drift(who: str, warn: object, fail: object) -> None:
+    for name, value in (("drift_warn", warn), ("drift_fail", fail)):
+        if not _is_tolerance(value) or value == 0:
+            raise ModelSpecError(
+                f"{who}: {name}={value!r} is invalid; expected a population stability index > 0 "
+                "(0.1 and 0.25 by default)"
+            )
+    if warn > fail:  # type: ignore[operator]
+        raise ModelSpecError(
+            f"{who}: drift_warn={warn!r} is above drift_fail={fail!r}; expected "
+            "drift_warn <= drift_fail"
+        )
+
+
 class ScoreWith(enum.StrEnum):
     """Which model partition scores day ``ds`` of a ``ModelTransforms``.
 
@@ -106,6 +120,10 @@ class ModelTransforms:
             metric it may be before its monitoring check warns (absolute); the others
             keep ``tasks.DEFAULT_TOLERANCES``.
         realized_auc_tolerance: the AUC's, unless ``realized_tolerances`` names it.
+        drift_warn, drift_fail: the population stability index (PSI) of a scored day
+            against the model partition's training window (per feature) and holdout
+            predictions at which its drift checks warn, and fail (both warnings: they
+            never block); 0 < drift_warn <= drift_fail.
 
     Example:
         ``ModelTransforms(sources=[EventSource(table="ctr.training_v1")],
@@ -131,6 +149,9 @@ class ModelTransforms:
     #: training-time holdout AUC (or below the model's holdout_auc threshold).
     realized_auc_tolerance: float = 0.05
     realized_tolerances: Mapping[str, float] = field(default_factory=dict)
+    #: A scored day's PSI at which its drift checks warn, and fail.
+    drift_warn: float = 0.1
+    drift_fail: float = 0.25
 
     def __post_init__(self) -> None:
         sources, models = list(self.sources), list(self.models)
@@ -157,6 +178,7 @@ class ModelTransforms:
                 + ", ".join(repr(w.value) for w in ScoreWith)
             ) from None
         _check_tolerances(who, self.realized_auc_tolerance, dict(self.realized_tolerances))
+        _check_drift(who, self.drift_warn, self.drift_fail)
         object.__setattr__(self, "label_keys", tuple(keys))
         object.__setattr__(self, "sources", tuple(sources))
         object.__setattr__(self, "models", tuple(models))

@@ -41,6 +41,16 @@ def latest_materialization(
     return records[0] if records else None
 
 
+def latest_metadata(
+    instance: dg.DagsterInstance, key: dg.AssetKey, ds: str
+) -> dict[str, Any] | None:
+    """The metadata values of the latest materialization of ``key`` partition ``ds``
+    (None: none)."""
+    record = latest_materialization(instance, key, ds)
+    mat = record.asset_materialization if record is not None else None
+    return {k: v.value for k, v in mat.metadata.items()} if mat is not None else None
+
+
 def model_asset_key(model_name: str) -> dg.AssetKey:
     """A model's partitions are the asset ``models/{model_name}``."""
     return dg.AssetKey(["models", model_name])

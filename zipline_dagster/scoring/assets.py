@@ -43,6 +43,7 @@ from zipline_dagster.lineage.partitions import (
 from zipline_dagster.rollout import champion as ch
 from zipline_dagster.rollout import gates as g
 from zipline_dagster.rollout.assets import gate_judge
+from zipline_dagster.scoring.drift import drift_from_file, drift_metadata
 from zipline_dagster.storage import champion_pointer as cp
 from zipline_dagster.storage.blobs import BlobStorageError
 from zipline_dagster.storage.catalog import WarehouseError
@@ -349,7 +350,8 @@ def commit_day(
         )
     try:
         # the score column only: the summary needs nothing else
-        scores = pq.read_table(io.BytesIO(store.read_bytes(written)), columns=["score"])["score"]
+        staged = pq.read_table(io.BytesIO(store.read_bytes(written)), columns=["score"])
+        scores, drift = staged["score"], drift_from_file(staged.schema.metadata)
     except Exception as exc:  # unreadable, no score column, storage: this day fails alone
         raise dg.Failure(
             f"{transforms.table} {ds}: the scoring job {job_id} wrote {written}, which cannot "
@@ -401,6 +403,7 @@ def commit_day(
         md["range"] = dg.MetadataValue.text(ran.span)
     if ran.cost is not None:
         md.update(ran.cost.metadata(rows))
+    md.update(drift_metadata(drift))
     return md
 
 

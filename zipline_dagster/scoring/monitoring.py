@@ -25,6 +25,7 @@ from zipline_dagster.lineage.partitions import (
     PARTITIONS_PER_RUN,
     SCORED_BY,
     latest_materialization,
+    latest_metadata,
     model_asset_key,
     record_range,
     scored_by,
@@ -320,13 +321,16 @@ def build_monitoring_checks(
     )
     def _realized(context: dg.AssetCheckExecutionContext) -> Iterator[dg.AssetCheckResult]:
         def judge(ds: str) -> list[tuple[str, dg.AssetCheckResult]]:
-            record = latest_materialization(context.instance, key, ds)
-            mat = record.asset_materialization if record is not None else None
-            md: dict[str, Any] = {k: v.value for k, v in mat.metadata.items()} if mat else {}
+            found = latest_metadata(context.instance, key, ds)
+            md: dict[str, Any] = found or {}
             status = md["status"] if isinstance(md.get("status"), dict) else {}
             out = []
             for m in metrics:
-                why = (status.get(m) or status.get("all")) if mat else f"{ds} is not monitored yet"
+                why = (
+                    (status.get(m) or status.get("all"))
+                    if found is not None
+                    else f"{ds} is not monitored yet"
+                )
                 realized, holdout = md.get(f"realized/{m}"), md.get(f"training/holdout_{m}")
                 result = realized_check(
                     transforms,

@@ -64,7 +64,13 @@ def score(argv: Sequence[str] | None = None) -> dict[str, Any]:
     out["model_version"] = version
     out["model_ds"] = model_ds
     out["model_age_days"] = (dt.date.fromisoformat(args.ds) - dt.date.fromisoformat(model_ds)).days
-    uri = tio.write_table_file(args.warehouse, args.output_table, args.ds, args.write_id, out)
+    # the day's drift against the training window (features) and the holdout (predictions)
+    drift = tio.drift_of(
+        report.get("drift_reference"), data, dict(zip(names, columns, strict=True)), out["score"]
+    )
+    uri = tio.write_table_file(
+        args.warehouse, args.output_table, args.ds, args.write_id, out, drift=drift
+    )
     log.info(
         "scored %d rows of %s %s with %s; wrote %s",
         len(out),

@@ -177,6 +177,9 @@ def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "params": {k: v for k, v in params.items() if k != "nthread"},
         "num_rounds": args.num_rounds,
         "training_seconds": round(time.monotonic() - t0, 3),
+        # what each scored day's drift (PSI) is measured against: the features over the
+        # training rows, the predictions over the holdout
+        "drift_reference": tio.drift_reference(train_df, features, p_hold),
     }
     tio.write_bytes(args.model_dir, "model.json", bytes(booster.save_raw(raw_format="json")))
     tio.write_bytes(
