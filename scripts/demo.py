@@ -416,7 +416,7 @@ def _cost(metadata: "Mapping[str, object] | None") -> str:
         f"{value:{fmt}}{unit}"
         for key, fmt, unit in (
             ("cost/wall_s", ".1f", "s wall"),
-            ("cost/cpu_s", ".1f", " CPU-s"),
+            ("cost/cpu_s", ".2f", " CPU-s"),
             ("cost/peak_mem_mb", ".0f", " MB peak"),
             ("cost/rows_per_s", ",.0f", " rows/s"),
         )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -226,6 +227,9 @@ def test_a_new_model_goes_from_scaffold_to_champion_and_cannot_drift(
     assert "champion: " in summary and f"/{DS} (holdout AUC 0." in summary, summary
     assert "2026-07-12  realized AUC 0." in summary, summary
     assert f"scored by listing_ctr_model {DS}" in summary, summary
+    # each trained partition's cost, each scored day's drift and cost
+    assert re.search(r"cost [\d.]+s wall, [\d.]+ CPU-s, \d+ MB peak", summary), summary
+    assert re.search(r"drift predictions PSI \d\.\d{3}; top features \w+ \d", summary), summary
     # Spark's start-up banner and Hadoop's native-library note stay out of the output
     for noise in ("default log4j profile", "setLogLevel", "NativeCodeLoader"):
         assert noise not in shown.stdout + shown.stderr, noise
