@@ -17,6 +17,8 @@ from tests.scoring.test_scores import LABELS, champion_metadata, scoring_defs, w
 from tests.training.test_assets import TABLE
 from zipline_dagster import DeploymentSpec, Metric, ModelSpecError, RolloutStrategy
 from zipline_dagster.lineage.partitions import champion_asset_key, table_asset_key
+from zipline_dagster.rollout import by_hand
+from zipline_dagster.rollout import champion as ch
 from zipline_dagster.rollout.assets import LIVE_CHECK
 from zipline_dagster.scoring.monitoring import monitoring_asset_key
 from zipline_dagster.storage import champion_pointer as cp
@@ -94,6 +96,15 @@ def test_the_champion_rolls_back_after_k_days_worse_than_its_holdout(file_base: 
     stays = champion_metadata(run(champion_key))
     assert stays["moved"] is False and stays["ds"] == A
     assert stays["rejected"][B] == {"retired": "retired: rolled back from by policy"}
+    # a rollback decided on a champion that no longer serves is refused, not applied to
+    # the one serving now (two evaluations at once: the second judged the old champion)
+    with pytest.raises(ch.ChampionError) as err:
+        by_hand.rollback(store, model, why="late", retire=True, only_from=f"{version}/{B}")
+    assert str(err.value) == (
+        f"{model.name}'s champion moved to {version}/{A} after {version}/{B} was judged; it "
+        "is judged again at its next evaluation"
+    )
+    assert getattr(cp.read_champion(store, model), "ds", None) == A
     # and the next day is scored by the restored champion
     run(table_asset_key(t.table), LIVE[2])
     rows = instance.fetch_materializations(table_asset_key(t.table), limit=1).records

@@ -133,10 +133,12 @@ def rollback(
     left: list[str] | None = None,
     why: str | None = None,
     retire: bool = False,
+    only_from: str | None = None,
 ) -> ChampionPointer:
     """Point the champion back at the pointer the current one replaced (``left``: as for
     ``promote``; ``why``: the pointer's reason, "rollback from ..." unless given;
-    ``retire``: the partition rolled back from is never advanced to again).
+    ``retire``: the partition rolled back from is never advanced to again; ``only_from``:
+    the champion (``{version}/{ds}``) the caller judged, refused if another serves now).
 
     Raises:
         ChampionError: there is no champion, no earlier one, or the earlier partition is
@@ -146,6 +148,11 @@ def rollback(
         current = read_champion(store, model)
         if current is None:
             raise ChampionError(f"{model.name} has no champion ({champion_uri(model)} is absent)")
+        if only_from is not None and current.where != only_from:
+            raise ChampionError(
+                f"{model.name}'s champion moved to {current.where} after {only_from} was "
+                "judged; it is judged again at its next evaluation"
+            )
         if not current.replaced:
             raise ChampionError(
                 f"{model.name}'s champion {current.where} "

@@ -132,10 +132,15 @@ def apply(
     no rollback).
 
     Raises:
-        ChampionError: the policy says roll back, but there is no earlier champion or it
-            can no longer serve (``by_hand.rollback`` names why).
+        ChampionError: the policy says roll back, but there is no earlier champion, it
+            can no longer serve, or the champion moved meanwhile (``by_hand.rollback``
+            names why).
     """
     verdict = judge(model, champion, live(champion) if champion is not None else [])
-    if verdict.rollback is None:
+    if verdict.rollback is None or champion is None:
         return verdict, None
-    return verdict, by_hand.rollback(store, model, by=by, why=verdict.rollback, retire=True)
+    # under the champion's lock, and only if the champion judged still serves
+    restored = by_hand.rollback(
+        store, model, by=by, why=verdict.rollback, retire=True, only_from=champion.where
+    )
+    return verdict, restored
