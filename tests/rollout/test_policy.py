@@ -6,6 +6,7 @@ partition it left and says why in its check; it never advances to it again."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -91,9 +92,17 @@ def test_the_champion_rolls_back_after_k_days_worse_than_its_holdout(file_base: 
     assert restored.retired == (f"{version}/{B}",)
     left = [p for p in cp.history(store, model) if p.ds == B]
     assert left, "the pointer rolled back from is kept in the history"
+    # each partition's card beside its artifacts says what the champion decided about it
+    base = Path(file_base.removeprefix("file://"), "models", model.name, version)
+    card_b, card_a = (base / B / "card.md").read_text(), (base / A / "card.md").read_text()
+    assert "**Champion decisions**" in card_b
+    assert "became the champion: newest partition passing every gate" in card_b
+    assert f"retired (rollback by policy: {version}/{B}" in card_b
+    assert f"became the champion: rollback by policy: {version}/{B}" in card_a
 
     # the next evaluation does not move forward to the retired partition
     stays = champion_metadata(run(champion_key))
+    assert (base / B / "card.md").read_text() == card_b  # nothing new decided: nothing added
     assert stays["moved"] is False and stays["ds"] == A
     assert stays["rejected"][B] == {"retired": "retired: rolled back from by policy"}
     # a rollback decided on a champion that no longer serves is refused, not applied to

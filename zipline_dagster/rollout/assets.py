@@ -30,6 +30,7 @@ from zipline_dagster.lineage.partitions import (
 from zipline_dagster.rollout import champion as ch
 from zipline_dagster.rollout import gates as g
 from zipline_dagster.rollout import policy
+from zipline_dagster.rollout.cards import note_decisions
 from zipline_dagster.storage import champion_pointer as cp
 from zipline_dagster.storage.blobs import BlobStore
 from zipline_dagster.storage.champion_pointer import ChampionPointer
@@ -364,6 +365,7 @@ def build_champion_asset(
                 attempt_gone=lambda pointer: bool(ch.why_pinned_attempt_gone(store, pointer)),
             )
             md.update(listening.champion_evaluated(evaluated))
+        note_decisions(store, model, decision, when=f"{by} at {_now()}", warn=context.log.warning)
         if decision.left_behind:  # the pointer is written: recorded as it is on storage
             md["left_behind"] = dg.MetadataValue.json(decision.left_behind)
             context.log.warning(ch.lock_left_behind(model, decision.left_behind))
@@ -372,6 +374,12 @@ def build_champion_asset(
         )
 
     return _champion
+
+
+def _now() -> str:
+    import datetime as dt
+
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
 #: The champion asset's check: the champion passes the current gates.

@@ -11,6 +11,8 @@ if TYPE_CHECKING:
     from zipline_dagster.declarations.model import Model
 
 MANIFEST_NAME = "_MANIFEST.json"
+#: A model partition's card beside its artifacts (a view: not in its manifest).
+CARD_NAME = "card.md"
 
 
 def join_uri(base: str, *parts: str) -> str:

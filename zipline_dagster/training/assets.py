@@ -41,10 +41,10 @@ from zipline_dagster.storage.artifacts import (
 from zipline_dagster.storage.blobs import BlobNotFoundError, BlobStorageError, BlobStore
 from zipline_dagster.storage.catalog import WarehouseError
 from zipline_dagster.storage.champion_pointer import read_champion
-from zipline_dagster.storage.paths import join_uri, model_root_uri
+from zipline_dagster.storage.paths import CARD_NAME, join_uri, model_root_uri
 from zipline_dagster.storage.resources import WarehouseResource
 from zipline_dagster.storage.table_days import window_snapshot
-from zipline_dagster.training.card import CARD_NAME, CardInput, model_card
+from zipline_dagster.training.card import CardInput, model_card
 from zipline_dagster.training.metadata import report_metadata
 from zipline_dagster.training.retries import reusable_partitions
 

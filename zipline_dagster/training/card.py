@@ -5,8 +5,9 @@ It says what trained it (the trainer archive's version and the declaration's cod
 version), what it read (the input table's Iceberg snapshot and the window), with which
 flags, its metrics beside the declared gates with each verdict, what it cost, and the
 champion decision about it as far as it is known when it trained: the champion it will
-be compared with and the tolerance (``champions/{model}`` decides once its blocking
-checks have run; the champion's history names the outcome).
+be compared with and the tolerance. ``champions/{model}`` decides once its blocking
+checks have run, and appends each decision about the partition to ``card.md``
+(``rollout.cards``).
 """
 
 from __future__ import annotations
@@ -19,8 +20,6 @@ from zipline_dagster.declarations.model import Model
 from zipline_dagster.jobs.cost import Cost
 from zipline_dagster.storage.artifacts import report_metrics
 from zipline_dagster.storage.champion_pointer import ChampionPointer
-
-CARD_NAME = "card.md"
 
 
 @dataclass(frozen=True)
