@@ -299,6 +299,7 @@ def test_materialize_on_object_stores(
     store = blob_store(model_dir)
     assert [u.rsplit("/", 1)[1] for u in store.list(model_dir) if "/_attempts/" not in u] == [
         MANIFEST_NAME,
+        "card.md",
         "metrics.json",
         "model.json",
         "pr_curve.png",
