@@ -27,12 +27,15 @@ def days_ending(ds: str, n: int) -> list[str]:
     return [(end - dt.timedelta(days=k)).isoformat() for k in range(n - 1, -1, -1)]
 
 
-def ctr_rows(ds: str, rows: int, *, seed: int = 0, label: int | None = None) -> pd.DataFrame:
-    """Listing rows with a real click signal: cheaper, well-stocked listings get clicked."""
+def ctr_rows(
+    ds: str, rows: int, *, seed: int = 0, label: int | None = None, price_effect: float = -1.2
+) -> pd.DataFrame:
+    """Listing rows with a real click signal: cheaper (``price_effect`` < 0), well-stocked
+    listings get clicked."""
     rng = np.random.default_rng([seed, int(ds.replace("-", ""))])
     price_log = rng.normal(4.0, 1.0, rows)
     inventory = rng.integers(0, 50, rows)
-    logit = -1.0 - 1.2 * (price_log - 4.0) + 0.04 * (inventory - 25)
+    logit = -1.0 + price_effect * (price_log - 4.0) + 0.04 * (inventory - 25)
     clicked = rng.random(rows) < 1 / (1 + np.exp(-logit))
     return pd.DataFrame(
         {

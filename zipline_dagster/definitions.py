@@ -273,6 +273,22 @@ def check_inputs(
         if mt.labels is not None:
             resolve_table(mt.labels.table, known, who=who, field="labels.table")
         check_transforms_columns(mt, by_table)
+    for m in models:
+        _check_judged_live(m, transforms)
+
+
+def _check_judged_live(model: Model, transforms: Sequence[ModelTransforms]) -> None:
+    """A rollout judged on live days needs a monitored scores table of the model."""
+    r = model.rollout
+    wants = ("kind='shadow'" if r.shadow else "") or (
+        f"rollback_after_days={r.rollback_after_days}" if r.rollback_after_days else ""
+    )
+    if wants and not live_keys(model, transforms):
+        raise ModelSpecError(
+            f"Model {model.name!r}: its RolloutStrategy({wants}) is judged on monitored days, "
+            "but no ModelTransforms of it declares labels (none is monitored), so it would "
+            "never act; declare labels= on one of its ModelTransforms"
+        )
 
 
 def live_keys(model: Model, transforms: Sequence[ModelTransforms]) -> list[dg.AssetKey]:
@@ -290,7 +306,11 @@ def sensors(
     """Automation's: its own sensor, the champions' and the rescoring one."""
     out: list[dg.SensorDefinition] = [automation_sensor()]
     if models:
-        live = {m.name: live_keys(m, transforms) for m in models if m.rollout.rollback_after_days}
+        live = {
+            m.name: live_keys(m, transforms)
+            for m in models
+            if m.rollout.rollback_after_days or m.rollout.shadow
+        }
         out.append(build_champion_sensor(list(models), live=live))
     if transforms:
         out.append(build_rescoring_sensor(list(transforms)))

@@ -277,7 +277,7 @@ def test_scoring_runs_under_the_driver_with_its_marker_beside_the_scores() -> No
         JobRequest,
         build_range_request,
     )
-    from zipline_dagster.scoring.assets import Chosen, scoring_request
+    from zipline_dagster.scoring.days import Chosen, scoring_request
 
     model = make_model("a" * 12, "s3://b/wh")
     t = transforms_for(model)

@@ -20,7 +20,7 @@ from zipline_dagster import DeploymentSpec, Metric, ModelSpecError, RolloutStrat
 from zipline_dagster.lineage.partitions import champion_asset_key, table_asset_key
 from zipline_dagster.rollout import by_hand
 from zipline_dagster.rollout import champion as ch
-from zipline_dagster.rollout.assets import LIVE_CHECK
+from zipline_dagster.rollout.live import LIVE_CHECK
 from zipline_dagster.scoring.monitoring import monitoring_asset_key
 from zipline_dagster.storage import champion_pointer as cp
 from zipline_dagster.storage.blobs import blob_store

@@ -120,6 +120,10 @@ class Metric:
         return f"{self.name} {'>=' if self.is_minimum else '<='} {self.threshold:g}"
 
 
+#: ``RolloutStrategy.kind``'s values
+ROLLOUT_KINDS = ("immediate", "shadow")
+
+
 @dataclass(frozen=True)
 class RolloutStrategy:
     """Which partitions may become the champion.
@@ -135,6 +139,16 @@ class RolloutStrategy:
             days it scored) is worse than its holdout value by more than
             ``regression_tolerance`` on its K latest monitored days running; the partition
             rolled back from is retired (never advanced to again). Off (None) by default.
+        kind: ``"immediate"`` (default): a newer partition passing its gates becomes the
+            champion. ``"shadow"``: a passing partition of a new trainer version becomes
+            the challenger instead; each scored day is scored by both (the challenger into
+            the table beside the scores, ``{scores table}_challenger``) and monitored for
+            both, and after ``days`` monitored days on which its realized threshold metrics
+            are not worse than the champion's beyond ``regression_tolerance`` the champion
+            moves to it; one worse on any of them is retired, naming the days. Newer
+            partitions of the champion's own version still advance it immediately. Scores
+            tables of the model must score with the champion (``score_with="champion"``).
+        days: ``"shadow"``: the monitored days the challenger is judged on (N).
 
     Example:
         ``RolloutStrategy(rollout_metric_thresholds=[Metric("holdout_auc", 0.65)],
@@ -144,6 +158,8 @@ class RolloutStrategy:
     rollout_metric_thresholds: Sequence[Metric] = field(default_factory=tuple)
     regression_tolerance: float = 0.0
     rollback_after_days: int | None = None
+    kind: str = "immediate"
+    days: int | None = None
 
     def __post_init__(self) -> None:
         for m in self.rollout_metric_thresholds:
@@ -165,6 +181,38 @@ class RolloutStrategy:
             )
         object.__setattr__(self, "rollout_metric_thresholds", tuple(self.rollout_metric_thresholds))
         self._check_rollback()
+        self._check_shadow()
+
+    def _check_shadow(self) -> None:
+        kind, n = self.kind, self.days
+        if kind not in ROLLOUT_KINDS:
+            raise ModelSpecError(
+                f"RolloutStrategy: kind={kind!r} is invalid; expected one of "
+                + ", ".join(repr(k) for k in ROLLOUT_KINDS)
+            )
+        if kind == "immediate" and n is not None:
+            raise ModelSpecError(
+                f"RolloutStrategy: days={n!r} is the shadow rollout's; it means nothing with "
+                "kind='immediate' (declare kind='shadow', or leave days out)"
+            )
+        if kind != "shadow":
+            return
+        if n is None or isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ModelSpecError(
+                f"RolloutStrategy: days={n!r} is invalid; kind='shadow' needs the number of "
+                "monitored days the challenger is judged on, a whole number >= 1"
+            )
+        if not self.rollout_metric_thresholds:
+            raise ModelSpecError(
+                "RolloutStrategy: kind='shadow' compares the challenger's realized threshold "
+                "metrics with the champion's, but rollout_metric_thresholds is empty; declare "
+                "at least one Metric"
+            )
+
+    @property
+    def shadow(self) -> bool:
+        """A new trainer version shadows the champion before it serves."""
+        return self.kind == "shadow"
 
     def _check_rollback(self) -> None:
         k = self.rollback_after_days

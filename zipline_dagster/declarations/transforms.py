@@ -177,6 +177,12 @@ class ModelTransforms:
                 f"{who}: score_with={self.score_with!r} is invalid; expected one of "
                 + ", ".join(repr(w.value) for w in ScoreWith)
             ) from None
+        if models[0].rollout.shadow and self.score_with is not ScoreWith.CHAMPION:
+            raise ModelSpecError(
+                f"{who}: score_with={str(self.score_with)!r}, but {models[0].name}'s rollout "
+                "is kind='shadow': a challenger must not serve before its shadow days, and "
+                "only the champion is sure not to be it; declare score_with='champion'"
+            )
         _check_tolerances(who, self.realized_auc_tolerance, dict(self.realized_tolerances))
         _check_drift(who, self.drift_warn, self.drift_fail)
         object.__setattr__(self, "label_keys", tuple(keys))
@@ -233,6 +239,12 @@ class ModelTransforms:
         if metric == "auc":
             return float(self.realized_auc_tolerance)
         return DEFAULT_TOLERANCES[metric]
+
+    @property
+    def challenger_table(self) -> str:
+        """Where a shadow challenger's scores of each day go: the table beside the scores
+        (``{table}_challenger``), the same columns."""
+        return f"{self.table}_challenger"
 
     @property
     def use_champion(self) -> bool:

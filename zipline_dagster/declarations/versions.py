@@ -98,8 +98,8 @@ def monitoring_code_version(transforms: ModelTransforms) -> str:
 
 
 def gates_version(model: Model) -> str:
-    """The champion's code version: the gates it judges under (thresholds, tolerance) and
-    its rollback policy."""
+    """The champion's code version: the gates it judges under (thresholds, tolerance), its
+    rollback policy and its shadow rollout."""
     r = model.rollout
     return digest(
         {
@@ -109,5 +109,6 @@ def gates_version(model: Model) -> str:
             "tolerance": r.regression_tolerance,
             # off by default: a champion declared before the policy keeps its version
             **({"rollback_after_days": r.rollback_after_days} if r.rollback_after_days else {}),
+            **({"shadow_days": r.days} if r.shadow else {}),
         }
     )

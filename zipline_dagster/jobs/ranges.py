@@ -103,8 +103,11 @@ class DayWork(Protocol):
         ...
 
 
-def load_archive(model: Model, warehouse: WarehouseResource) -> tuple[bytes, list[str]]:
-    """The model's verified trainer archive and its ``install_requires``.
+def load_archive(
+    model: Model, warehouse: WarehouseResource, version: str | None = None
+) -> tuple[bytes, list[str]]:
+    """The model's verified trainer archive (of ``version``, default the model's) and its
+    ``install_requires``.
 
     Raises:
         dg.Failure: the archive is missing, does not verify or cannot be read (named).
@@ -113,7 +116,7 @@ def load_archive(model: Model, warehouse: WarehouseResource) -> tuple[bytes, lis
         archive_uri, archive = load_verified_archive(
             base=model.model_artifact_base_uri,
             model_name=model.name,
-            version=model.version,
+            version=version or model.version,
             options=warehouse.storage_options(),
         )
         return archive, read_install_requires(archive, uri=archive_uri)
@@ -135,18 +138,7 @@ def run_days(
             (naming each, after the others are recorded), or nothing could run (the
             archive, or Ray unreachable).
     """
-    done: dict[str, dict[str, Any]] = {}
-    errors: dict[str, dg.Failure] = {}
-    ready: list[JobRequest] = []
-    for ds in days:
-        try:
-            ready.append(work.prepare(ds))
-        except dg.Failure as exc:
-            errors[ds] = exc
-    done.update(work.reuse(ready))
-    ready = [r for r in ready if r.ds not in done]
-    if ready:
-        _launch_ready(context, work, ready, launcher, warehouse, done, errors)
+    done, errors = run_jobs(context, work, days, launcher, warehouse)
     if len(days) == 1:
         if errors:
             raise errors[days[0]]
@@ -162,6 +154,36 @@ def run_days(
     )
 
 
+def run_jobs(
+    context: dg.AssetExecutionContext,
+    work: DayWork,
+    days: list[str],
+    launcher: JobLauncher,
+    warehouse: WarehouseResource,
+) -> tuple[dict[str, dict[str, Any]], dict[str, dg.Failure]]:
+    """Stages 1 to 5 of ``run_days``: each day prepared, run and finished, nothing
+    recorded; {ds: its metadata} of the days finished and {ds: its failure} of the others.
+
+    Raises:
+        dg.Failure: nothing could run (the archive, or Ray unreachable).
+    """
+    done: dict[str, dict[str, Any]] = {}
+    errors: dict[str, dg.Failure] = {}
+    ready: list[JobRequest] = []
+    for ds in days:
+        try:
+            ready.append(work.prepare(ds))
+        except dg.Failure as exc:
+            errors[ds] = exc
+    done.update(work.reuse(ready))
+    ready = [r for r in ready if r.ds not in done]
+    # a day runs its own trainer version's archive (scoring by a champion of another)
+    for version in sorted({r.version for r in ready}):
+        same = [r for r in ready if r.version == version]
+        _launch_ready(context, work, same, launcher, warehouse, done, errors)
+    return done, errors
+
+
 def _launch_ready(
     context: dg.AssetExecutionContext,
     work: DayWork,
@@ -171,9 +193,10 @@ def _launch_ready(
     done: dict[str, dict[str, Any]],
     errors: dict[str, dg.Failure],
 ) -> None:
-    """Run the ``ready`` days' jobs (a range in one job where the launcher can), adding
-    each day's metadata to ``done`` or its failure to ``errors``."""
-    archive, requirements = load_archive(work.model, warehouse)
+    """Run the ``ready`` days' jobs, all of one trainer version (a range in one job where
+    the launcher can), adding each day's metadata to ``done`` or its failure to
+    ``errors``."""
+    archive, requirements = load_archive(work.model, warehouse, ready[0].version)
     try:  # the embedded Ray head starts here when nothing else is configured
         runner = launcher.runner(context.log, warehouse.store)
     except (RayUnreachableError, RayHeadError) as exc:
@@ -186,7 +209,7 @@ def _launch_ready(
             requirements=requirements,
             metadata=job_metadata(
                 model=work.model.name,
-                version=work.model.version,
+                version=request.version,
                 ds=label,
                 dagster_run_id=context.run.run_id,
             ),

@@ -128,8 +128,13 @@ class JobRequest:
     #: the folder whose ``_attempts/`` holds the driver's end marker (default:
     #: ``canonical_dir``; scoring: the scores partition's folder, not the model's)
     marker_dir: str = ""
+    #: the trainer version whose archive runs it (default the model's; scoring by a
+    #: champion or challenger of another version runs that version's archive)
+    version: str = ""
 
     def __post_init__(self) -> None:
+        if not self.version:
+            object.__setattr__(self, "version", self.model.version)
         if not self.canonical_dir:
             object.__setattr__(self, "canonical_dir", self.model_dir)
         if not self.marker_dir:
@@ -299,6 +304,7 @@ def build_range_request(requests: list[JobRequest], *, key_prefix: str = "") -> 
         days=tuple(sorted({d for r in requests for d in r.days})),
         model_dir=first.model_dir,
         archive_uri=first.archive_uri,
+        version=first.version,
         flags=tuple(flags),
         env=dict(first.env),
         module=DRIVER_MODULE,

@@ -29,7 +29,7 @@ from zipline_dagster.lineage.partitions import (
 )
 from zipline_dagster.rollout import champion as ch
 from zipline_dagster.rollout import gates as g
-from zipline_dagster.rollout import policy
+from zipline_dagster.rollout import live as on_live
 from zipline_dagster.rollout.cards import note_decisions
 from zipline_dagster.storage import champion_pointer as cp
 from zipline_dagster.storage.blobs import BlobStore
@@ -268,18 +268,10 @@ def build_champion_asset(
     automation_condition: dg.AutomationCondition | None = None,
     live_keys: Sequence[dg.AssetKey] = (),
 ) -> dg.AssetsDefinition:
-    """The champion asset; with a rollback policy declared, ``live_keys`` are the
-    monitoring assets whose realized metrics it judges the champion on
-    (``rollout.policy``), and its ``champion_holds_live`` check says what it found."""
-    policy_on = bool(model.rollout.rollback_after_days)
-    live_spec = dg.AssetCheckSpec(
-        LIVE_CHECK,
-        asset=champion_asset_key(model.name),
-        description=f"The champion's realized metrics hold against its holdout (a rollback "
-        f"after {model.rollout.rollback_after_days} monitored days running worse than it "
-        f"by more than {model.rollout.regression_tolerance:g}); fails naming the days when "
-        "the champion was rolled back.",
-    )
+    """The champion asset; with a rollback policy or a shadow rollout declared,
+    ``live_keys`` are the monitoring assets whose realized metrics it judges the champion
+    (``rollout.policy``) and the challenger (``rollout.shadow``) on, and its checks say
+    what it found (``rollout.live``)."""
 
     @dg.asset(
         key=champion_asset_key(model.name),
@@ -304,7 +296,7 @@ def build_champion_asset(
                 "change, it keeps serving until a partition passes them; this check names "
                 "the gates it fails).",
             ),
-            *([live_spec] if policy_on else []),
+            *on_live.check_specs(model),
         ],
     )
     def _champion(
@@ -313,9 +305,9 @@ def build_champion_asset(
         store = warehouse.store(model.model_artifact_base_uri)
         ledger = Ledger(context.instance, judge=gate_judge(model, store=warehouse.store))
         by = f"dagster run {context.run.run_id}"
-        checks = [] if not policy_on else [live_check(context, store, model, live_keys, by)]
-        rolled_back = checks[0][1] if checks else None
-        decision = rolled_back or ch.advance(
+        checks = on_live.checks(context, store, model, live_keys, by)
+        decided = next((d for _, d in checks if d is not None), None)
+        decision = decided or ch.advance(
             store,
             model,
             by=by,
@@ -384,45 +376,6 @@ def _now() -> str:
 
 #: The champion asset's check: the champion passes the current gates.
 CHAMPION_CHECK = "champion_passes_gates"
-#: The champion asset's check under a rollback policy: its live metrics hold.
-LIVE_CHECK = "champion_holds_live"
-
-
-def live_check(
-    context: dg.AssetExecutionContext,
-    store: BlobStore,
-    model: Model,
-    live_keys: Sequence[dg.AssetKey],
-    by: str,
-) -> tuple[dg.AssetCheckResult, ch.Decision | None]:
-    """The rollback policy applied (``rollout.policy``): its check result (a warning that
-    fails naming the days when the champion was rolled back, or could not be), and the
-    decision when it rolled the champion back (None: the champion is judged as usual)."""
-    current = cp.read_champion(store, model)
-    try:
-        verdict, restored = policy.apply(
-            store,
-            model,
-            current,
-            lambda c: policy.live_days(context.instance, live_keys, c),
-            by=by,
-        )
-        summary, passed = verdict.summary, restored is None
-    except ch.ChampionError as exc:
-        restored, passed = None, False
-        summary = f"the rollback policy would roll {model.name} back, but {exc}"
-        context.log.warning(summary)
-    result = dg.AssetCheckResult(
-        check_name=LIVE_CHECK,
-        passed=passed,
-        severity=dg.AssetCheckSeverity.WARN,
-        description=summary,
-        metadata={"summary": dg.MetadataValue.text(summary)},
-    )
-    if restored is None:
-        return result, None
-    context.log.warning(f"{model.name} champion rolled back to {restored.where}: {summary}")
-    return result, ch.Decision(restored, True, {}, summary)
 
 
 def champion_check(decision: ch.Decision) -> dg.AssetCheckResult:

@@ -178,5 +178,7 @@ def rollback(
             moved_by=by or default_actor(),
             why=why or f"rollback from {current.where}",
             retired=(current.where,) if retire else (),
+            # a challenger was judged against the champion rolled back from
+            challenger=None,
         )
         return write_pointer(store, model, pointer, current, rollback=True)

@@ -32,6 +32,7 @@ from zipline_dagster.storage.artifacts import (
 from zipline_dagster.storage.blobs import BlobStore
 from zipline_dagster.storage.champion_pointer import (
     LOCK_NAME,
+    Challenger,
     ChampionPointer,
     model_root,
     read_champion,
@@ -218,6 +219,16 @@ def _first_passing(
         if f"{model.version}/{ds}" in retired:
             rejected[ds] = [g.GateResult(RETIRED, False, "retired: rolled back from by policy")]
             continue
+        if f"{model.version}/*" in retired:
+            rejected[ds] = [
+                g.GateResult(
+                    RETIRED,
+                    False,
+                    f"retired: trainer version {model.version} was worse than the champion on "
+                    "its shadow days",
+                )
+            ]
+            continue
         model_dir = model_dir_uri(model.model_artifact_base_uri, model.name, model.version, ds)
         partition = model_partition(store, model_dir, ds)
         why_not = in_flight(partition) if in_flight is not None else None
@@ -253,13 +264,7 @@ def _advance(
         return _replace_failing(store, model, current, failing, by=by, in_flight=in_flight)
     # the champion's own partition trained again is judged again: it holds another attempt
     retrained = why_pinned_attempt_gone(store, current) if current is not None else None
-    newer = [
-        ds
-        for ds in trained_partitions(store, model)
-        if current is None
-        or ds > current.ds
-        or (ds == current.ds and (model.version != current.version or retrained))
-    ]
+    newer = _newer(trained_partitions(store, model), model, current, retrained)
     rejected: dict[str, list[g.GateResult]] = {}
     found = _first_passing(
         store, model, newer, rejected, in_flight=in_flight, compare_with=current,
@@ -269,6 +274,8 @@ def _advance(
         return Decision(
             current, False, rejected, _stays(model, current, newer, rejected, retrained)
         )
+    if model.rollout.shadow and current is not None and current.version != model.version:
+        return _challenge(store, model, current, found, rejected)
     why = "newest partition passing every gate" + (
         f" (after {len(rejected)} newer rejected)" if rejected else ""
     )
@@ -279,6 +286,67 @@ def _advance(
         report=found.report, attempt=found.attempt,
     )  # fmt: skip
     return Decision(write_pointer(store, model, pointer, current), True, rejected, why)
+
+
+def _newer(
+    days: list[str], model: Model, current: ChampionPointer | None, retrained: str | None
+) -> list[str]:
+    """The trained ``days`` of the model's version that may replace ``current``: newer,
+    or the same day of another version or trained again (``retrained``)."""
+    if current is None:
+        return days
+    again = model.version != current.version or bool(retrained)
+    return [ds for ds in days if ds > current.ds or (ds == current.ds and again)]
+
+
+def _challenge(
+    store: BlobStore,
+    model: Model,
+    current: ChampionPointer,
+    found: _Passing,
+    rejected: dict[str, list[g.GateResult]],
+) -> Decision:
+    """The shadow rollout: ``found``, a passing partition of a new trainer version, becomes
+    the challenger (or stays it) instead of the champion (``rollout.shadow`` judges it
+    on its live days)."""
+    held = current.shadowed_by
+    n = model.rollout.days
+    if held is not None and (held.version, held.ds, held.attempt) == (
+        model.version,
+        found.ds,
+        found.attempt,
+    ):
+        why = (
+            f"stays at {current.where}; the challenger {held.where} shadows it until {n} "
+            "monitored days judge it"
+        )
+        return Decision(current, False, rejected, why)
+    since = held.since if held is not None and held.version == model.version else ""
+    challenger = Challenger(
+        version=model.version,
+        ds=found.ds,
+        artifact_uri=model_dir_uri(
+            model.model_artifact_base_uri, model.name, model.version, found.ds
+        ),
+        attempt=found.attempt,
+        metrics={k: v for k, v in report_metrics(found.report).items() if v is not None},
+        since=since or _now_iso(),
+    )
+    why = (
+        f"stays at {current.where}; {challenger.where} (trainer version {model.version}, new) "
+        f"passes every gate and becomes the challenger: it scores each day beside the "
+        f"champion and serves once {n} monitored days show it not worse"
+    )
+    pointer = write_pointer(
+        store, model, replace(current, challenger=challenger), current, amend=True
+    )
+    return Decision(pointer, False, rejected, why)
+
+
+def _now_iso() -> str:
+    import datetime as dt
+
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
 def _stays(

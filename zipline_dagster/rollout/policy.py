@@ -14,8 +14,9 @@ again (``ChampionPointer.retired``); a person may promote it by hand.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import dagster as dg
 
@@ -48,12 +49,20 @@ class Verdict:
     summary: str
 
 
-def live_days(
-    instance: dg.DagsterInstance, keys: Sequence[dg.AssetKey], champion: ChampionPointer
-) -> list[LiveDay]:
-    """The monitored days the ``champion``'s partition scored (each day's latest
-    materialization of the monitoring ``keys``), oldest first."""
-    days: dict[str, LiveDay] = {}
+def realized(md: Mapping[str, Any], prefix: str) -> dict[str, float]:
+    """The realized metrics in a monitored day's metadata ``md`` under ``prefix``."""
+    return {
+        k.removeprefix(prefix): float(v)
+        for k, v in md.items()
+        if k.startswith(prefix) and isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
+
+
+def monitored(
+    instance: dg.DagsterInstance, keys: Sequence[dg.AssetKey]
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each monitored day (ds) and the metadata values of its latest materialization, of
+    each of the monitoring ``keys`` (the ``RECENT`` newest of each)."""
     for key in keys:
         records = instance.fetch_materializations(
             dg.AssetRecordsFilter(asset_key=key), limit=RECENT
@@ -64,19 +73,21 @@ def live_days(
             if mat is None or ds in seen:
                 continue
             seen.add(ds)
-            md = {k: v.value for k, v in mat.metadata.items()}
-            day = LiveDay(
-                ds,
-                str(md.get("model_version")),
-                str(md.get(SCORED_BY)),
-                {
-                    k.removeprefix("realized/"): float(v)
-                    for k, v in md.items()
-                    if k.startswith("realized/") and isinstance(v, (int, float))
-                },
-            )
-            if (day.version, day.model_ds) == (champion.version, champion.ds):
-                days.setdefault(ds, day)
+            yield ds, {k: v.value for k, v in mat.metadata.items()}
+
+
+def live_days(
+    instance: dg.DagsterInstance, keys: Sequence[dg.AssetKey], champion: ChampionPointer
+) -> list[LiveDay]:
+    """The monitored days the ``champion``'s partition scored (each day's latest
+    materialization of the monitoring ``keys``), oldest first."""
+    days: dict[str, LiveDay] = {}
+    for ds, md in monitored(instance, keys):
+        day = LiveDay(
+            ds, str(md.get("model_version")), str(md.get(SCORED_BY)), realized(md, "realized/")
+        )
+        if (day.version, day.model_ds) == (champion.version, champion.ds):
+            days.setdefault(ds, day)
     return [days[ds] for ds in sorted(days)]
 
 

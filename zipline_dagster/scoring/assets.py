@@ -13,9 +13,7 @@ scores or the new ones, never a mix.
 """
 
 import datetime as dt
-import io
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
@@ -32,7 +30,6 @@ from zipline_dagster.jobs.resources import JobLauncher
 from zipline_dagster.lineage.ledger import Ledger, prefixed
 from zipline_dagster.lineage.partitions import (
     PARTITIONS_PER_RUN,
-    SCORED_BY,
     champion_asset_key,
     daily_partitions,
     model_asset_key,
@@ -43,23 +40,19 @@ from zipline_dagster.lineage.partitions import (
 from zipline_dagster.rollout import champion as ch
 from zipline_dagster.rollout import gates as g
 from zipline_dagster.rollout.assets import gate_judge
-from zipline_dagster.scoring.drift import drift_from_file, drift_metadata
+from zipline_dagster.scoring.days import Chosen, commit_day, key_prefix, scoring_request
+from zipline_dagster.scoring.shadow import score_challenger
 from zipline_dagster.storage import champion_pointer as cp
 from zipline_dagster.storage.blobs import BlobStorageError
 from zipline_dagster.storage.catalog import WarehouseError
 from zipline_dagster.storage.commits import Commit
 from zipline_dagster.storage.days import shift_day
 from zipline_dagster.storage.manifests import model_partition
-from zipline_dagster.storage.metadata import column_schema, day_metadata
 from zipline_dagster.storage.paths import (
-    join_uri,
-    model_archive_uri,
     model_partition_uri,
-    table_uri,
 )
 from zipline_dagster.storage.resources import WarehouseResource
-from zipline_dagster.storage.table_days import TableDay, window_snapshot
-from zipline_dagster.storage.tables import DaysReplaced, Tables
+from zipline_dagster.storage.table_days import window_snapshot
 
 
 def scoring_partitions(transforms: ModelTransforms) -> dg.TimeWindowPartitionsDefinition:
@@ -71,61 +64,6 @@ def scoring_partitions(transforms: ModelTransforms) -> dg.TimeWindowPartitionsDe
 
 class ScoringError(RuntimeError):
     """What scoring a day needs is not there; the message names it."""
-
-
-@dataclass(frozen=True)
-class Chosen:
-    """The model partition that scores a day, and why that one."""
-
-    uri: str
-    version: str
-    ds: str
-    why: str
-
-
-def scoring_request(
-    transforms: ModelTransforms,
-    ds: str,
-    *,
-    warehouse: str,
-    model: Chosen,
-    source: TableRead | None = None,
-) -> JobRequest:
-    """Day ``ds``'s job: the inference module on the source's day with the ``model``
-    partition, its output file named by the attempt (``--write-id``)."""
-    flags = (
-        f"--input-table={transforms.source.table}",
-        f"--ds={ds}",
-        f"--model-dir={model.uri}",
-        f"--output-table={transforms.table}",
-        f"--warehouse={warehouse}",
-        "--write-id=pending",  # the launcher names it after the attempt
-        f"--passthrough={','.join(transforms.passthrough_fields)}",
-        *(f"--{k}={v}" for k, v in (source.flags() if source else {}).items()),
-    )
-    return JobRequest(
-        model=transforms.model,
-        ds=ds,
-        warehouse=warehouse,
-        days=(ds,),
-        model_dir=model.uri,
-        archive_uri=model_archive_uri(transforms.model),
-        flags=flags,
-        module=transforms.inference_module,
-        attempt_flag="write-id",
-        job_key_override=f"{_key_prefix(transforms)}-{model.version}-{model.ds}-{ds}",
-        marker_dir=jobs_dir(warehouse, transforms.table, ds),
-    )
-
-
-def jobs_dir(warehouse: str, table: str, ds: str) -> str:
-    """Where a scores day's job leaves its end marker (``_attempts/``): beside the
-    Iceberg table's data and metadata, removed when the day commits."""
-    return join_uri(table_uri(warehouse, table), "_jobs", f"ds={ds}")
-
-
-def _key_prefix(transforms: ModelTransforms) -> str:
-    return f"score-{transforms.table.replace('.', '-')}"
 
 
 class ModelChoice:
@@ -270,9 +208,11 @@ class ScoringWork:
     ) -> None:
         self.context, self.transforms, self.warehouse = context, transforms, warehouse
         self.model, self.name = transforms.model, transforms.table
-        self.key_prefix = _key_prefix(transforms)
+        self.key_prefix = key_prefix(transforms.table)
         self.choice = ModelChoice(transforms, warehouse, context.instance, context.log.warning)
         self.chosen: dict[str, Chosen] = {}
+        #: what each day's scores carry about the challenger that shadow-scored it
+        self.shadow: dict[str, dict[str, Any]] = {}
         self.tables = warehouse.tables()
         try:
             self.metadata, self.have = self.tables.state(
@@ -306,7 +246,7 @@ class ScoringWork:
         pass
 
     def finish(self, request: JobRequest, ran: Ran) -> dict[str, Any]:
-        return commit_day(
+        md = commit_day(
             self.transforms,
             request,
             self.chosen[request.ds],
@@ -315,96 +255,7 @@ class ScoringWork:
             run_id=self.context.run.run_id,
             warn=self.context.log.warning,
         )
-
-
-def commit_day(
-    transforms: ModelTransforms,
-    request: JobRequest,
-    chosen: Chosen,
-    tables: Tables,
-    ran: Ran,
-    *,
-    run_id: str,
-    warn: Callable[[str], None],
-) -> dict[str, Any]:
-    """Commit the file the day's job staged (named by its id) into the scores table, with
-    the step's ``tables`` (one catalog for the step's days); its metadata. The job's end
-    markers go with the commit; ``warn`` is told when they cannot.
-
-    Raises:
-        dg.Failure: the run wrote no file, or one that cannot be read, or the commit
-            failed (named); the day is left as it was.
-    """
-    import numpy as np
-    import pyarrow.parquet as pq
-
-    ds, job_id = request.ds, ran.job_id
-    written = join_uri(
-        tables.staging_uri(transforms.table, job_id), f"_ds={ds}", "part-00000.parquet"
-    )
-    store = tables.store
-    if not store.exists(written):
-        raise dg.Failure(
-            f"the scoring job {job_id} succeeded but wrote no {written}; "
-            f"{transforms.table} {ds} is left as it was"
-        )
-    try:
-        # the score column only: the summary needs nothing else
-        staged = pq.read_table(io.BytesIO(store.read_bytes(written)), columns=["score"])
-        scores, drift = staged["score"], drift_from_file(staged.schema.metadata)
-    except Exception as exc:  # unreadable, no score column, storage: this day fails alone
-        raise dg.Failure(
-            f"{transforms.table} {ds}: the scoring job {job_id} wrote {written}, which cannot "
-            f"be read ({type(exc).__name__}: {exc}); the partition is left as it was"
-        ) from exc
-    rows = len(scores)
-    try:
-        day: TableDay = tables.commit(
-            transforms.table,
-            {ds: [written]},
-            write_id=job_id,
-            run_id=run_id,
-            code_version=scores_code_version(transforms),
-        )[ds]
-    except DaysReplaced as exc:  # another run scored the day at once, and committed after
-        raise dg.Failure(str(exc)) from exc
-    except (BlobStorageError, WarehouseError, OSError) as exc:
-        raise dg.Failure(
-            f"{transforms.table} {ds}: committing {written} failed ({exc}); readers see the "
-            "old scores or the new ones, never a mix (one Iceberg commit)"
-        ) from exc
-    try:  # the job's end marker went with the commit
-        for uri in store.list(request.marker_dir):
-            store.delete(uri)
-    except (BlobStorageError, OSError) as exc:
-        warn(f"{transforms.table} {ds}: the job's markers in {request.marker_dir} stay ({exc})")
-    md: dict[str, Any] = {
-        "rows": dg.MetadataValue.int(rows),
-        "model_dir": dg.MetadataValue.path(chosen.uri),
-        "model_version": dg.MetadataValue.text(chosen.version),
-        SCORED_BY: dg.MetadataValue.text(chosen.ds),
-        "model_age_days": dg.MetadataValue.int(
-            (dt.date.fromisoformat(ds) - dt.date.fromisoformat(chosen.ds)).days
-        ),
-        "score_with": dg.MetadataValue.text(ScoreWith(transforms.score_with).value),
-        "scored_by": dg.MetadataValue.text(chosen.why),
-        "job_id": dg.MetadataValue.text(job_id),
-        **({"uri": dg.MetadataValue.path(day.files[0])} if day.files else {}),
-        **day_metadata(day, column_schema(tables, transforms.table)),
-    }
-    values = scores.to_numpy().astype("float64", copy=False)  # a null is NaN here
-    values = values[~np.isnan(values)]
-    if len(values):
-        md["score_mean"] = dg.MetadataValue.float(float(values.mean()))
-        md["score_p50"] = dg.MetadataValue.float(float(np.median(values)))
-    if ran.url:
-        md["ray_job"] = dg.MetadataValue.url(ran.url)
-    if ran.span:
-        md["range"] = dg.MetadataValue.text(ran.span)
-    if ran.cost is not None:
-        md.update(ran.cost.metadata(rows))
-    md.update(drift_metadata(drift))
-    return md
+        return {**md, **self.shadow.get(request.ds, {})}
 
 
 def build_scores_asset(
@@ -456,6 +307,10 @@ def build_scores_asset(
         warehouse: WarehouseResource,
     ) -> dg.MaterializeResult:
         work = ScoringWork(context, transforms, warehouse)
+        # the challenger's days first: the champion's day then records what it scored
+        work.shadow = score_challenger(
+            context, transforms, warehouse, launcher, (work.metadata, work.have), work.tables
+        )
         return run_days(context, work, list(context.partition_keys), launcher, warehouse)
 
     return _scores

@@ -179,6 +179,11 @@ def build_monitoring_asset(
             transforms.table: {ds: list(d.files) for ds, d in scores.items()},
             labels_table: {ds: list(d.files) for ds, d in labels.items()},
         }
+        if transforms.model.rollout.shadow:  # the challenger's days, beside
+            shadowed = tables.days(transforms.challenger_table, only=days)
+            committed[transforms.challenger_table] = {
+                ds: list(d.files) for ds, d in shadowed.items()
+            }
         done: dict[str, dict[str, Any]] = {}
         errors: dict[str, str] = {}
         ledger = Ledger(context.instance)
@@ -261,6 +266,37 @@ def monitor_day(
         for key in REALIZED_METRICS[task]:
             if (value := holdout.get(f"holdout_{key}")) is not None:
                 md[f"training/holdout_{key}"] = dg.MetadataValue.float(value)
+    md.update(_challenger(transforms, ds, store, committed, labels, task))
+    return md
+
+
+def _challenger(
+    transforms: ModelTransforms,
+    ds: str,
+    store: BlobStore,
+    committed: dict[str, dict[str, list[str]]],
+    labels: Any,
+    task: Task,
+) -> dict[str, Any]:
+    """The realized metrics of the challenger that shadow-scored day ``ds`` (the table
+    beside the scores, ``scoring.shadow``), under ``challenger/``; none when it did not."""
+    table, keys = transforms.challenger_table, list(transforms.label_keys)
+    if ds not in committed.get(table, {}):
+        return {}
+    scores = _read(
+        store, committed[table], table, ds, [*keys, "score", "model_version", "model_ds"]
+    )
+    if len(scores) == 0:
+        return {}
+    m = realized_metrics(scores, labels, keys, transforms.label_column, task)
+    md: dict[str, Any] = {
+        f"challenger/realized/{k}": dg.MetadataValue.float(float(m[k]))
+        for k in (*REALIZED_METRICS[task], "mean_score")
+        if m.get(k) is not None
+    }
+    md["challenger/model_version"] = dg.MetadataValue.text(str(scores["model_version"].iloc[0]))
+    md[f"challenger/{SCORED_BY}"] = dg.MetadataValue.text(str(scores["model_ds"].iloc[0]))
+    md["challenger/rows_joined"] = dg.MetadataValue.int(int(m["rows_joined"]))
     return md
 
 

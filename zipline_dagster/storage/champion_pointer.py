@@ -26,6 +26,58 @@ HISTORY_DIR = "_champions"
 LOCK_NAME = "_CHAMPION.lock"
 
 
+#: ``Challenger.status``: scored beside the champion, not judged yet
+SHADOWING = "shadowing"
+#: ``Challenger.status``: worse than the champion on live days; never advanced to
+RETIRED = "retired"
+
+
+@dataclass(frozen=True)
+class Challenger:
+    """A passing partition of a new trainer version scored beside the champion before it
+    may serve (``RolloutStrategy(kind="shadow")``), as the champion pointer holds it."""
+
+    version: str
+    ds: str
+    artifact_uri: str
+    attempt: str | None = None
+    #: its metrics when it was judged (``{split}_{metric}``)
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    status: str = SHADOWING
+    #: when it became the challenger, and the verdict on it (the days and their numbers)
+    since: str = ""
+    verdict: str = ""
+
+    @property
+    def where(self) -> str:
+        return f"{self.version}/{self.ds}"
+
+    @classmethod
+    def parse(cls, raw: Any) -> Challenger | None:
+        if not isinstance(raw, Mapping) or not raw.get("version") or not raw.get("ds"):
+            return None
+        metrics = raw.get("metrics") or {}
+        return cls(
+            version=str(raw["version"]),
+            ds=str(raw["ds"]),
+            artifact_uri=str(raw.get("artifact_uri") or ""),
+            attempt=str(raw["attempt"]) if raw.get("attempt") else None,
+            metrics={
+                str(k): float(v)
+                for k, v in metrics.items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool)
+            },
+            status=str(raw.get("status") or SHADOWING),
+            since=str(raw.get("since") or ""),
+            verdict=str(raw.get("verdict") or ""),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["metrics"] = dict(self.metrics)
+        return out
+
+
 @dataclass(frozen=True)
 class ChampionPointer:
     """What ``CHAMPION.json`` (and each pointer in the history) holds: the partition in
@@ -58,6 +110,14 @@ class ChampionPointer:
     #: never moves to them again (a person may promote one by hand); carried from pointer
     #: to pointer
     retired: tuple[str, ...] = ()
+    #: the shadow rollout's challenger (or the last one, retired); None when there is none
+    challenger: Challenger | None = None
+
+    @property
+    def shadowed_by(self) -> Challenger | None:
+        """The challenger scored beside this champion now (None: none shadows it)."""
+        c = self.challenger
+        return c if c is not None and c.status == SHADOWING else None
 
     @property
     def where(self) -> str:
@@ -92,6 +152,7 @@ class ChampionPointer:
             replaced=text("replaced"),
             history_name=text("history_name"),
             retired=_strings(raw, "retired"),
+            challenger=Challenger.parse(raw.get("challenger")),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -99,6 +160,7 @@ class ChampionPointer:
         out["metrics"], out["checks_failed"] = dict(self.metrics), dict(self.checks_failed)
         out["checks_passed"] = list(self.checks_passed)
         out["retired"] = list(self.retired)
+        out["challenger"] = self.challenger.to_json() if self.challenger is not None else None
         if self.history_name is None:
             del out["history_name"]  # only a pointer kept in the history has one
         return out
@@ -181,19 +243,23 @@ def write_pointer(
     current: ChampionPointer | None,
     *,
     rollback: bool = False,
+    amend: bool = False,
 ) -> ChampionPointer:
     """Keep ``current`` in the history, then write ``pointer`` in one put, naming the
     one it replaced; a ``rollback``'s pointer keeps the ``replaced`` of the earlier
-    pointer it restores (a rollback walks back one step at a time)."""
+    pointer it restores (a rollback walks back one step at a time). An ``amend`` (the
+    same champion, its challenger changed) keeps the champion's ``replaced`` and
+    ``moved_at``: the history holds the pointer as it was, a rollback skips it."""
     now = _now()
     # what was retired stays retired, but for the partition this pointer names (promoted
-    # by hand)
+    # by hand) and its version
     retired = {*(current.retired if current is not None else ()), *pointer.retired}
     pointer = dataclasses.replace(
         pointer,
-        moved_at=now.isoformat(timespec="milliseconds"),
-        retired=tuple(sorted(retired - {pointer.where})),
+        moved_at=pointer.moved_at if amend else now.isoformat(timespec="milliseconds"),
+        retired=tuple(sorted(retired - {pointer.where, f"{pointer.version}/*"})),
     )
+    rollback = rollback or amend
     if current is not None:
         name = f"{now.strftime('%Y%m%dT%H%M%S.%fZ')}-{current.version}-{current.ds}.json"
         kept = dataclasses.replace(current, history_name=name).to_json()
