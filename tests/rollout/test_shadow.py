@@ -203,6 +203,13 @@ def test_a_challenger_worse_live_never_serves_and_a_better_one_serves_after_n_da
     # no day was served by a challenger before it was promoted
     for ds in LIVE[:2] + LIVE[4:6]:
         assert latest(table_asset_key(t.table), ds)["model_version"] == v1
+    # each partition's card says what the champion decided about it
+    base = Path(file_base.removeprefix("file://"), "models", model.name)
+    card_v2 = (base / v2 / B / "card.md").read_text()
+    assert f"became the challenger of the champion {v1}/{B} (shadow)" in card_v2
+    assert f"retired (challenger {v2}/{B} retired: worse than the champion" in card_v2
+    card_v3 = (base / v3 / LIVE[3] / "card.md").read_text()
+    assert f"became the champion: challenger {v3}/{LIVE[3]} promoted after 2" in card_v3
     # and the next day is the new champion's, from its own archive
     run(job, table_asset_key(t.table), LIVE[6])
     assert latest(table_asset_key(t.table), LIVE[6])["model_version"] == v3

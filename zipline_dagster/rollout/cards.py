@@ -2,7 +2,8 @@
 
 A model partition's card (``training.card``) is written when it trains; the champion
 asset decides about it later. Each decision about a partition (it became the champion,
-it was passed over and why, it was retired by the rollback policy) is appended to its
+it was passed over and why, it was retired by the rollback policy, it became the
+challenger or was retired as one) is appended to its
 ``card.md`` beside its artifacts, once: an evaluation that decides the same again adds
 nothing. The card on the partition's materialization stays as it was recorded.
 """
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from zipline_dagster.declarations.model import Model
 from zipline_dagster.rollout import champion as ch
 from zipline_dagster.storage.blobs import BlobNotFoundError, BlobStorageError, BlobStore
+from zipline_dagster.storage.champion_pointer import SHADOWING
 from zipline_dagster.storage.paths import CARD_NAME, join_uri, model_dir_uri
 
 HEADING = "**Champion decisions**"
@@ -32,6 +34,13 @@ def decisions(model: Model, decision: ch.Decision) -> dict[str, str]:
         notes[pointer.where] = f"became the champion: {decision.reason}"
         if pointer.retired and pointer.why.startswith("rollback by policy"):
             notes[pointer.retired[-1]] = f"retired ({pointer.why})"
+    challenger = pointer.challenger if pointer is not None else None
+    if pointer is not None and challenger is not None:  # the shadow rollout's
+        notes[challenger.where] = (
+            f"became the challenger of the champion {pointer.where} (shadow)"
+            if challenger.status == SHADOWING
+            else f"retired ({challenger.verdict})"
+        )
     return notes
 
 
