@@ -280,8 +280,10 @@ def check_inputs(
 def _check_judged_live(model: Model, transforms: Sequence[ModelTransforms]) -> None:
     """A rollout judged on live days needs a monitored scores table of the model."""
     r = model.rollout
-    wants = ("kind='shadow'" if r.shadow else "") or (
-        f"rollback_after_days={r.rollback_after_days}" if r.rollback_after_days else ""
+    wants = (
+        "kind='shadow'"
+        if r.shadow
+        else (f"rollback_after_days={r.rollback_after_days}" if r.rollback_after_days else None)
     )
     if wants and not live_keys(model, transforms):
         raise ModelSpecError(

@@ -242,3 +242,22 @@ def test_a_shadow_model_scored_by_another_than_its_champion_is_refused(file_base
     assert "score_with='newest_passing', but listing_ctr_model's rollout is kind='shadow'" in (
         str(err.value)
     )
+
+
+def test_a_day_with_nothing_compared_does_not_count_toward_the_verdict(file_base: str) -> None:
+    """A day on which no threshold metric was realized for both (one class labelled: no
+    AUC) is no evidence: the challenger waits for N days that compared something."""
+    from zipline_dagster.rollout import shadow
+
+    model = dataclasses.replace(
+        make_model("0123456789ab", file_base), deployment_conf=DeploymentSpec(SHADOW)
+    )
+    challenger = cp.Challenger("ba9876543210", B, f"{file_base}/x")
+    blind = shadow.PairedDay(LIVE[0], f"0123456789ab/{B}", {"logloss": 0.6}, {"logloss": 0.5})
+    seen = shadow.PairedDay(LIVE[1], f"0123456789ab/{B}", {"auc": 0.6}, {"auc": 0.61})
+    waits = shadow.judge(model, challenger, [blind, seen])
+    assert waits.action is None and "1 of 2 monitored days" in waits.summary
+    later = shadow.PairedDay(LIVE[2], f"0123456789ab/{B}", {"auc": 0.6}, {"auc": 0.62})
+    promoted = shadow.judge(model, challenger, [blind, seen, later])
+    assert promoted.action == "promote"
+    assert LIVE[0] not in promoted.summary and LIVE[2] in promoted.summary

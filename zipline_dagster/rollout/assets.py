@@ -357,7 +357,9 @@ def build_champion_asset(
                 attempt_gone=lambda pointer: bool(ch.why_pinned_attempt_gone(store, pointer)),
             )
             md.update(listening.champion_evaluated(evaluated))
-        note_decisions(store, model, decision, when=f"{by} at {_now()}", warn=context.log.warning)
+        note_decisions(
+            store, model, decision, when=f"{by} at {ch.now_iso()}", warn=context.log.warning
+        )
         if decision.left_behind:  # the pointer is written: recorded as it is on storage
             md["left_behind"] = dg.MetadataValue.json(decision.left_behind)
             context.log.warning(ch.lock_left_behind(model, decision.left_behind))
@@ -366,12 +368,6 @@ def build_champion_asset(
         )
 
     return _champion
-
-
-def _now() -> str:
-    import datetime as dt
-
-    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
 #: The champion asset's check: the champion passes the current gates.

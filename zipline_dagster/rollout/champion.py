@@ -101,7 +101,7 @@ def make_pointer(
     report: dict[str, Any] | None = None,
     attempt: str | None = None,
 ) -> ChampionPointer:
-    metrics = {k: v for k, v in report_metrics(report or {}).items() if v is not None}
+    metrics = held_metrics(report)
     return ChampionPointer(
         model=model.name,
         version=version,
@@ -329,8 +329,8 @@ def _challenge(
             model.model_artifact_base_uri, model.name, model.version, found.ds
         ),
         attempt=found.attempt,
-        metrics={k: v for k, v in report_metrics(found.report).items() if v is not None},
-        since=since or _now_iso(),
+        metrics=held_metrics(found.report),
+        since=since or now_iso(),
     )
     why = (
         f"stays at {current.where}; {challenger.where} (trainer version {model.version}, new) "
@@ -343,10 +343,17 @@ def _challenge(
     return Decision(pointer, False, rejected, why)
 
 
-def _now_iso() -> str:
+def now_iso() -> str:
+    """Now (UTC) to the second, as the champion's records write it."""
     import datetime as dt
 
     return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+def held_metrics(report: dict[str, Any] | None) -> dict[str, float]:
+    """A partition report's metrics as a pointer holds them (``{split}_{metric}``, those
+    it has)."""
+    return {k: v for k, v in report_metrics(report or {}).items() if v is not None}
 
 
 def _stays(

@@ -81,6 +81,9 @@ def judge(model: Model, challenger: Challenger | None, days: Sequence[PairedDay]
     n, tol = model.rollout.days or 0, model.rollout.regression_tolerance
     if challenger is None or not model.rollout.shadow:
         return Verdict(None, "no challenger shadows the champion")
+    # a day counts once a threshold metric was computed for both: nothing compared is
+    # no evidence either way
+    days = [d for d in days if _comparable(model, d)]
     if len(days) < n:
         return Verdict(
             None,
@@ -104,6 +107,14 @@ def judge(model: Model, challenger: Challenger | None, days: Sequence[PairedDay]
         "promote",
         f"challenger {challenger.where} promoted after {n} shadow days not worse than the "
         f"champion beyond the tolerance {tol:g} ({'; '.join(compared)})",
+    )
+
+
+def _comparable(model: Model, day: PairedDay) -> bool:
+    """Whether ``day`` holds a threshold metric realized by both."""
+    return any(
+        day.challenger_realized.get(m.key) is not None and day.realized.get(m.key) is not None
+        for m in model.rollout.rollout_metric_thresholds
     )
 
 

@@ -172,6 +172,22 @@ class ModelChoice:
                 f"but {why}: score it once that run has ended"
             )
 
+    def challenger(self, days: list[str]) -> tuple[cp.Challenger | None, list[str]]:
+        """The challenger that shadows the model's champion now (``RolloutStrategy(kind=
+        "shadow")``) and which of ``days`` it scores beside it (those after its partition);
+        (None, []) when none does.
+
+        Raises:
+            BlobStorageError: the champion pointer cannot be read.
+        """
+        if not self.model.rollout.shadow:
+            return None, []
+        pointer = cp.read_champion(self.store, self.model)
+        challenger = pointer.shadowed_by if pointer is not None else None
+        if challenger is None:
+            return None, []
+        return challenger, [ds for ds in days if ds > challenger.ds]
+
     def _champion(self, ds: str) -> Chosen:
         transforms, model, store = self.transforms, self.model, self.store
         pointer = cp.read_champion(store, model)
@@ -308,9 +324,7 @@ def build_scores_asset(
     ) -> dg.MaterializeResult:
         work = ScoringWork(context, transforms, warehouse)
         # the challenger's days first: the champion's day then records what it scored
-        work.shadow = score_challenger(
-            context, transforms, warehouse, launcher, (work.metadata, work.have), work.tables
-        )
+        work.shadow = score_challenger(context, work.choice, launcher, work)
         return run_days(context, work, list(context.partition_keys), launcher, warehouse)
 
     return _scores

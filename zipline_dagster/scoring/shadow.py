@@ -13,7 +13,7 @@ numbers for that day.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import dagster as dg
 
@@ -28,6 +28,23 @@ from zipline_dagster.storage.blobs import BlobStorageError
 from zipline_dagster.storage.resources import WarehouseResource
 from zipline_dagster.storage.table_days import window_snapshot
 from zipline_dagster.storage.tables import SNAPSHOT_ID, Tables
+
+
+class Choice(Protocol):
+    """What shadow scoring asks the run's ``scoring.assets.ModelChoice``."""
+
+    def challenger(self, days: list[str]) -> tuple[cp.Challenger | None, list[str]]: ...
+
+
+class Scoring(Protocol):
+    """What shadow scoring reads of the run's ``scoring.assets.ScoringWork``."""
+
+    transforms: ModelTransforms
+    warehouse: WarehouseResource
+    tables: Tables
+    metadata: str | None
+    have: dict[str, Any]
+
 
 #: the prefix of the challenger's keys in a scored day's and a monitored day's metadata
 PREFIX = "challenger/"
@@ -94,35 +111,20 @@ class ChallengerWork:
         return {PREFIX + k: md[k] for k in CARRIED if k in md}
 
 
-def shadow_days(
-    store: Any, transforms: ModelTransforms, days: list[str]
-) -> tuple[cp.Challenger | None, list[str]]:
-    """The challenger that shadows the model's champion now, and which of ``days`` it
-    scores (those after its partition); (None, []) when none does."""
-    if not transforms.model.rollout.shadow:
-        return None, []
-    pointer = cp.read_champion(store, transforms.model)
-    challenger = pointer.shadowed_by if pointer is not None else None
-    if challenger is None:
-        return None, []
-    return challenger, [ds for ds in days if ds > challenger.ds]
-
-
 def score_challenger(
     context: dg.AssetExecutionContext,
-    transforms: ModelTransforms,
-    warehouse: WarehouseResource,
+    choice: Choice,
     launcher: JobLauncher,
-    source: tuple[str | None, dict[str, Any]],
-    tables: Tables,
+    scoring: Scoring,
 ) -> dict[str, dict[str, Any]]:
-    """Score the run's days with the challenger that shadows the champion (if any); {ds:
-    the metadata the day's scores carry about it}. Never raises: what the challenger
-    could not score is named in the day's ``challenger/error`` and logged."""
-    days = list(context.partition_keys)
+    """Score the run's days with the challenger that shadows the champion (``choice``,
+    the run's ``ModelChoice``, says which and which days), with the ``scoring`` step's
+    source days and tables; {ds: the metadata the day's scores carry about it}. Never
+    raises: what the challenger could not score is named in the day's
+    ``challenger/error`` and logged."""
+    transforms, warehouse = scoring.transforms, scoring.warehouse
     try:
-        store = warehouse.store(transforms.model.model_artifact_base_uri)
-        challenger, shadowed = shadow_days(store, transforms, days)
+        challenger, shadowed = choice.challenger(list(context.partition_keys))
     except BlobStorageError as exc:
         context.log.warning(f"{transforms.table}: the champion pointer cannot be read ({exc})")
         return {}
@@ -132,7 +134,8 @@ def score_challenger(
         f"{transforms.challenger_table}: shadow scoring {', '.join(shadowed)} with the "
         f"challenger {challenger.where}"
     )
-    work = ChallengerWork(context, transforms, warehouse, challenger, source, tables)
+    source = (scoring.metadata, scoring.have)
+    work = ChallengerWork(context, transforms, warehouse, challenger, source, scoring.tables)
     try:
         done, errors = run_jobs(context, work, shadowed, launcher, warehouse)
     except dg.Failure as exc:  # nothing could run: the champion serves all the same

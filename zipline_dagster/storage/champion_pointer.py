@@ -56,17 +56,12 @@ class Challenger:
     def parse(cls, raw: Any) -> Challenger | None:
         if not isinstance(raw, Mapping) or not raw.get("version") or not raw.get("ds"):
             return None
-        metrics = raw.get("metrics") or {}
         return cls(
             version=str(raw["version"]),
             ds=str(raw["ds"]),
             artifact_uri=str(raw.get("artifact_uri") or ""),
             attempt=str(raw["attempt"]) if raw.get("attempt") else None,
-            metrics={
-                str(k): float(v)
-                for k, v in metrics.items()
-                if isinstance(v, (int, float)) and not isinstance(v, bool)
-            },
+            metrics=_floats(raw, "metrics"),
             status=str(raw.get("status") or SHADOWING),
             since=str(raw.get("since") or ""),
             verdict=str(raw.get("verdict") or ""),
@@ -130,18 +125,13 @@ class ChampionPointer:
             value = raw.get(key)
             return str(value) if value is not None and value != "" else None
 
-        metrics = raw.get("metrics") or {}
         return cls(
             model=str(raw.get("model") or ""),
             version=str(raw.get("version") or ""),
             ds=str(raw.get("ds") or ""),
             artifact_uri=str(raw.get("artifact_uri") or ""),
             attempt=text("attempt"),
-            metrics={
-                str(k): float(v)
-                for k, v in metrics.items()
-                if isinstance(v, (int, float)) and not isinstance(v, bool)
-            },
+            metrics=_floats(raw, "metrics"),
             checks_passed=_strings(raw, "checks_passed"),
             checks_failed={str(k): str(v) for k, v in (raw.get("checks_failed") or {}).items()},
             forced=bool(raw.get("forced")),
@@ -164,6 +154,15 @@ class ChampionPointer:
         if self.history_name is None:
             del out["history_name"]  # only a pointer kept in the history has one
         return out
+
+
+def _floats(raw: Mapping[str, Any], key: str) -> dict[str, float]:
+    """The numbers of the mapping ``raw[key]`` (a metrics record), by name."""
+    return {
+        str(k): float(v)
+        for k, v in (raw.get(key) or {}).items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
 
 
 def _strings(raw: Mapping[str, Any], key: str) -> tuple[str, ...]:
