@@ -55,7 +55,7 @@ def test_a_backfill_of_three_partitions_launched_from_the_ui(topology: Topology)
 
         # the champion, materialized from the UI, moves to the newest passing partition
         row = materialize_champion(
-            page, topology.cluster.web_url, "topology_model", "topology_champion.png"
+            page, topology.cluster.web_url, "topology_model", UI_DAYS[-1], "topology_champion.png"
         )
         assert "/models/topology_model/" in row and row.rstrip().endswith(UI_DAYS[-1])
     champion = topology.instance.get_latest_materialization_event(

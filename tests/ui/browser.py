@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -73,20 +75,36 @@ def launch_partitions(page: Any, asset_url: str, selection: str, button: Any) ->
     page.get_by_role("button", name=button).click()
 
 
-def reload_until(page: Any, url: str, text: str, *, timeout_s: float, what: str) -> None:
+def reload_until(
+    page: Any,
+    url: str,
+    text: str | re.Pattern[str],
+    *,
+    timeout_s: float,
+    what: str,
+    log: Path | None = None,
+) -> None:
     """Reload ``url`` until the page shows ``text``; fails naming ``what`` after
-    ``timeout_s``."""
+    ``timeout_s`` (with the last lines of the webserver and daemon's ``log``, when
+    given, and a screenshot ``timeout.png``)."""
     deadline = time.monotonic() + timeout_s
     while not page.get_by_text(text).count():
-        assert time.monotonic() < deadline, what
+        if time.monotonic() >= deadline:
+            page.screenshot(path=str(SCREENSHOTS / "timeout.png"), full_page=True)
+            tail = log.read_text(errors="replace").splitlines()[-60:] if log else []
+            raise AssertionError("\n".join([what, *tail]))
         page.wait_for_timeout(1500)
         page.goto(url)
         page.wait_for_timeout(1000)
 
 
-def materialize_champion(page: Any, web_url: str, model: str, screenshot: str) -> str:
+def materialize_champion(
+    page: Any, web_url: str, model: str, ds: str, screenshot: str, log: Path | None = None
+) -> str:
     """Materialize ``model``'s champion from its asset page and wait until the page shows
-    it moved (to the newest partition passing every gate); its ``artifact_uri`` row."""
+    it at ``ds``: moved there (the newest partition passing every gate), or staying there
+    when the champion sensor moved it first (the daemon evaluates the champion once a
+    model partition materialized: a race with the click); its ``artifact_uri`` row."""
     url = f"{web_url}/assets/champions/{model}"
     page.goto(url)
     launch = page.get_by_role("button", name="Materialize").first
@@ -95,9 +113,13 @@ def materialize_champion(page: Any, web_url: str, model: str, screenshot: str) -
     reload_until(
         page,
         url,
-        "newest partition passing every gate",
+        re.compile(
+            rf"newest partition passing every gate|stays at \w+/{re.escape(ds)}: "
+            "no newer trained partition"
+        ),
         timeout_s=180,
         what="the champion asset did not materialize",
+        log=log,
     )
     page.screenshot(path=str(SCREENSHOTS / screenshot), full_page=True)
     return str(page.locator("tr", has_text="artifact_uri").first.inner_text())

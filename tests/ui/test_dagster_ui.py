@@ -111,6 +111,7 @@ def dagster_dev(
             "url": f"http://127.0.0.1:{port}",
             "warehouse": f"file://{tmp / 'zipline' / 'warehouse'}",
             "env": env,  # type: ignore[dict-item]
+            "log": tmp / "dagster_dev.log",
         }
     finally:
         # a few seconds' grace, then the group is killed: a disposable instance, and
@@ -134,6 +135,7 @@ def test_launch_partition_from_ui_and_see_metadata(dagster_dev: dict[str, Any]) 
             "holdout/auc",
             timeout_s=300,
             what="the launched run did not materialize the model",
+            log=dagster_dev["log"],
         )
         page.screenshot(path=str(SCREENSHOTS / "model_metadata.png"), full_page=True)
 
@@ -183,7 +185,9 @@ def test_launch_partition_from_ui_and_see_metadata(dagster_dev: dict[str, Any]) 
         assert DS in body
 
         # The champion asset, materialized from the UI, moves to that partition.
-        ds_row = materialize_champion(page, dagster_dev["url"], "listing_ctr_model", "champion.png")
+        ds_row = materialize_champion(
+            page, dagster_dev["url"], "listing_ctr_model", DS, "champion.png", dagster_dev["log"]
+        )
         assert "/models/listing_ctr_model/" in ds_row and ds_row.rstrip().endswith(DS)
 
         # The day after, scored from the UI: its drift and cost plotted by partition.
@@ -195,6 +199,7 @@ def test_launch_partition_from_ui_and_see_metadata(dagster_dev: dict[str, Any]) 
             "drift/psi_predictions",
             timeout_s=300,
             what="the launched run did not score the day",
+            log=dagster_dev["log"],
         )
         page.get_by_role("button", name="Plots").first.click()
         for plotted in ("drift/psi_predictions", "drift/max_feature_psi", "cost/cpu_s"):
