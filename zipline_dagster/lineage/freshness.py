@@ -15,7 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import enum
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import dagster as dg
@@ -74,6 +74,21 @@ class Freshness:
 
 
 FRESH = Freshness(Kind.FRESH)
+
+
+@dataclass(frozen=True)
+class Settled:
+    """A partition's commit as storage holds it, found where its records say
+    (``FreshnessResolver.settle``): the ledger's difference for it, or why storage could
+    not be read."""
+
+    #: where the commit was looked for (named when it is not there)
+    where: str
+    commit: Commit | None = None
+    #: the ledger's rule applied to ``commit`` (None until it is, or when unreadable)
+    diff: Difference | None = None
+    #: why storage could not be read (then nothing else is known)
+    unreadable: str | None = None
 
 
 class FreshnessResolver:
@@ -193,12 +208,12 @@ class FreshnessResolver:
             self._writes[key] = writes
         return self._versions[key]
 
-    def _commit(self, key: dg.AssetKey, partition: str) -> tuple[Commit | None, str] | str | None:
-        """What storage holds committed for a partition (its commit, or None, and where it
-        was looked for), found where Dagster's record of it, the model asset's
-        ``ARTIFACT_ROOT`` or the table asset's Iceberg table (with the code location's
-        tables) says; None when none says where (an external table); a reason when
-        storage cannot be read."""
+    def _commit(self, key: dg.AssetKey, partition: str) -> Settled | None:
+        """What storage holds committed for a partition (``Settled`` without a difference
+        yet: its commit, or None, and where it was looked for, or why storage cannot be
+        read), found where Dagster's record of it, the model asset's ``ARTIFACT_ROOT`` or
+        the table asset's Iceberg table (with the code location's tables) says; None when
+        none says where (an external table)."""
         from zipline_dagster.storage.blobs import BlobStorageError
         from zipline_dagster.storage.manifests import model_partition
         from zipline_dagster.storage.paths import join_uri
@@ -211,7 +226,7 @@ class FreshnessResolver:
         try:
             if model_dir is not None:
                 stored = model_partition(self.store(model_dir), model_dir, partition)
-                return stored.commit(), f"no complete {stored.manifest_uri}"
+                return Settled(f"no complete {stored.manifest_uri}", commit=stored.commit())
             recorded = self._writes.get(key, {}).get(partition)
             declared = self.graph.get(key).metadata.get(TABLE_OF_ASSET)
             if recorded is None and (declared is None or self._tables is None):
@@ -220,21 +235,22 @@ class FreshnessResolver:
             if table not in self._stored:
                 self._stored[table] = self.tables_at(folder, table).days(table)
             held = self._stored[table].get(partition)
-            return (held.commit if held else None), f"no committed {table} {partition}"
+            return Settled(
+                f"no committed {table} {partition}", commit=held.commit if held else None
+            )
         except (BlobStorageError, WarehouseError) as exc:
-            return f"its storage cannot be read ({exc})"
+            return Settled("", unreadable=f"its storage cannot be read ({exc})")
 
-    def settle(self, key: dg.AssetKey, partition: str) -> tuple[Difference, str] | str | None:
+    def settle(self, key: dg.AssetKey, partition: str) -> Settled | None:
         """The ledger's rule for a partition's commit: its difference, and where the
-        commit was looked for. A commit whose run ended without recording it is recorded
-        into Dagster from storage first (and ``key``'s records read again). None when
-        nothing says where to look (an external table, a table day never recorded); a
-        reason when storage cannot be read."""
+        commit was looked for (or why storage cannot be read). A commit whose run ended
+        without recording it is recorded into Dagster from storage first (and ``key``'s
+        records read again). None when nothing says where to look (an external table, a
+        table day never recorded)."""
         found = self._commit(key, partition)
-        if found is None or isinstance(found, str):
+        if found is None or found.unreadable:
             return found
-        commit, where = found
-        diff = self.ledger.settle(key, partition, commit)
+        diff = self.ledger.settle(key, partition, found.commit)
         if diff.state is State.RECORDED:
             for cache in (
                 self._ids,
@@ -244,16 +260,16 @@ class FreshnessResolver:
                 self._scored_by,
             ):
                 cache.pop(key, None)
-        return diff, where
+        return replace(found, diff=diff)
 
     def why_off_storage(self, key: dg.AssetKey, partition: str) -> str | None:
         """Why the ledger's rule says a partition must be materialized (Dagster recorded
         it, and it is not committed on storage, or storage cannot be read), or None."""
         settled = self.settle(key, partition)
-        if settled is None or isinstance(settled, str):
-            return settled
-        diff, where = settled
-        if diff.state is not State.MISSING:
+        if settled is None or settled.unreadable:
+            return settled.unreadable if settled else None
+        diff, where = settled.diff, settled.where
+        if diff is None or diff.state is not State.MISSING:
             return None
         if diff.commit is None and self._artifacts.get(key, {}).get(partition):
             return f"its finished model is missing on storage ({where})"
@@ -300,7 +316,7 @@ class FreshnessResolver:
             TABLE_OF_ASSET in node.metadata and self._tables is not None
         )
 
-    def _adopt(self, key: dg.AssetKey, partition: str) -> tuple[Difference, str] | str | None:
+    def _adopt(self, key: dg.AssetKey, partition: str) -> Settled | None:
         """A partition storage holds and Dagster never recorded (a model partition, a
         table day): the ledger's rule, upstream first, so that what it read is recorded
         before it."""
@@ -324,13 +340,13 @@ class FreshnessResolver:
         if node.is_materializable and partition not in ids and self._adoptable(node):
             settled = self._adopt(key, partition)
             ids = self.latest_ids(key)
-        if isinstance(settled, tuple) and settled[0].state is State.IN_FLIGHT:
-            return Freshness(Kind.IN_FLIGHT, settled[0].describe())
+        if settled is not None and settled.diff and settled.diff.state is State.IN_FLIGHT:
+            return Freshness(Kind.IN_FLIGHT, settled.diff.describe())
         if not node.is_materializable:
             return FRESH  # observed from outside; the run-time checks see what exists
         if partition not in ids:
             # never recorded; with a reason when storage could not say what it holds
-            return Freshness(Kind.MISSING, settled if isinstance(settled, str) else None)
+            return Freshness(Kind.MISSING, settled.unreadable if settled else None)
         off_storage = self.why_off_storage(key, partition)  # may record it from storage
         if off_storage:
             return Freshness(Kind.STALE, off_storage)
