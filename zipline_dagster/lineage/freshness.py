@@ -15,7 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import enum
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
@@ -28,7 +28,7 @@ from zipline_dagster.lineage.ledger import (
     State,
 )
 from zipline_dagster.lineage.partitions import model_asset_key, scored_by
-from zipline_dagster.storage.blobs import BlobStore, blob_store
+from zipline_dagster.storage.blobs import BlobStorageError, BlobStore, blob_store
 from zipline_dagster.storage.catalog import WarehouseError
 from zipline_dagster.storage.commits import Commit
 from zipline_dagster.storage.table_days import TableDay
@@ -78,16 +78,13 @@ FRESH = Freshness(Kind.FRESH)
 
 @dataclass(frozen=True)
 class Settled:
-    """A partition's commit as storage holds it, found where its records say
-    (``FreshnessResolver.settle``): the ledger's difference for it, or why storage could
-    not be read."""
+    """The ledger's rule applied to a partition's commit as storage holds it, found where
+    its records say (``FreshnessResolver.settle``), or why storage could not be read."""
 
+    #: the commit against Dagster's record (None when storage could not be read)
+    diff: Difference | None
     #: where the commit was looked for (named when it is not there)
-    where: str
-    commit: Commit | None = None
-    #: the ledger's rule applied to ``commit`` (None until it is, or when unreadable)
-    diff: Difference | None = None
-    #: why storage could not be read (then nothing else is known)
+    where: str = ""
     unreadable: str | None = None
 
 
@@ -208,13 +205,12 @@ class FreshnessResolver:
             self._writes[key] = writes
         return self._versions[key]
 
-    def _commit(self, key: dg.AssetKey, partition: str) -> Settled | None:
-        """What storage holds committed for a partition (``Settled`` without a difference
-        yet: its commit, or None, and where it was looked for, or why storage cannot be
-        read), found where Dagster's record of it, the model asset's ``ARTIFACT_ROOT`` or
-        the table asset's Iceberg table (with the code location's tables) says; None when
-        none says where (an external table)."""
-        from zipline_dagster.storage.blobs import BlobStorageError
+    def _commit(self, key: dg.AssetKey, partition: str) -> tuple[Commit | None, str] | None:
+        """What storage holds committed for a partition (its commit, or None, and where it
+        was looked for), found where Dagster's record of it, the model asset's
+        ``ARTIFACT_ROOT`` or the table asset's Iceberg table (with the code location's
+        tables) says; None when none says where (an external table). Raises
+        ``BlobStorageError`` or ``WarehouseError`` when storage cannot be read."""
         from zipline_dagster.storage.manifests import model_partition
         from zipline_dagster.storage.paths import join_uri
 
@@ -223,23 +219,18 @@ class FreshnessResolver:
         model_dir = self._artifacts.get(key, {}).get(partition) or (
             join_uri(str(getattr(root, "value", root)), partition) if root else None
         )
-        try:
-            if model_dir is not None:
-                stored = model_partition(self.store(model_dir), model_dir, partition)
-                return Settled(f"no complete {stored.manifest_uri}", commit=stored.commit())
-            recorded = self._writes.get(key, {}).get(partition)
-            declared = self.graph.get(key).metadata.get(TABLE_OF_ASSET)
-            if recorded is None and (declared is None or self._tables is None):
-                return None  # nothing says where it would be
-            folder, table = recorded or ("", str(getattr(declared, "value", declared)))
-            if table not in self._stored:
-                self._stored[table] = self.tables_at(folder, table).days(table)
-            held = self._stored[table].get(partition)
-            return Settled(
-                f"no committed {table} {partition}", commit=held.commit if held else None
-            )
-        except (BlobStorageError, WarehouseError) as exc:
-            return Settled("", unreadable=f"its storage cannot be read ({exc})")
+        if model_dir is not None:
+            stored = model_partition(self.store(model_dir), model_dir, partition)
+            return stored.commit(), f"no complete {stored.manifest_uri}"
+        recorded = self._writes.get(key, {}).get(partition)
+        declared = self.graph.get(key).metadata.get(TABLE_OF_ASSET)
+        if recorded is None and (declared is None or self._tables is None):
+            return None  # nothing says where it would be
+        folder, table = recorded or ("", str(getattr(declared, "value", declared)))
+        if table not in self._stored:
+            self._stored[table] = self.tables_at(folder, table).days(table)
+        held = self._stored[table].get(partition)
+        return (held.commit if held else None), f"no committed {table} {partition}"
 
     def settle(self, key: dg.AssetKey, partition: str) -> Settled | None:
         """The ledger's rule for a partition's commit: its difference, and where the
@@ -247,10 +238,14 @@ class FreshnessResolver:
         without recording it is recorded into Dagster from storage first (and ``key``'s
         records read again). None when nothing says where to look (an external table, a
         table day never recorded)."""
-        found = self._commit(key, partition)
-        if found is None or found.unreadable:
-            return found
-        diff = self.ledger.settle(key, partition, found.commit)
+        try:
+            found = self._commit(key, partition)
+        except (BlobStorageError, WarehouseError) as exc:
+            return Settled(None, unreadable=f"its storage cannot be read ({exc})")
+        if found is None:
+            return None
+        commit, where = found
+        diff = self.ledger.settle(key, partition, commit)
         if diff.state is State.RECORDED:
             for cache in (
                 self._ids,
@@ -260,7 +255,7 @@ class FreshnessResolver:
                 self._scored_by,
             ):
                 cache.pop(key, None)
-        return replace(found, diff=diff)
+        return Settled(diff, where)
 
     def why_off_storage(self, key: dg.AssetKey, partition: str) -> str | None:
         """Why the ledger's rule says a partition must be materialized (Dagster recorded
