@@ -12,7 +12,13 @@ import dagster as dg
 import pytest
 
 from tests.cluster.topology import MODEL_KEY, Topology
-from tests.ui.browser import SCREENSHOTS, browser_page, launch_partitions, materialize_champion
+from tests.ui.browser import (
+    SCREENSHOTS,
+    browser_page,
+    clicked_champion_run,
+    launch_partitions,
+    materialize_champion,
+)
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.cluster, pytest.mark.ui]
 
@@ -58,6 +64,7 @@ def test_a_backfill_of_three_partitions_launched_from_the_ui(topology: Topology)
             page, topology.cluster.web_url, "topology_model", UI_DAYS[-1], "topology_champion.png"
         )
         assert "/models/topology_model/" in row and row.rstrip().endswith(UI_DAYS[-1])
+        assert clicked_champion_run(topology.instance, "topology_model") == "SUCCESS"
     champion = topology.instance.get_latest_materialization_event(
         dg.AssetKey(["champions", "topology_model"])
     )

@@ -123,3 +123,24 @@ def materialize_champion(
     )
     page.screenshot(path=str(SCREENSHOTS / screenshot), full_page=True)
     return str(page.locator("tr", has_text="artifact_uri").first.inner_text())
+
+
+def clicked_champion_run(instance: Any, model: str, timeout_s: float = 180) -> str:
+    """The status of ``model``'s newest champion run launched by hand (not by a sensor or
+    a backfill), once it ended: the champion page may show another run's materialization
+    (``materialize_champion``)."""
+    import dagster as dg
+
+    key = dg.AssetKey(["champions", model])
+    deadline = time.monotonic() + timeout_s
+    while True:
+        runs = [
+            r
+            for r in instance.get_runs()
+            if key in (r.asset_selection or ())
+            and not {"dagster/sensor_name", "dagster/backfill"} & set(r.tags)
+        ]
+        assert runs, f"no run of {model}'s champion was launched from the UI"
+        if runs[0].is_finished or time.monotonic() > deadline:
+            return str(runs[0].status.value)
+        time.sleep(1)

@@ -13,10 +13,10 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from typing import Any
 
+import dagster as dg
 import pytest
 
 from tests.cleanup import register, unregister
@@ -24,6 +24,7 @@ from tests.conftest import BIN, ROOT, free_port, wait_http
 from tests.ui.browser import (
     SCREENSHOTS,
     browser_page,
+    clicked_champion_run,
     launch_partitions,
     materialize_champion,
     reload_until,
@@ -126,25 +127,6 @@ def dagster_dev(
         unregister(proc.pid)
 
 
-def clicked_champion_run(home: str, timeout_s: float = 180) -> str:
-    """The status of the champion run launched by hand (no sensor's tag), once it ended."""
-    import dagster as dg
-
-    key = dg.AssetKey(["champions", "listing_ctr_model"])
-    deadline = time.monotonic() + timeout_s
-    with dg.DagsterInstance.from_config(home) as instance:
-        while True:
-            runs = [
-                r
-                for r in instance.get_runs()
-                if key in (r.asset_selection or ()) and "dagster/sensor_name" not in r.tags
-            ]
-            assert runs, "no champion run was launched from the UI"
-            if runs[0].is_finished or time.monotonic() > deadline:
-                return str(runs[0].status.value)
-            time.sleep(1)
-
-
 def test_launch_partition_from_ui_and_see_metadata(dagster_dev: dict[str, Any]) -> None:
     asset_url = f"{dagster_dev['url']}/assets/models/listing_ctr_model"
     with browser_page() as page:
@@ -210,7 +192,8 @@ def test_launch_partition_from_ui_and_see_metadata(dagster_dev: dict[str, Any]) 
         )
         assert "/models/listing_ctr_model/" in ds_row and ds_row.rstrip().endswith(DS)
         # the run the click launched (not the champion sensor's) ended in success
-        assert clicked_champion_run(dagster_dev["env"]["DAGSTER_HOME"]) == "SUCCESS"
+        with dg.DagsterInstance.from_config(dagster_dev["env"]["DAGSTER_HOME"]) as instance:
+            assert clicked_champion_run(instance, "listing_ctr_model") == "SUCCESS"
 
         # The day after, scored from the UI: its drift and cost plotted by partition.
         scores_url = f"{dagster_dev['url']}/assets/ctr/listing_ctr_model_scores"
