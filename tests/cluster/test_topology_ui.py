@@ -15,9 +15,9 @@ from tests.cluster.topology import MODEL_KEY, Topology
 from tests.ui.browser import (
     SCREENSHOTS,
     browser_page,
-    clicked_champion_run,
     launch_partitions,
     materialize_champion,
+    run_ended,
 )
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.cluster, pytest.mark.ui]
@@ -60,11 +60,16 @@ def test_a_backfill_of_three_partitions_launched_from_the_ui(topology: Topology)
         page.screenshot(path=str(SCREENSHOTS / "topology_checks.png"), full_page=True)
 
         # the champion, materialized from the UI, moves to the newest passing partition
-        row = materialize_champion(
-            page, topology.cluster.web_url, "topology_model", UI_DAYS[-1], "topology_champion.png"
+        row, clicked = materialize_champion(
+            page,
+            topology.cluster.web_url,
+            "topology_model",
+            UI_DAYS[-1],
+            "topology_champion.png",
+            topology.instance,
         )
         assert "/models/topology_model/" in row and row.rstrip().endswith(UI_DAYS[-1])
-        assert clicked_champion_run(topology.instance, "topology_model") == "SUCCESS"
+        assert run_ended(topology.instance, clicked) == "SUCCESS"
     champion = topology.instance.get_latest_materialization_event(
         dg.AssetKey(["champions", "topology_model"])
     )

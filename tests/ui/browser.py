@@ -99,17 +99,36 @@ def reload_until(
 
 
 def materialize_champion(
-    page: Any, web_url: str, model: str, ds: str, screenshot: str, log: Path | None = None
-) -> str:
+    page: Any,
+    web_url: str,
+    model: str,
+    ds: str,
+    screenshot: str,
+    instance: Any,
+    log: Path | None = None,
+) -> tuple[str, str]:
     """Materialize ``model``'s champion from its asset page and wait until the page shows
     it at ``ds``: moved there (the newest partition passing every gate), or staying there
     when the champion sensor moved it first (the daemon evaluates the champion once a
-    model partition materialized: a race with the click); its ``artifact_uri`` row."""
+    model partition materialized: a race with the click). Returns its ``artifact_uri``
+    row and the ID of the run the click launched.
+
+    The page is reloaded only once the click's run exists in ``instance``: a reload
+    while the UI's launch request is still on its way cancels it (under load the
+    webserver answers slowly), and the sensor's run would then stand in for the click's.
+    """
     url = f"{web_url}/assets/champions/{model}"
+    before = set(_hand_runs(instance, model))
     page.goto(url)
     launch = page.get_by_role("button", name="Materialize").first
     launch.wait_for(timeout=60_000)
     launch.click()
+    deadline = time.monotonic() + 60
+    while not (clicked := [r for r in _hand_runs(instance, model) if r not in before]):
+        if time.monotonic() >= deadline:
+            page.screenshot(path=str(SCREENSHOTS / "timeout.png"), full_page=True)
+            raise AssertionError(f"the Materialize click launched no run of {model}'s champion")
+        page.wait_for_timeout(500)
     reload_until(
         page,
         url,
@@ -122,25 +141,27 @@ def materialize_champion(
         log=log,
     )
     page.screenshot(path=str(SCREENSHOTS / screenshot), full_page=True)
-    return str(page.locator("tr", has_text="artifact_uri").first.inner_text())
+    return str(page.locator("tr", has_text="artifact_uri").first.inner_text()), clicked[0]
 
 
-def clicked_champion_run(instance: Any, model: str, timeout_s: float = 180) -> str:
-    """The status of ``model``'s newest champion run launched by hand (not by a sensor or
-    a backfill), once it ended: the champion page may show another run's materialization
-    (``materialize_champion``)."""
+def _hand_runs(instance: Any, model: str) -> list[str]:
+    """IDs of ``model``'s champion runs launched by hand (no sensor's, no backfill's)."""
     import dagster as dg
 
     key = dg.AssetKey(["champions", model])
+    return [
+        r.run_id
+        for r in instance.get_runs()
+        if key in (r.asset_selection or ())
+        and not {"dagster/sensor_name", "dagster/backfill"} & set(r.tags)
+    ]
+
+
+def run_ended(instance: Any, run_id: str, timeout_s: float = 180) -> str:
+    """The status of run ``run_id`` once it ended (or as it is after ``timeout_s``)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        runs = [
-            r
-            for r in instance.get_runs()
-            if key in (r.asset_selection or ())
-            and not {"dagster/sensor_name", "dagster/backfill"} & set(r.tags)
-        ]
-        assert runs, f"no run of {model}'s champion was launched from the UI"
-        if runs[0].is_finished or time.monotonic() > deadline:
-            return str(runs[0].status.value)
+        run = instance.get_run_by_id(run_id)
+        if run.is_finished or time.monotonic() > deadline:
+            return str(run.status.value)
         time.sleep(1)

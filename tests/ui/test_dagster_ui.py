@@ -24,11 +24,11 @@ from tests.conftest import BIN, ROOT, free_port, wait_http
 from tests.ui.browser import (
     SCREENSHOTS,
     browser_page,
-    clicked_champion_run,
     launch_partitions,
     materialize_champion,
     reload_until,
     require_chromium,
+    run_ended,
 )
 from zipline_dagster.lineage.deployment import Deployment
 
@@ -186,14 +186,20 @@ def test_launch_partition_from_ui_and_see_metadata(dagster_dev: dict[str, Any]) 
         assert "This is a blocking asset check" in body and "Passed" in body
         assert DS in body
 
-        # The champion asset, materialized from the UI, moves to that partition.
-        ds_row = materialize_champion(
-            page, dagster_dev["url"], "listing_ctr_model", DS, "champion.png", dagster_dev["log"]
-        )
-        assert "/models/listing_ctr_model/" in ds_row and ds_row.rstrip().endswith(DS)
-        # the run the click launched (not the champion sensor's) ended in success
+        # The champion asset, materialized from the UI, moves to that partition; the run
+        # the click launched (not the champion sensor's) ends in success.
         with dg.DagsterInstance.from_config(dagster_dev["env"]["DAGSTER_HOME"]) as instance:
-            assert clicked_champion_run(instance, "listing_ctr_model") == "SUCCESS"
+            ds_row, clicked = materialize_champion(
+                page,
+                dagster_dev["url"],
+                "listing_ctr_model",
+                DS,
+                "champion.png",
+                instance,
+                dagster_dev["log"],
+            )
+            assert "/models/listing_ctr_model/" in ds_row and ds_row.rstrip().endswith(DS)
+            assert run_ended(instance, clicked) == "SUCCESS"
 
         # The day after, scored from the UI: its drift and cost plotted by partition.
         scores_url = f"{dagster_dev['url']}/assets/ctr/listing_ctr_model_scores"
