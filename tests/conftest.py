@@ -34,6 +34,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 _DAGSTER_HOME = pytest.StashKey[tuple[str | None, Path]]()
 _INSTALL = pytest.StashKey[str | None]()
 INSTALL_REQUIREMENTS = "ZIPLINE_RAY_INSTALL_REQUIREMENTS"
+_SPARK_OPTS = pytest.StashKey[str | None]()
+SPARK_OPTS = "SPARK_SUBMIT_OPTS"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -53,6 +55,11 @@ def pytest_configure(config: pytest.Config) -> None:
     # turn it on themselves (test_fanout's pool test; test_request checks the runtime_env).
     config.stash[_INSTALL] = os.environ.get(INSTALL_REQUIREMENTS)
     os.environ.setdefault(INSTALL_REQUIREMENTS, "false")
+    # The tests' Spark drivers (in process and in the commands they run) live seconds on
+    # small data: compiled by the JVM's C1 alone, one takes about half the CPU (measured:
+    # 30 -> 17 CPU-s for a local session's start, an aggregate and a write)
+    config.stash[_SPARK_OPTS] = os.environ.get(SPARK_OPTS)
+    os.environ.setdefault(SPARK_OPTS, "-XX:TieredStopAtLevel=1")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -60,7 +67,11 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         return
     before, home = config.stash[_DAGSTER_HOME]
     shutil.rmtree(home, ignore_errors=True)
-    for name, value in (("DAGSTER_HOME", before), (INSTALL_REQUIREMENTS, config.stash[_INSTALL])):
+    for name, value in (
+        ("DAGSTER_HOME", before),
+        (INSTALL_REQUIREMENTS, config.stash[_INSTALL]),
+        (SPARK_OPTS, config.stash[_SPARK_OPTS]),
+    ):
         if value is None:
             os.environ.pop(name, None)
         else:
@@ -259,6 +270,8 @@ def azurite_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[st
             "--silent",
             "--loose",
             "--skipApiVersionCheck",
+            # no telemetry: it kept an idle Azurite at 1-2% of a core (none without it)
+            "--disableTelemetry",
         ],
         what="Azurite",
         url=f"{blob}?comp=list",
@@ -343,15 +356,20 @@ def ray_head(
     # PYTHONDONTWRITEBYTECODE as many images (and this machine) set it: jobs must still
     # get their bytecode into Ray's pip env (see test_fanout)
     env = {**s3_server, **gcs_server, **azurite_server, "PYTHONDONTWRITEBYTECODE": "1"}
-    yield from running_head(tmp_path_factory.mktemp("ray"), "Ray head", env=env)
+    # no log monitor (1% of a core for the session): no test on this head reads what a
+    # job's tasks print from the job's log (the range driver returns their output with
+    # their results); the Ray Train test has its own cluster (``ray_two_nodes``)
+    yield from running_head(tmp_path_factory.mktemp("ray"), "Ray head", env=env, log_monitor=False)
 
 
-def running_head(state_dir: Path, what: str, *, env: dict[str, str] | None = None) -> Iterator[Any]:
+def running_head(
+    state_dir: Path, what: str, *, env: dict[str, str] | None = None, log_monitor: bool = True
+) -> Iterator[Any]:
     """A local Ray head (2 CPUs) in ``state_dir``, recorded for cleanup while it runs;
     yields its HeadInfo and stops it afterwards (for fixtures: ``yield from``)."""
     from zipline_dagster.jobs.launchers.ray_head import LocalRayHead
 
-    head = LocalRayHead(state_dir, num_cpus=2, env=env)
+    head = LocalRayHead(state_dir, num_cpus=2, env=env, log_monitor=log_monitor)
     info = head.ensure_running()
     register(info.pid, group=True, what=what)
     try:

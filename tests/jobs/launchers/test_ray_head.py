@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -220,6 +221,16 @@ def test_the_embedded_head_keeps_no_idle_worker_after_a_job(tmp_path: Path) -> N
         titles = head_processes(head.pid).values()
         assert any("raylet" in t for t in titles)  # the head's session, as expected
         assert not [t for t in titles if t.startswith("ray::IDLE")], sorted(titles)
+        assert any("log_monitor.py" in t for t in titles)  # on by default
+
+
+@pytest.mark.ray
+def test_a_head_started_without_its_log_monitor_runs_none(ray_head: Any) -> None:
+    """``LocalRayHead(log_monitor=False)``, as the tests' shared head is started: no log
+    monitor among the head's processes, and jobs still run on it (every Ray test here)."""
+    titles = head_processes(ray_head.pid).values()
+    assert any("raylet" in t for t in titles)
+    assert not [t for t in titles if "log_monitor.py" in t], sorted(titles)
 
 
 @pytest.mark.ray

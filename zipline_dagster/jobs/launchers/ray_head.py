@@ -100,6 +100,10 @@ class LocalRayHead:
         num_cpus: CPUs the head offers (default: all of the machine's).
         env: extra environment for the head; jobs inherit the head's environment,
             which is where platform-injected secrets belong (never in ``runtime_env``).
+        log_monitor: whether the head runs Ray's log monitor, which streams workers'
+            output to their drivers (a job's log shows what its tasks and actors print,
+            as a Ray Train trainer's workers do). Off, it saves the 1% of a core the
+            monitor takes while the head idles; a driver then sees only its own output.
     """
 
     def __init__(
@@ -108,10 +112,12 @@ class LocalRayHead:
         *,
         num_cpus: int | None = None,
         env: dict[str, str] | None = None,
+        log_monitor: bool = True,
     ) -> None:
         self.state_dir = Path(state_dir) if state_dir else zipline_home() / "ray"
         self.num_cpus = num_cpus
         self.env = dict(env or {})
+        self.log_monitor = log_monitor
 
     @property
     def _state_file(self) -> Path:
@@ -232,6 +238,8 @@ class LocalRayHead:
         ]
         if self.num_cpus is not None:
             cmd.append(f"--num-cpus={self.num_cpus}")
+        if not self.log_monitor:
+            cmd.append("--include-log-monitor=false")
         inherited = dict(os.environ)  # the head's processes inherit this one's environment
         env = {
             **EMBEDDED_HEAD_ENV,
