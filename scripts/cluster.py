@@ -45,7 +45,7 @@ import threading
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -609,7 +609,11 @@ concurrency:
         )
 
     # -- the whole --------------------------------------------------------------------
-    def up(self) -> None:
+    def up(self, only: Collection[str] = SERVICES) -> None:
+        """Start every service (``only``: those of them, in their waves)."""
+        unknown = sorted(set(only) - set(SERVICES))
+        if unknown:
+            raise ClusterError(f"unknown services {unknown}; the topology has {list(SERVICES)}")
         live = self.running()
         if live:
             raise ClusterError(
@@ -645,8 +649,11 @@ concurrency:
 
         try:
             for wave in START_WAVES:
-                with ThreadPoolExecutor(len(wave)) as pool:
-                    for future in [pool.submit(start, name) for name in wave]:
+                names = [name for name in wave if name in only]
+                if not names:
+                    continue
+                with ThreadPoolExecutor(len(names)) as pool:
+                    for future in [pool.submit(start, name) for name in names]:
                         future.result()  # the first failure, once the wave has settled
         except BaseException:
             self.down()

@@ -1,5 +1,6 @@
 """One production topology (``scripts/cluster.py``) for the whole package: Postgres, S3, a
-Ray head with two worker nodes, Spark, and Dagster's daemon and webserver, serving the
+Ray head with two worker nodes, and Dagster's daemon and webserver (Spark left out: no
+test here runs a Spark step), serving the
 code location ``tests.cluster.topology_defs``. Its services are recorded for the test
 run's cleanup and stopped by ``Cluster.down`` (by PID, nothing else on the machine)."""
 
@@ -21,7 +22,7 @@ from tests.training.test_assets import TABLE
 
 @pytest.fixture(scope="package")
 def topology(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Topology]:
-    from scripts.cluster import Cluster
+    from scripts.cluster import SERVICES, Cluster
     from zipline_dagster.jobs.archive import publish_trainer_archive
 
     if not sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres")):
@@ -49,7 +50,10 @@ def topology(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Topology]:
     )
     cluster = Cluster(folder)
     try:
-        cluster.up()
+        # every service but Spark's: no test here runs a Spark step (the code location
+        # trains on an external table), and its two idle JVMs cost some 20 CPU-s a run;
+        # `make cluster-up` starts them with the rest
+        cluster.up(only=[s for s in SERVICES if not s.startswith("spark-")])
         os.environ.update(cluster.env())  # this process is a client of the deployment
         env = cluster.env()
         # into the deployment's catalog (its PostgreSQL database), as its runs read it

@@ -1,9 +1,9 @@
 """Faults on the production topology (issue 39): ``scripts/cluster.py`` starts Postgres,
-S3, a Ray head with two worker nodes, Spark and Dagster's daemon and webserver as their
-own processes; the code location ``tests.cluster.topology_defs`` is deployed to them, and
-work goes in as backfills through the webserver, which the daemon runs. Then real
-processes are killed or restarted under it: the daemon, Postgres, a Ray worker node, the
-Ray head.
+S3, a Ray head with two worker nodes and Dagster's daemon and webserver as their own
+processes (its Spark master and worker are left out: no test here runs a Spark step);
+the code location ``tests.cluster.topology_defs`` is deployed to them, and work goes in
+as backfills through the webserver, which the daemon runs. Then real processes are
+killed or restarted under it: the daemon, Postgres, a Ray worker node, the Ray head.
 
 Every fault ends the same way: the backfill completes, the planner finds every partition
 fresh (what Dagster recorded and what storage holds agree), every model partition's
