@@ -6,7 +6,7 @@ import contextlib
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -83,19 +83,49 @@ def reload_until(
     timeout_s: float,
     what: str,
     log: Path | None = None,
+    ready: Callable[[], bool] | None = None,
 ) -> None:
     """Reload ``url`` until the page shows ``text``; fails naming ``what`` after
     ``timeout_s`` (with the last lines of the webserver and daemon's ``log``, when
-    given, and a screenshot ``timeout.png``)."""
+    given, and a screenshot ``timeout.png``).
+
+    With ``ready`` (a look at the instance: the run ended, the partition materialized),
+    the page is reloaded only once it holds, and every ``FALLBACK_S`` meanwhile: each load
+    of a Dagster page costs the browser and the webserver a CPU-second or more (the
+    asset's partitions, its events, its plots), and a run takes a minute on a busy machine.
+    """
     deadline = time.monotonic() + timeout_s
+    loaded = time.monotonic()
     while not page.get_by_text(text).count():
         if time.monotonic() >= deadline:
             page.screenshot(path=str(SCREENSHOTS / "timeout.png"), full_page=True)
             tail = log.read_text(errors="replace").splitlines()[-60:] if log else []
             raise AssertionError("\n".join([what, *tail]))
+        if ready is not None and time.monotonic() - loaded < FALLBACK_S and not ready():
+            time.sleep(1)
+            continue
         page.wait_for_timeout(1500)
         page.goto(url)
         page.wait_for_timeout(1000)
+        loaded = time.monotonic()
+
+
+#: How long ``reload_until`` waits at most for its ``ready`` between two loads of the page.
+FALLBACK_S = 20
+
+
+def materialized(instance: Any, key: Any, partition: str) -> Callable[[], bool]:
+    """A ``ready`` for ``reload_until``: whether ``instance`` holds a materialization of
+    ``key``'s ``partition``."""
+    import dagster as dg
+
+    def ready() -> bool:
+        records = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=key, asset_partitions=[partition]), limit=1
+        ).records
+        return bool(records)
+
+    return ready
 
 
 def materialize_champion(
@@ -139,6 +169,7 @@ def materialize_champion(
         timeout_s=180,
         what="the champion asset did not materialize",
         log=log,
+        ready=lambda: bool(instance.get_run_by_id(clicked[0]).is_finished),
     )
     page.screenshot(path=str(SCREENSHOTS / screenshot), full_page=True)
     return str(page.locator("tr", has_text="artifact_uri").first.inner_text()), clicked[0]

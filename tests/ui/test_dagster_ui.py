@@ -26,6 +26,7 @@ from tests.ui.browser import (
     browser_page,
     launch_partitions,
     materialize_champion,
+    materialized,
     reload_until,
     require_chromium,
     run_ended,
@@ -129,7 +130,8 @@ def dagster_dev(
 
 def test_launch_partition_from_ui_and_see_metadata(dagster_dev: dict[str, Any]) -> None:
     asset_url = f"{dagster_dev['url']}/assets/models/listing_ctr_model"
-    with browser_page() as page:
+    home = dagster_dev["env"]["DAGSTER_HOME"]
+    with browser_page() as page, dg.DagsterInstance.from_config(home) as instance:
         launch_partitions(page, asset_url, DS, "Launch 1 run")
         reload_until(
             page,
@@ -138,6 +140,7 @@ def test_launch_partition_from_ui_and_see_metadata(dagster_dev: dict[str, Any]) 
             timeout_s=300,
             what="the launched run did not materialize the model",
             log=dagster_dev["log"],
+            ready=materialized(instance, dg.AssetKey(["models", "listing_ctr_model"]), DS),
         )
         page.screenshot(path=str(SCREENSHOTS / "model_metadata.png"), full_page=True)
 
@@ -188,18 +191,17 @@ def test_launch_partition_from_ui_and_see_metadata(dagster_dev: dict[str, Any]) 
 
         # The champion asset, materialized from the UI, moves to that partition; the run
         # the click launched (not the champion sensor's) ends in success.
-        with dg.DagsterInstance.from_config(dagster_dev["env"]["DAGSTER_HOME"]) as instance:
-            ds_row, clicked = materialize_champion(
-                page,
-                dagster_dev["url"],
-                "listing_ctr_model",
-                DS,
-                "champion.png",
-                instance,
-                dagster_dev["log"],
-            )
-            assert "/models/listing_ctr_model/" in ds_row and ds_row.rstrip().endswith(DS)
-            assert run_ended(instance, clicked) == "SUCCESS"
+        ds_row, clicked = materialize_champion(
+            page,
+            dagster_dev["url"],
+            "listing_ctr_model",
+            DS,
+            "champion.png",
+            instance,
+            dagster_dev["log"],
+        )
+        assert "/models/listing_ctr_model/" in ds_row and ds_row.rstrip().endswith(DS)
+        assert run_ended(instance, clicked) == "SUCCESS"
 
         # The day after, scored from the UI: its drift and cost plotted by partition.
         scores_url = f"{dagster_dev['url']}/assets/ctr/listing_ctr_model_scores"
@@ -211,6 +213,7 @@ def test_launch_partition_from_ui_and_see_metadata(dagster_dev: dict[str, Any]) 
             timeout_s=300,
             what="the launched run did not score the day",
             log=dagster_dev["log"],
+            ready=materialized(instance, dg.AssetKey(["ctr", "listing_ctr_model_scores"]), NEXT),
         )
         page.get_by_role("button", name="Plots").first.click()
         for plotted in ("drift/psi_predictions", "drift/max_feature_psi", "cost/cpu_s"):
