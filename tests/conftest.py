@@ -34,8 +34,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 _DAGSTER_HOME = pytest.StashKey[tuple[str | None, Path]]()
 _INSTALL = pytest.StashKey[str | None]()
 INSTALL_REQUIREMENTS = "ZIPLINE_RAY_INSTALL_REQUIREMENTS"
-_SPARK_OPTS = pytest.StashKey[str | None]()
-SPARK_OPTS = "SPARK_SUBMIT_OPTS"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -55,11 +53,6 @@ def pytest_configure(config: pytest.Config) -> None:
     # turn it on themselves (test_fanout's pool test; test_request checks the runtime_env).
     config.stash[_INSTALL] = os.environ.get(INSTALL_REQUIREMENTS)
     os.environ.setdefault(INSTALL_REQUIREMENTS, "false")
-    # The tests' Spark drivers (in process and in the commands they run) live seconds on
-    # small data: compiled by the JVM's C1 alone, one takes about half the CPU (measured:
-    # 30 -> 17 CPU-s for a local session's start, an aggregate and a write)
-    config.stash[_SPARK_OPTS] = os.environ.get(SPARK_OPTS)
-    os.environ.setdefault(SPARK_OPTS, "-XX:TieredStopAtLevel=1")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -70,7 +63,6 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     for name, value in (
         ("DAGSTER_HOME", before),
         (INSTALL_REQUIREMENTS, config.stash[_INSTALL]),
-        (SPARK_OPTS, config.stash[_SPARK_OPTS]),
     ):
         if value is None:
             os.environ.pop(name, None)
