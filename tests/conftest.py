@@ -60,10 +60,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         return
     before, home = config.stash[_DAGSTER_HOME]
     shutil.rmtree(home, ignore_errors=True)
-    for name, value in (
-        ("DAGSTER_HOME", before),
-        (INSTALL_REQUIREMENTS, config.stash[_INSTALL]),
-    ):
+    for name, value in (("DAGSTER_HOME", before), (INSTALL_REQUIREMENTS, config.stash[_INSTALL])):
         if value is None:
             os.environ.pop(name, None)
         else:

@@ -117,15 +117,7 @@ FALLBACK_S = 20
 def materialized(instance: Any, key: Any, partition: str) -> Callable[[], bool]:
     """A ``ready`` for ``reload_until``: whether ``instance`` holds a materialization of
     ``key``'s ``partition``."""
-    import dagster as dg
-
-    def ready() -> bool:
-        records = instance.fetch_materializations(
-            dg.AssetRecordsFilter(asset_key=key, asset_partitions=[partition]), limit=1
-        ).records
-        return bool(records)
-
-    return ready
+    return lambda: partition in instance.get_materialized_partitions(key)
 
 
 def materialize_champion(

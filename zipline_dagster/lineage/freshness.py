@@ -261,10 +261,10 @@ class FreshnessResolver:
         """Why the ledger's rule says a partition must be materialized (Dagster recorded
         it, and it is not committed on storage, or storage cannot be read), or None."""
         settled = self.settle(key, partition)
-        if settled is None or settled.unreadable:
+        if settled is None or settled.diff is None:  # nowhere to look, or unreadable
             return settled.unreadable if settled else None
         diff, where = settled.diff, settled.where
-        if diff is None or diff.state is not State.MISSING:
+        if diff.state is not State.MISSING:
             return None
         if diff.commit is None and self._artifacts.get(key, {}).get(partition):
             return f"its finished model is missing on storage ({where})"
