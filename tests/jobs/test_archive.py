@@ -200,15 +200,17 @@ def test_install_requires_of_a_stored_archive_read_with_a_clear_error(trainer_co
 def test_every_archive_gets_the_platforms_trainer_support(trainer_copy: Path) -> None:
     """Trainers share the support module and the driver (placed by the build), instead of
     copying them; a trainer folder cannot bring its own under those names."""
-    from zipline_dagster.jobs import channel, trainer_io, trainer_tables
+    from zipline_dagster.jobs import channel, trainer_io, trainer_stats, trainer_tables
 
     archive = build_trainer_archive(trainer_copy)
     with zipfile.ZipFile(io.BytesIO(archive.data)) as zf:
         shipped = zf.read("listing_ctr_model/zipline_trainer_io.py")
         tables = zf.read("listing_ctr_model/zipline_trainer_tables.py")
+        numbers = zf.read("listing_ctr_model/zipline_trainer_stats.py")
         driver = zf.read("listing_ctr_model/zipline_channel.py")
     assert shipped == Path(trainer_io.__file__).read_bytes()
     assert tables == Path(trainer_tables.__file__).read_bytes()
+    assert numbers == Path(trainer_stats.__file__).read_bytes()
     assert driver == Path(channel.__file__).read_bytes()
     (trainer_copy / "zipline_channel.py").write_text("x = 1\n")
     with pytest.raises(TrainerArchiveError, match=r"own zipline_channel.py; those names"):

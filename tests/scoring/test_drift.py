@@ -16,7 +16,7 @@ from tests.helpers import ctr_rows, days_ending, write_partition
 from tests.scoring.test_scores import D1, D2, D3, scoring_defs, write_days
 from tests.training.test_assets import TABLE, make_model
 from zipline_dagster import EventSource, ModelSpecError, ModelTransforms
-from zipline_dagster.jobs import trainer_io as tio
+from zipline_dagster.jobs import trainer_stats as stats
 from zipline_dagster.lineage.partitions import table_asset_key
 from zipline_dagster.scoring.drift import FEATURES_CHECK, PREDICTIONS_CHECK, judge_day
 
@@ -73,15 +73,15 @@ def test_a_shifted_day_drifts_and_a_like_day_does_not(file_base: str) -> None:
 
 def test_psi_against_a_reference_histogram() -> None:
     rng = np.random.default_rng(0)
-    reference = tio._histogram(rng.normal(0, 1, 20_000))
+    reference = stats.histogram(rng.normal(0, 1, 20_000))
     assert reference is not None and len(reference["fractions"]) == 10
-    assert tio.psi(reference, rng.normal(0, 1, 5_000)) < 0.01
-    assert 0.1 < tio.psi(reference, rng.normal(0.4, 1, 5_000)) < 0.25  # a moderate shift
-    assert tio.psi(reference, rng.normal(2, 1, 5_000)) > 1.0
-    assert tio.psi(None, [1.0]) is None and tio.psi(reference, [np.nan]) is None
+    assert stats.psi(reference, rng.normal(0, 1, 5_000)) < 0.01
+    assert 0.1 < stats.psi(reference, rng.normal(0.4, 1, 5_000)) < 0.25  # a moderate shift
+    assert stats.psi(reference, rng.normal(2, 1, 5_000)) > 1.0
+    assert stats.psi(None, [1.0]) is None and stats.psi(reference, [np.nan]) is None
     # a constant feature: one edge, two bins; the same constant does not drift
-    constant = tio._histogram(np.full(100, 3.0))
-    assert tio.psi(constant, np.full(50, 3.0)) == 0.0
+    constant = stats.histogram(np.full(100, 3.0))
+    assert stats.psi(constant, np.full(50, 3.0)) == 0.0
 
 
 def test_a_partition_trained_before_drift_was_measured_says_so() -> None:

@@ -13,9 +13,9 @@ from tests.helpers import ctr_rows, days_ending, write_partition, write_table
 DS = "2026-07-10"
 
 
-def run_trainer(*flags: str) -> subprocess.CompletedProcess[str]:
+def run_trainer(*flags: str, python: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "trainer.train", *flags],
+        [sys.executable, *python, "-m", "trainer.train", *flags],
         cwd=TRAINERS / "listing_ctr_model",
         capture_output=True,
         text=True,
@@ -35,8 +35,19 @@ def test_trainer_by_hand_writes_model_and_full_report(file_base: str, tmp_path: 
         "--label-column=label",
         "--eval-days=2",
         "--features=price_log,inventory_count",
+        python=("-X", "importtime"),
     )
     assert res.returncode == 0, res.stdout + res.stderr
+    # its metrics are numpy's (the trainer support's): the process imports no scikit-learn,
+    # which xgboost would otherwise pull in (over a CPU-second in every job)
+    imported = {
+        line.rsplit("|", 1)[-1].strip()
+        for line in res.stderr.splitlines()
+        if line.startswith("import time:")
+    }
+    assert {"xgboost", "matplotlib.figure"} <= imported
+    # ("sklearn" alone is xgboost's attempt, refused; its modules are the import)
+    assert not {m for m in imported if m.startswith("sklearn.") or m == "matplotlib.pyplot"}
     assert sorted(p.name for p in out.iterdir()) == ["metrics.json", "model.json", "pr_curve.png"]
     r = json.loads((out / "metrics.json").read_text())
     assert r["split"] == {

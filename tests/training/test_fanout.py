@@ -230,22 +230,6 @@ def test_driver_threads_follow_the_slots_or_the_cpus_ray_reserved() -> None:
     assert run("")[1] == "1"  # no reservation said: one thread
 
 
-def test_xgboost_is_imported_without_scikit_learn() -> None:
-    """The trainer's processes import xgboost without the scikit-learn API it would pull in
-    (about 3 s of CPU each); scikit-learn itself still imports afterwards."""
-    code = (
-        "import sys\n"
-        "from trainer.fanout import import_xgboost\n"
-        "xgb = import_xgboost()\n"
-        "assert 'sklearn' not in sys.modules, 'imported'\n"
-        "import sklearn.base\n"
-        "print(xgb.__version__, sklearn.base.BaseEstimator.__name__)\n"
-    )
-    res = run_in_trainer(code)
-    assert res.returncode == 0, res.stderr
-    assert res.stdout.split() == ["3.2.0", "BaseEstimator"]
-
-
 def test_the_split_gives_each_segment_its_rows_without_copying_the_table_twice() -> None:
     """Each segment gets exactly its rows, in their order, every feature as float64
     (integers and booleans too), its labels and which rows are holdout rows; the split

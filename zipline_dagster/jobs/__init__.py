@@ -4,4 +4,4 @@ run in one job (``ranges``), the job-to-platform channel (``channel``, shipped i
 archive as its driver), the launchers (``launchers/``: a Ray Job, the embedded Ray head,
 a local subprocess) and their Dagster resources, the content-addressed trainer archive
 and its pins, and the trainer support every archive carries (``trainer_io``,
-``trainer_tables``)."""
+``trainer_tables``, ``trainer_stats``)."""

@@ -26,10 +26,12 @@ if TYPE_CHECKING:
 FIXED_DATE_TIME = (1980, 1, 1, 0, 0, 0)
 VERSION_LENGTH = 12
 #: The platform's modules every archive gets, beside the trainer's package: the trainer
-#: support (its storage half beside it), and the driver every job runs under.
+#: support (its storage and statistics halves beside it), and the driver every job runs
+#: under.
 SUPPORT_MODULES = {
     "zipline_trainer_io.py": "trainer_io.py",
     "zipline_trainer_tables.py": "trainer_tables.py",
+    "zipline_trainer_stats.py": "trainer_stats.py",
     "zipline_channel.py": "channel.py",
 }
 

@@ -9,8 +9,10 @@ partitions of an Iceberg table (the snapshot the platform resolved, planned by p
 with the ``--columns`` projection) and writing artifacts, for local paths, ``file://``,
 ``s3://``, ``gs://`` and ``abfss://`` through fsspec (the platform's storage layer).
 Its storage half (filesystems, writing, planning a window from the table's manifests)
-is ``trainer_tables`` (``zipline_trainer_tables`` in the archive), re-exported here.
-Standard library, fsspec, pyarrow and pyiceberg only.
+is ``trainer_tables`` (``zipline_trainer_tables`` in the archive), and its numbers half
+(the metrics of a split, drift, xgboost imported without scikit-learn) is
+``trainer_stats`` (``zipline_trainer_stats``), both re-exported here. Standard library,
+numpy, fsspec, pyarrow and pyiceberg only.
 """
 
 from __future__ import annotations
@@ -21,12 +23,17 @@ import json
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from zipline_dagster.jobs import trainer_stats as _stats
     from zipline_dagster.jobs import trainer_tables as _tables
 else:
     try:  # in a job: the archive's top-level support module
         import zipline_trainer_tables as _tables
     except ImportError:  # by hand, from this repository
         from zipline_dagster.jobs import trainer_tables as _tables
+    try:  # in a job: the archive's top-level statistics module
+        import zipline_trainer_stats as _stats
+    except ImportError:  # by hand, from this repository
+        from zipline_dagster.jobs import trainer_stats as _stats
 
 # the storage half (``trainer_tables``), under the names trainers use (``tio.filesystem``)
 filesystem = _tables.filesystem
@@ -41,6 +48,17 @@ iceberg_io_properties = _tables.iceberg_io_properties
 TrainingDataError = _tables.TrainingDataError
 EMPTY_DAY = _tables.EMPTY_DAY
 _day = _tables.checked_day
+# the statistics half (``trainer_stats``): metrics of a split, drift, lean xgboost
+import_xgboost = _stats.import_xgboost
+accuracy = _stats.accuracy
+log_loss = _stats.log_loss
+roc_auc = _stats.roc_auc
+precision_recall_curve = _stats.precision_recall_curve
+DRIFT_KEY = _stats.DRIFT_KEY
+DRIFT_SAMPLE = _stats.DRIFT_SAMPLE
+drift_reference = _stats.drift_reference
+psi = _stats.psi
+drift_of = _stats.drift_of
 
 
 #: Requests in flight at once on an object store, where each one's time is mostly the
@@ -427,72 +445,3 @@ def write_table_file(
     buf = io.BytesIO()
     pq.write_table(arrow, buf, coerce_timestamps="us", allow_truncated_timestamps=True)
     return write_bytes(folder, "part-00000.parquet", buf.getvalue())
-
-
-#: The scores file's key-value metadata holding the day's drift (``drift_of``).
-DRIFT_KEY = b"zipline.drift"
-#: Bins of a drift histogram (deciles of the reference).
-DRIFT_BINS = 10
-#: Most values a reference histogram is built from (an even stride through them): its
-#: fractions' standard error stays near 0.1%, and a month of training rows costs the
-#: trainer milliseconds, not a second.
-DRIFT_SAMPLE = 50_000
-
-
-def _histogram(values: Any) -> dict[str, list[float]] | None:
-    import numpy as np
-
-    v = np.asarray(values, dtype=float)
-    if len(v) > DRIFT_SAMPLE:
-        v = v[:: -(-len(v) // DRIFT_SAMPLE)]
-    v = v[np.isfinite(v)]
-    if not len(v):
-        return None
-    edges = np.unique(np.quantile(v, np.linspace(0.0, 1.0, DRIFT_BINS + 1))[1:-1])
-    counts = np.bincount(np.searchsorted(edges, v, side="right"), minlength=len(edges) + 1)
-    return {"edges": edges.tolist(), "fractions": (counts / len(v)).tolist()}
-
-
-def drift_reference(frame: Any, features: dict[str, str], predictions: Any) -> dict[str, Any]:
-    """What a scored day's drift is measured against, for the trainer's report
-    (``drift_reference``): each feature's decile histogram over the training rows
-    (``features``: name -> column of ``frame``) and the holdout predictions'."""
-    return {
-        "features": {n: _histogram(frame[c].to_numpy(dtype=float)) for n, c in features.items()},
-        "predictions": _histogram(predictions),
-    }
-
-
-def psi(reference: dict[str, list[float]] | None, values: Any) -> float | None:
-    """The population stability index of ``values`` against a ``reference`` histogram
-    (None: no reference, or no finite value); empty bins count as 0.01% on both sides."""
-    import numpy as np
-
-    v = np.asarray(values, dtype=float)
-    v = v[np.isfinite(v)]
-    if reference is None or not len(v):
-        return None
-    edges, expected = np.asarray(reference["edges"]), np.asarray(reference["fractions"])
-    actual = np.bincount(np.searchsorted(edges, v, side="right"), minlength=len(edges) + 1)
-    a, e = np.clip(actual / len(v), 1e-4, None), np.clip(expected, 1e-4, None)
-    return round(float(np.sum((a - e) * np.log(a / e))), 6)
-
-
-def drift_of(
-    reference: dict[str, Any] | None, frame: Any, features: dict[str, str], scores: Any
-) -> dict[str, Any]:
-    """A scored day's drift against its model's ``reference`` (``drift_reference``):
-    ``{"features": {name: PSI}, "predictions": PSI}``; empty without a reference (a
-    model trained before its report carried one)."""
-    if not reference:
-        return {}
-    refs = reference.get("features") or {}
-    return {
-        "features": {
-            n: value
-            for n, c in features.items()
-            if c in frame
-            and (value := psi(refs.get(n), frame[c].to_numpy(dtype=float))) is not None
-        },
-        "predictions": psi(reference.get("predictions"), scores),
-    }

@@ -62,16 +62,14 @@ def _class_status(y: Any, split: str) -> str | None:
 
 def split_metrics(y: Any, p: Any, split: str) -> tuple[dict[str, float | None], dict[str, str]]:
     """Metrics of one split and, for each metric that is missing, why."""
-    from sklearn.metrics import accuracy_score, log_loss, roc_auc_score
-
     names = ("auc", "logloss", "accuracy", "positive_rate")
     status: dict[str, str] = {}
     if len(y) == 0:
         reason = f"empty split: the {split} set has no rows"
         return dict.fromkeys(names), dict.fromkeys(names, reason)
     out: dict[str, float | None] = {
-        "logloss": float(log_loss(y, p, labels=[0, 1])),
-        "accuracy": float(accuracy_score(y, (p >= 0.5).astype(int))),
+        "logloss": tio.log_loss(y, p),
+        "accuracy": tio.accuracy(y, p),
         "positive_rate": float(y.mean()),
     }
     one_class = _class_status(y, split)
@@ -79,15 +77,14 @@ def split_metrics(y: Any, p: Any, split: str) -> tuple[dict[str, float | None], 
         out["auc"] = None
         status["auc"] = one_class
     else:
-        out["auc"] = float(roc_auc_score(y, p))
+        out["auc"] = tio.roc_auc(y, p)
     return {k: out[k] for k in names}, status
 
 
 def pr_curve(y: Any, p: Any, points: int = 101) -> dict[str, list[float]]:
     import numpy as np
-    from sklearn.metrics import precision_recall_curve
 
-    precision, recall, thresholds = precision_recall_curve(y, p)
+    precision, recall, thresholds = tio.precision_recall_curve(y, p)
     idx = np.unique(np.linspace(0, len(precision) - 1, min(points, len(precision))).astype(int))
     return {
         "precision": [round(float(v), 6) for v in precision[idx]],
@@ -97,12 +94,13 @@ def pr_curve(y: Any, p: Any, points: int = 101) -> dict[str, list[float]]:
 
 
 def pr_curve_png(curve: dict[str, list[float]], title: str) -> bytes:
-    import matplotlib
+    # matplotlib's object API (no pyplot: no GUI backend looked for, less to import)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5, 4), dpi=80)
+    fig = Figure(figsize=(5, 4), dpi=80)
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
     ax.plot(curve["recall"], curve["precision"])
     ax.set_xlabel("recall")
     ax.set_ylabel("precision")
@@ -113,7 +111,6 @@ def pr_curve_png(curve: dict[str, list[float]], title: str) -> bytes:
     buf = io.BytesIO()
     fig.tight_layout()
     fig.savefig(buf, format="png", metadata={"Software": None})
-    plt.close(fig)
     return buf.getvalue()
 
 
@@ -129,8 +126,8 @@ def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)  # a bad flag is refused before the heavy imports
 
     import numpy as np
-    import xgboost as xgb
 
+    xgb = tio.import_xgboost()  # without scikit-learn: a CPU-second less in every job
     t0 = time.monotonic()
     window = tio.window_days(args.start_ds, args.end_ds)
     eval_days = min(args.eval_days, len(window))

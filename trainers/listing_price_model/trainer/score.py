@@ -36,9 +36,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def score(argv: Sequence[str] | None = None) -> dict[str, Any]:
     import numpy as np
-    import xgboost as xgb
 
     args = parse_args(argv)
+    xgb = tio.import_xgboost()  # without scikit-learn: a CPU-second less in every job
     fs, model_path = tio.filesystem(args.model_dir)
     booster = xgb.Booster()
     booster.load_model(bytearray(fs.cat_file(f"{model_path}/model.json")))

@@ -20,26 +20,14 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-
-def import_xgboost() -> Any:
-    """xgboost, imported without scikit-learn. xgboost imports scikit-learn whenever it is
-    installed, for its sklearn-style API that this trainer does not use: about 3 s of CPU
-    in every process that trains (the driver and each worker). Hiding it for the import
-    leaves that API off; scikit-learn itself still imports afterwards."""
-    if "xgboost" in sys.modules or "sklearn" in sys.modules:
-        import xgboost
-
-        return xgboost
-    sys.modules["sklearn"] = None  # type: ignore[assignment]  # import sklearn -> ImportError
-    try:
-        import xgboost
-    finally:
-        del sys.modules["sklearn"]
-    return xgboost
+try:  # the build places the platform's trainer support into every archive
+    import zipline_trainer_io as tio
+except ModuleNotFoundError:  # run by hand from this repository
+    from zipline_dagster.jobs import trainer_io as tio  # type: ignore[no-redef]
 
 
 def train_segment(seg: str, arrays: dict[str, Any], conf: dict[str, Any]) -> dict[str, Any]:
-    xgb = import_xgboost()
+    xgb = tio.import_xgboost()
 
     x, y, hold = arrays["x"], arrays["y"], arrays["hold"]
     xtr, ytr, xho, yho = x[~hold], y[~hold], x[hold], y[hold]
@@ -62,40 +50,17 @@ def train_segment(seg: str, arrays: dict[str, Any], conf: dict[str, Any]) -> dic
         status["holdout.auc"] = "empty split: the holdout set has no rows"
     else:
         p = booster.predict(xgb.DMatrix(xho, nthread=1))
-        metrics["holdout_logloss"] = log_loss(yho, p)
+        metrics["holdout_logloss"] = tio.log_loss(yho, p)
         if len(set(yho.tolist())) < 2:
             status["holdout.auc"] = f"holdout has one class (every label is {int(yho[0])})"
         else:
-            metrics["holdout_auc"] = roc_auc(yho, p)
+            metrics["holdout_auc"] = tio.roc_auc(yho, p)
     return {
         "segment": seg,
         "metrics": metrics,
         "status": status,
         "model": bytes(booster.save_raw(raw_format="ubj")),
     }
-
-
-def log_loss(y: Any, p: Any) -> float:
-    import numpy as np
-
-    p = np.clip(p, 1e-15, 1 - 1e-15)
-    return float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
-
-
-def roc_auc(y: Any, p: Any) -> float:
-    """Mann-Whitney AUC with tied scores averaged (numpy only: no sklearn import per worker)."""
-    import numpy as np
-
-    order = np.argsort(p, kind="mergesort")
-    sorted_p = p[order]
-    ranks = np.empty(len(p), dtype="float64")
-    # average rank per run of tied scores
-    _, first, counts = np.unique(sorted_p, return_index=True, return_counts=True)
-    avg = first + (counts + 1) / 2.0
-    ranks[order] = np.repeat(avg, counts)
-    pos = y == 1
-    n_pos, n_neg = int(pos.sum()), int((~pos).sum())
-    return float((ranks[pos].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
 def train_batch(
@@ -121,7 +86,7 @@ def warm_worker() -> int:
 
     import numpy as np
 
-    xgb = import_xgboost()
+    xgb = tio.import_xgboost()
     x = np.arange(8, dtype="float64").reshape(4, 2)
     xgb.train({"nthread": 1, "max_depth": 1}, xgb.DMatrix(x, label=[0, 1, 0, 1], nthread=1), 1)
     return os.getpid()
@@ -403,7 +368,7 @@ def run_ray(
         if pool_wanted(len(todo), min_pool_seconds):
             pool.start()  # worth it whatever a model costs: no need to time one first
         else:
-            import_xgboost()  # not part of the timing below
+            tio.import_xgboost()  # not part of the timing below
             timed = time.monotonic()
             first = train_batch(next_batch(16), data, conf)
             left = (time.monotonic() - timed) / max(1, len(first)) * len(todo)
