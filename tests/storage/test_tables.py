@@ -129,11 +129,11 @@ SPARK_WRITER = textwrap.dedent(
     from tests.helpers import tables_of
     from zipline_dagster.features.spark import SparkResource, write_days
     base, scratch = sys.argv[1], sys.argv[2]
-    # its shuffle files (about 180 MB) go where the test removes them: a JVM killed with
+    # its shuffle files (about 45 MB) go where the test removes them: a JVM killed with
     # SIGKILL leaves its spark.local.dir behind (by default a blockmgr-* in /tmp)
     spark = SparkResource(master="local[1]", spark_config={"spark.local.dir": scratch}).spark_session
     days = ["2026-07-01", "2026-07-02", "2026-07-03"]
-    df = (spark.range(0, 12_000_000)
+    df = (spark.range(0, 3_000_000)
           .withColumn("version", F.lit(2))
           .withColumn("x", F.rand(1))
           .withColumn("ds", F.element_at(F.array(*[F.lit(d) for d in days]),

@@ -34,9 +34,10 @@ def run_backfill(args: argparse.Namespace) -> int:
 
     deployment = Deployment(args.url) if args.url else None
     module = args.module or project_code_location()
+    # the instance first: a DAGSTER_HOME that is not set is said before the code loads
+    instance: dg.DagsterInstance = dagster_instance()  # type: ignore[assignment]
     defs: dg.Definitions = load_definitions(module)  # type: ignore[assignment]
     key = dg.AssetKey(args.model.split("/")) if "/" in args.model else model_asset_key(args.model)
-    instance: dg.DagsterInstance = dagster_instance()  # type: ignore[assignment]
     # the instance's own daemon runs its backfills when one is running: never a second driver
     driving = deployment is None and not daemon_running(instance)
     if args.wait and driving:
