@@ -118,6 +118,49 @@ def _clean_error(res: Any, *fragments: str) -> None:
 BACKFILL = ("backfill", "listing_ctr_model", "--start-ds", "2026-07-11", "--end-ds", "2026-07-11")
 
 
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (("new-model", "Churn"), "new-model 'Churn': expected a safe path segment"),
+        (("new-model", "churn", "--window", "0"), "no Dagster project around"),
+        (BACKFILL, "no Dagster project around"),
+    ],
+)
+def test_what_was_typed_is_refused_before_dagster_loads(
+    tmp_path: Path, args: tuple[str, ...], fragment: str
+) -> None:
+    """A refused name, flag or place is said in one line at once: the process imports
+    no Dagster (some 3 CPU-seconds), not even to know which errors it may catch."""
+    res = subprocess.run(
+        [str(BIN / "python"), "-X", "importtime", str(BIN / "zipline-dagster"), *args],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,  # no project here
+    )
+    assert res.returncode == 1
+    said = [line for line in res.stderr.splitlines() if not line.startswith("import time:")]
+    assert len(said) == 1 and said[0].startswith("error: ") and fragment in said[0], said
+    imported = {
+        line.rsplit("|", 1)[-1].strip()
+        for line in res.stderr.splitlines()
+        if line.startswith("import time:")
+    }
+    assert "zipline_dagster.cli" in imported and "dagster" not in imported
+
+
+def test_every_user_error_is_named_where_it_is_defined() -> None:
+    """The CLI catches a user error by its defining module (``USER_ERRORS``); a class
+    moved or renamed would go uncaught, a traceback instead of one line."""
+    import importlib
+
+    from zipline_dagster.cli import USER_ERRORS, user_errors
+
+    for module, name in USER_ERRORS:
+        cls = getattr(importlib.import_module(module), name)
+        assert issubclass(cls, Exception) and cls.__module__ == module, (module, name)
+    assert len(user_errors()) == len(USER_ERRORS)  # all imported here: all caught
+
+
 def test_backfill_without_dagster_home_says_so(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "DAGSTER_HOME"}
     res = subprocess.run(

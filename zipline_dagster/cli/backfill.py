@@ -23,6 +23,10 @@ from zipline_dagster.cli.common import (
 def run_backfill(args: argparse.Namespace) -> int:
     """``zipline-dagster backfill``: plan a model's (or asset's) days under the ledger's
     rule, launch the backfill (here, or through ``--url``'s webserver), ``--wait`` for it."""
+    # the project and the instance first: what is missing is said before Dagster loads
+    module = args.module or project_code_location()
+    instance = dagster_instance()
+
     import dagster as dg
 
     from zipline_dagster.lineage.deployment import Deployment
@@ -32,10 +36,8 @@ def run_backfill(args: argparse.Namespace) -> int:
     )
     from zipline_dagster.lineage.partitions import model_asset_key
 
+    assert isinstance(instance, dg.DagsterInstance)
     deployment = Deployment(args.url) if args.url else None
-    module = args.module or project_code_location()
-    # the instance first: a DAGSTER_HOME that is not set is said before the code loads
-    instance: dg.DagsterInstance = dagster_instance()  # type: ignore[assignment]
     defs: dg.Definitions = load_definitions(module)  # type: ignore[assignment]
     key = dg.AssetKey(args.model.split("/")) if "/" in args.model else model_asset_key(args.model)
     # the instance's own daemon runs its backfills when one is running: never a second driver
