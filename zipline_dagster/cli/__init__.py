@@ -440,7 +440,8 @@ def user_errors() -> tuple[type[Exception], ...]:
     """The ``USER_ERRORS`` this process can have raised: those of the modules it imported.
     An error of a module never imported cannot be in flight, and importing them all to
     catch one would load Dagster (about 3 CPU-seconds) for a refused flag."""
-    return tuple(getattr(sys.modules[m], name) for m, name in USER_ERRORS if m in sys.modules)
+    loaded = (getattr(sys.modules.get(m), name, None) for m, name in USER_ERRORS)
+    return tuple(cls for cls in loaded if cls is not None)  # (a module mid-import: not yet)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
