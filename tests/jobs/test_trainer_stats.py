@@ -1,6 +1,6 @@
-"""The trainer support's numbers (``trainer_stats``, shipped in every archive): sklearn's
-metrics in numpy, so a trainer process never imports scikit-learn, and xgboost imported
-without it."""
+"""The trainer support's numbers (``trainer_stats``, shipped in every archive; the
+platform's monitoring realizes the same metrics with it): sklearn's metrics in numpy, so
+a trainer process never imports scikit-learn, and xgboost imported without it."""
 
 from __future__ import annotations
 
@@ -40,11 +40,22 @@ def test_the_metrics_are_sklearns(name: str, y: np.ndarray, p: np.ndarray) -> No
         np.testing.assert_array_equal(got, want)
 
 
+def test_the_regression_metrics_are_sklearns() -> None:
+    rng = np.random.default_rng(3)
+    y = rng.normal(3.0, 1.0, 2_000)
+    for p in (y + rng.normal(0, 0.5, 2_000), np.full(2_000, 3.0), (y * 0.9).astype(np.float32)):
+        assert stats.rmse(y, p) == pytest.approx(metrics.root_mean_squared_error(y, p), abs=1e-12)
+        assert stats.mae(y, p) == pytest.approx(metrics.mean_absolute_error(y, p), abs=1e-12)
+        assert stats.r2(y, p) == pytest.approx(metrics.r2_score(y, p), abs=1e-12)
+
+
 def test_metrics_undefined_for_the_labels_say_so() -> None:
     with pytest.raises(ValueError, match="roc_auc: the labels hold one class"):
         stats.roc_auc(np.ones(4), np.linspace(0, 1, 4))
     with pytest.raises(ValueError, match="precision_recall_curve: the labels hold no positive"):
         stats.precision_recall_curve(np.zeros(4), np.linspace(0, 1, 4))
+    with pytest.raises(ValueError, match="r2: every label is the same"):
+        stats.r2(np.full(4, 2.0), np.linspace(0, 1, 4))
 
 
 def test_xgboost_is_imported_without_scikit_learn() -> None:

@@ -5,8 +5,11 @@ reports and the drift a scoring job measures, and xgboost imported lean.
 module ``zipline_trainer_stats``; trainers reach it through ``zipline_trainer_io``
 (``tio.roc_auc``, ``tio.drift_reference`` ...), which re-exports it. Standard library
 and numpy only: the metrics are sklearn's definitions (``roc_auc_score``, ``log_loss``,
-``accuracy_score``, ``precision_recall_curve``) in numpy, so a trainer process imports
-no scikit-learn (about a CPU-second of imports in every job).
+``accuracy_score``, ``precision_recall_curve``, ``root_mean_squared_error``,
+``mean_absolute_error``, ``r2_score``) in numpy, so a trainer process imports no
+scikit-learn (about a CPU-second of imports in every job); the platform's monitoring
+realizes the same metrics with them, so a holdout value and a realized one are one
+definition.
 """
 
 from __future__ import annotations
@@ -69,6 +72,31 @@ def roc_auc(y: Any, p: Any) -> float:
     if not n_pos or not n_neg:
         raise ValueError("roc_auc: the labels hold one class; AUC is undefined")
     return float((ranks[pos].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def rmse(y: Any, p: Any) -> float:
+    """Root mean squared error of predictions ``p`` for labels ``y``."""
+    import numpy as np
+
+    return float(np.sqrt(np.mean((np.asarray(p) - np.asarray(y)) ** 2)))
+
+
+def mae(y: Any, p: Any) -> float:
+    """Mean absolute error of predictions ``p`` for labels ``y``."""
+    import numpy as np
+
+    return float(np.mean(np.abs(np.asarray(p) - np.asarray(y))))
+
+
+def r2(y: Any, p: Any) -> float:
+    """The coefficient of determination R² of ``p`` for ``y``; ``y`` must vary."""
+    import numpy as np
+
+    y, p = np.asarray(y, dtype=float), np.asarray(p, dtype=float)
+    spread = float(np.sum((y - y.mean()) ** 2))
+    if spread == 0.0:
+        raise ValueError("r2: every label is the same; R² is undefined")
+    return float(1.0 - np.sum((p - y) ** 2) / spread)
 
 
 def precision_recall_curve(y: Any, p: Any) -> tuple[Any, Any, Any]:

@@ -19,6 +19,7 @@ from zipline_dagster.declarations.deployment import DIRECTIONS
 from zipline_dagster.declarations.tasks import REALIZED_METRICS, Task, task_of
 from zipline_dagster.declarations.transforms import ModelTransforms, ScoreWith
 from zipline_dagster.declarations.versions import monitoring_code_version
+from zipline_dagster.jobs import trainer_stats as stats
 from zipline_dagster.lineage.internals import backfilling
 from zipline_dagster.lineage.ledger import Ledger, prefixed
 from zipline_dagster.lineage.partitions import (
@@ -97,8 +98,6 @@ def realized_metrics(
 
 
 def _classification(y: Any, p: Any, column: str, status: dict[str, str]) -> dict[str, Any]:
-    from sklearn.metrics import accuracy_score, log_loss, roc_auc_score
-
     odd = sorted({float(v) for v in y} - {0.0, 1.0})
     if odd:
         raise MonitoringError(
@@ -109,28 +108,26 @@ def _classification(y: Any, p: Any, column: str, status: dict[str, str]) -> dict
         )
     out: dict[str, Any] = {
         "positive_rate": float(y.mean()),
-        "logloss": float(log_loss(y, p, labels=[0, 1])),
-        "accuracy": float(accuracy_score(y, (p >= 0.5).astype(float))),
+        "logloss": stats.log_loss(y, p),
+        "accuracy": stats.accuracy(y, p),
     }
     if len(set(y.tolist())) < 2:
         status["auc"] = f"the labelled rows have one class (all {int(y[0])})"
     else:
-        out["auc"] = float(roc_auc_score(y, p))
+        out["auc"] = stats.roc_auc(y, p)
     return out
 
 
 def _regression(y: Any, p: Any, column: str, status: dict[str, str]) -> dict[str, Any]:
-    from sklearn.metrics import mean_absolute_error, r2_score, root_mean_squared_error
-
     out: dict[str, Any] = {
         "mean_label": float(y.mean()),
-        "rmse": float(root_mean_squared_error(y, p)),
-        "mae": float(mean_absolute_error(y, p)),
+        "rmse": stats.rmse(y, p),
+        "mae": stats.mae(y, p),
     }
     if float(y.min()) == float(y.max()):
         status["r2"] = f"every labelled row has the same {column} ({y[0]:g}): R² is undefined"
     else:
-        out["r2"] = float(r2_score(y, p))
+        out["r2"] = stats.r2(y, p)
     return out
 
 
