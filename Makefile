@@ -94,6 +94,8 @@ lint: $(SYNCED)
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/python scripts/check_size.py zipline_dagster
+	@# every archive ships the trainer-support modules: a change to them moves every pin
+	$(VENV)/bin/pytest -q -p no:cacheprovider tests/defs/test_code_location.py -k builds_to_its_pin
 
 fmt: $(SYNCED)
 	$(VENV)/bin/ruff format zipline_dagster tests trainers

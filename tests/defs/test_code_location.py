@@ -6,24 +6,38 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import TRAINERS
 from zipline_dagster.jobs.archive import build_trainer_archive
 
 
-def test_every_trainer_of_the_project_builds_to_its_pin() -> None:
-    """trainers.lock pins what trainers/listing_ctr_model builds, and the code location
-    declares that pin."""
+@pytest.mark.parametrize("model_name", ["listing_ctr_model", "listing_price_model"])
+def test_every_trainer_of_the_project_builds_to_its_pin(model_name: str) -> None:
+    """trainers.lock pins what each trainer of the demo builds (a change to a trainer, or
+    to the support modules every archive ships, moves it), and the code location declares
+    that pin. `make lint` runs this test too, so a stale pin is caught before a commit."""
     from zipline_dagster.defs.listing_ctr import LISTING_CTR_MODEL_VERSION
+    from zipline_dagster.defs.listing_price import LISTING_PRICE_MODEL_VERSION
     from zipline_dagster.jobs.pins import find_lock, read_lock
 
-    built = build_trainer_archive(TRAINERS / "listing_ctr_model")
-    pin = read_lock(find_lock(TRAINERS / "listing_ctr_model"))["listing_ctr_model"]
-    assert pin == {
+    source = TRAINERS / model_name
+    built = build_trainer_archive(source)
+    pins = read_lock(find_lock(source))
+    assert sorted(pins) == ["listing_ctr_model", "listing_price_model"]
+    assert pins[model_name] == {
         "version": built.version,
         "sha256": built.sha256,
-        "source": "trainers/listing_ctr_model",
-    }, "trainers/listing_ctr_model changed: run `zipline-dagster build-trainer` to pin it"
-    assert built.version == LISTING_CTR_MODEL_VERSION
+        "source": f"trainers/{model_name}",
+    }, (
+        f"trainers/{model_name} changed: run `zipline-dagster build-trainer "
+        f"trainers/{model_name} --model-name {model_name} --base file:///tmp/pins` to pin it"
+    )
+    declared = {
+        "listing_ctr_model": LISTING_CTR_MODEL_VERSION,
+        "listing_price_model": LISTING_PRICE_MODEL_VERSION,
+    }
+    assert built.version == declared[model_name]
 
 
 def test_code_location_loads_without_ray_or_spark() -> None:
