@@ -71,6 +71,9 @@ def test_a_new_model_goes_from_scaffold_to_champion_and_cannot_drift(
 ) -> None:
     project = tmp_path / "project"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(project)], check=True)
+    # its modules' bytecode, as `make demo` and `make test` compile theirs (the 20-odd
+    # processes below would each compile the code location from source)
+    subprocess.run([str(BIN / "python"), "-m", "compileall", "-q", "-j", "0", str(project / "zipline_dagster")], check=True)  # fmt: skip
     home = in_process_dagster_home(tmp_path)  # the runs execute in the backfill's process
     env = {
         **os.environ,
