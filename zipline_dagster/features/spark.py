@@ -26,12 +26,6 @@ from zipline_dagster.storage.tables import DaysReplaced, Tables, new_write_id
 
 #: A local session's driver: on loopback only.
 LOOPBACK_DRIVER = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
-#: A local session's JVM (driver and executors in one) compiles with C1 only: it lives for
-#: a run's steps on a day's data, where C2's compiling cost a third of the JVM's CPU
-#: (test_spark and test_tables: 93 -> 60 CPU-s) and brought no speed back. A cluster's
-#: driver keeps the JVM's default; ``spark_config`` overrides either.
-LOCAL_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
-LOG4J_CONFIG = (Path(__file__).parent / "log4j2.properties").as_uri()
 DEFAULT_SPARK_CONFIG = {
     "spark.sql.session.timeZone": "UTC",
     # ds stays the string YYYY-MM-DD it is in the folder name
@@ -47,9 +41,9 @@ DEFAULT_SPARK_CONFIG = {
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     "spark.sql.ansi.enabled": "false",
     "spark.log.level": "WARN",
-    "spark.app.name": "zipline_dagster",
     # warnings and errors only, without Spark's start-up banner and Hadoop's notes
-    "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
+    "spark.driver.extraJavaOptions": "-Dlog4j2.configurationFile="
+    + (Path(__file__).parent / "log4j2.properties").as_uri(),
 }
 
 _sessions: dict[tuple[tuple[str, str], ...], Any] = {}
@@ -136,16 +130,13 @@ class SparkResource(dg.ConfigurableResource):
             or settings().spark_master
             or "local[*]"
         )
-        if not master.startswith("local"):
-            return {**DEFAULT_SPARK_CONFIG, "spark.master": master, **self.spark_config}
-        java = f"{LOCAL_JVM_OPTIONS} {DEFAULT_SPARK_CONFIG['spark.driver.extraJavaOptions']}"
         return {
             **DEFAULT_SPARK_CONFIG,
             # a session in this process only: it listens on loopback, as the embedded Ray
             # head does, not on every address of the machine
-            **LOOPBACK_DRIVER,
-            "spark.driver.extraJavaOptions": java,
+            **(LOOPBACK_DRIVER if master.startswith("local") else {}),
             "spark.master": master,
+            "spark.app.name": "zipline_dagster",
             **self.spark_config,
         }
 
