@@ -61,8 +61,10 @@ def pytest_configure(config: pytest.Config) -> None:
     # tests' few thousand rows a day C2's compiling was a third of each JVM's CPU
     # (test_spark + test_tables: 93 -> 60 CPU-s). Not the product's default: on 200,000
     # rows a day over 30 days a C1-only JVM took 15-18 s a pass against 6-8 s.
+    # (once: an xdist worker inherits the controller's environment, already set)
     config.stash[_SUBMIT_OPTS] = os.environ.get(SUBMIT_OPTS)
-    os.environ[SUBMIT_OPTS] = f"{os.environ.get(SUBMIT_OPTS, '')} {C1_ONLY}".strip()
+    opts = os.environ.get(SUBMIT_OPTS, "").split()
+    os.environ[SUBMIT_OPTS] = " ".join(opts if C1_ONLY in opts else [*opts, C1_ONLY])
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -11,8 +11,11 @@ import pytest
 from tests.conftest import TRAINERS
 from zipline_dagster.jobs.archive import build_trainer_archive
 
+#: the demo's trainers, each pinned in trainers.lock
+DEMO_TRAINERS = ["listing_ctr_model", "listing_price_model"]
 
-@pytest.mark.parametrize("model_name", ["listing_ctr_model", "listing_price_model"])
+
+@pytest.mark.parametrize("model_name", DEMO_TRAINERS)
 def test_every_trainer_of_the_project_builds_to_its_pin(model_name: str) -> None:
     """trainers.lock pins what each trainer of the demo builds (a change to a trainer, or
     to the support modules every archive ships, moves it), and the code location declares
@@ -24,7 +27,7 @@ def test_every_trainer_of_the_project_builds_to_its_pin(model_name: str) -> None
     source = TRAINERS / model_name
     built = build_trainer_archive(source)
     pins = read_lock(find_lock(source))
-    assert sorted(pins) == ["listing_ctr_model", "listing_price_model"]
+    assert sorted(pins) == DEMO_TRAINERS
     assert pins[model_name] == {
         "version": built.version,
         "sha256": built.sha256,
