@@ -122,7 +122,8 @@ BACKFILL = ("backfill", "listing_ctr_model", "--start-ds", "2026-07-11", "--end-
     ("args", "fragment"),
     [
         (("new-model", "Churn"), "new-model 'Churn': expected a safe path segment"),
-        (("new-model", "churn", "--window", "0"), "no Dagster project around"),
+        (("new-model", "churn", "--label", "price", "--features", "price"), "--label=price"),
+        (("new-model", "churn"), "no Dagster project around"),
         (BACKFILL, "no Dagster project around"),
     ],
 )

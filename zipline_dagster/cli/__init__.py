@@ -433,6 +433,7 @@ USER_ERRORS = (
     ("zipline_dagster.rollout.champion", "ChampionError"),
     ("zipline_dagster.training.reproduce", "ReproduceError"),
     ("zipline_dagster.storage.catalog", "WarehouseError"),
+    ("zipline_dagster.scaffold", "ScaffoldError"),
 )
 
 
