@@ -41,3 +41,14 @@ def test_a_disturbed_run_is_not_judged_whatever_its_ratio() -> None:
     )
     assert f"  - **disturbed, not judged**: {why}\n" in doc
     assert "| met |" not in doc
+
+
+def test_the_benchmarks_time_the_products_spark_jvm() -> None:
+    """The suite's Spark JVMs compile with C1 only (tests/conftest.py), the benchmarks'
+    do not: a benchmark times what a user runs (this package's own fixture takes the
+    flag off, and Spark reads SPARK_SUBMIT_OPTS when it starts a JVM)."""
+    import os
+
+    from tests.conftest import C1_ONLY, SUBMIT_OPTS
+
+    assert C1_ONLY not in os.environ.get(SUBMIT_OPTS, "").split()
