@@ -60,7 +60,7 @@ def _new_model(args: argparse.Namespace) -> int:
     # Dagster only once the scaffold is written: a refused name or flag is said at once
     from zipline_dagster.declarations.model import MODEL_NAME_ACCEPTED, MODEL_NAME_RE
     from zipline_dagster.jobs.archive import publish_trainer_archive
-    from zipline_dagster.scaffold import Scaffold, ScaffoldError
+    from zipline_dagster.scaffold import Scaffold
     from zipline_dagster.settings import artifact_base_uri
 
     name = args.name
@@ -78,12 +78,9 @@ def _new_model(args: argparse.Namespace) -> int:
     if spec is None or not spec.submodule_search_locations:
         raise CliError(f"--module={module!r} is not a package whose modules declare models")
     defs_file = Path(next(iter(spec.submodule_search_locations))) / f"{name}.py"
-    try:
-        written = scaffold.write(
-            defs_file, module, template=args.template, load=lambda: load_definitions(module)
-        )
-    except ScaffoldError as exc:
-        raise CliError(str(exc)) from exc.__cause__
+    written = scaffold.write(
+        defs_file, module, template=args.template, load=lambda: load_definitions(module)
+    )  # a ScaffoldError is a user error: one line, with its cause
     published = publish_trainer_archive(written.trainer, model_name=name, base=artifact_base_uri())
     print(f"wrote {written.trainer}/ (from {written.template}) and {defs_file}", file=sys.stderr)
     print(
