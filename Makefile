@@ -55,7 +55,7 @@ env: $(SYNCED)
 # and code servers, Ray jobs' drivers) imports the code location, 92 modules that would be
 # compiled from source each time (0.25 CPU-s a process). Up-to-date files are skipped;
 # a module edited afterwards is compiled from source again until the next make.
-BYTECODE := $(VENV)/bin/python -m compileall -q -j 0 zipline_dagster scripts tests
+BYTECODE := $(VENV)/bin/python -m compileall -q -j 0 zipline_dagster runtime scripts tests
 
 $(DAGSTER_HOME)/dagster.yaml:
 	@mkdir -p $(DAGSTER_HOME)
@@ -98,17 +98,17 @@ test: test-system-deps $(SYNCED) $(AZURITE) $(MLFLOW_SERVER)
 	$(VENV)/bin/pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 lint: $(SYNCED)
-	$(VENV)/bin/ruff check zipline_dagster tests trainers scripts
-	$(VENV)/bin/ruff format --check zipline_dagster tests trainers scripts
+	$(VENV)/bin/ruff check zipline_dagster runtime tests trainers scripts
+	$(VENV)/bin/ruff format --check zipline_dagster runtime tests trainers scripts
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/python scripts/check_size.py zipline_dagster
-	@# every archive ships the trainer-support modules: a change to them moves every pin
-	$(VENV)/bin/pytest -q -p no:cacheprovider tests/defs/test_code_location.py -k builds_to_its_pin
+	@# a changed trainer, or a changed runtime/, that is not pinned again is caught here
+	$(VENV)/bin/pytest -q -p no:cacheprovider tests/defs/test_code_location.py -k "builds_to_its_pin"
 
 fmt: $(SYNCED)
-	$(VENV)/bin/ruff format zipline_dagster tests trainers
-	$(VENV)/bin/ruff check --fix zipline_dagster tests trainers
+	$(VENV)/bin/ruff format zipline_dagster runtime tests trainers
+	$(VENV)/bin/ruff check --fix zipline_dagster runtime tests trainers
 
 # dagster dev in its own session; Ctrl-C or SIGTERM stops all of it (scripts/dev.py)
 DEV_PORT ?= 3000

@@ -57,14 +57,15 @@ from zipline_dagster import (
     Window,
     selects,
 )
+from zipline_dagster.jobs.pins import pinned_runtime, pinned_version
 from zipline_dagster.settings import artifact_base_uri
-from zipline_dagster.jobs.pins import pinned_version
 
 #: The columns of {table} the trainer reads (besides its label, {label}).
 FEATURES = {features!r}
 
 {name} = Model(
     version=pinned_version("{name}", near=__file__),
+    runtime_version=pinned_runtime(near=__file__),
     model_artifact_base_uri=artifact_base_uri(),
     inference_spec=InferenceSpec(
         model_backend=ModelBackend.RAY,

@@ -35,8 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import trainer.train as tt
     from trainer.fanout import train_batch
-
-    from zipline_dagster.jobs import trainer_io as tio
+    from zipline_runtime import trainer_io as tio
 
     flags = [*args.trainer_flags, "--executor=serial", "--model-dir=file:///unused"]
     targs = tt.parse_args([*flags, f"--warehouse={args.warehouse}"])

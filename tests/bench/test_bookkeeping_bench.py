@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+from zipline_runtime import trainer_io as tio
+from zipline_runtime.driver import _Usage
 
 from tests.bench.record import Case, Series, record
 from zipline_dagster.defs.listing_ctr import listing_ctr_model
-from zipline_dagster.jobs import trainer_io as tio
-from zipline_dagster.jobs.channel import _Usage
 from zipline_dagster.jobs.cost import Cost, Usage
 from zipline_dagster.scoring.drift import drift_metadata
 from zipline_dagster.training.card import CardInput, model_card

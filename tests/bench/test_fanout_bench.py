@@ -40,7 +40,7 @@ pytestmark = [pytest.mark.bench, pytest.mark.ray]
 REPEATS = 3
 #: the training processes of a fan-out job: its driver (the platform's driver module) and
 #: the pool's workers (their Ray process titles)
-TRAINING = re.compile(r"zipline_channel|ray::SegmentTrainer")
+TRAINING = re.compile(r"zipline_runtime\.driver|ray::SegmentTrainer")
 
 
 def run_fanout(

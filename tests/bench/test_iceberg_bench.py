@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from zipline_runtime import trainer_io as tio
 
 from tests.bench.record import Case, Series, record, repeat
 from tests.helpers import tables_of
-from zipline_dagster.jobs import trainer_io as tio
 from zipline_dagster.storage.days import days_between, shift_day
 from zipline_dagster.storage.maintenance import maintain
 from zipline_dagster.storage.table_days import window_snapshot

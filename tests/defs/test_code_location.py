@@ -43,6 +43,25 @@ def test_every_trainer_of_the_project_builds_to_its_pin(model_name: str) -> None
     assert built.version == declared[model_name]
 
 
+def test_the_project_pins_the_runtime_this_repository_builds_to_its_pin() -> None:
+    """trainers.lock pins the build of runtime/ (the repository's own zipline-runtime), and
+    the demo's models declare that pin: a change to runtime/ that is not adopted
+    (`zipline-dagster adopt-runtime`) is caught here, as `make lint` runs this test."""
+    from zipline_dagster.defs.listing_ctr import listing_ctr_model
+    from zipline_dagster.defs.listing_price import listing_price_model
+    from zipline_dagster.jobs.pins import find_lock, read_runtime_pin
+    from zipline_dagster.packaging import build_runtime_archive
+
+    built = build_runtime_archive(TRAINERS.parent / "runtime" / "zipline_runtime")
+    pin = read_runtime_pin(find_lock(TRAINERS / "listing_ctr_model"))
+    assert pin is not None and (pin.version, pin.sha256, pin.protocol) == (
+        built.version,
+        built.sha256,
+        built.protocol,
+    ), "runtime/ changed: run `zipline-dagster adopt-runtime` to pin it"
+    assert listing_ctr_model.runtime == listing_price_model.runtime == built.version
+
+
 def test_code_location_loads_without_ray_or_spark() -> None:
     code = (
         "import sys, zipline_dagster.defs as d; d.defs.resolve_asset_graph(); "

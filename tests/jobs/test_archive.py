@@ -197,21 +197,23 @@ def test_install_requires_of_a_stored_archive_read_with_a_clear_error(trainer_co
         read_install_requires(buf.getvalue(), uri="s3://b/x.zip")
 
 
-def test_every_archive_gets_the_platforms_trainer_support(trainer_copy: Path) -> None:
-    """Trainers share the support module and the driver (placed by the build), instead of
-    copying them; a trainer folder cannot bring its own under those names."""
-    from zipline_dagster.jobs import channel, trainer_io, trainer_stats, trainer_tables
-
+def test_an_archive_holds_the_trainers_own_files_only(trainer_copy: Path) -> None:
+    """What jobs import from the platform is the runtime, which reaches each job beside
+    the archive: the archive holds the trainer's files only (so its content address is its
+    own code), and a trainer folder cannot bring a package under the runtime's name.
+    (Until issue 69 this test asserted the opposite: every archive carried the support
+    modules and the driver.)"""
     archive = build_trainer_archive(trainer_copy)
     with zipfile.ZipFile(io.BytesIO(archive.data)) as zf:
-        shipped = zf.read("listing_ctr_model/zipline_trainer_io.py")
-        tables = zf.read("listing_ctr_model/zipline_trainer_tables.py")
-        numbers = zf.read("listing_ctr_model/zipline_trainer_stats.py")
-        driver = zf.read("listing_ctr_model/zipline_channel.py")
-    assert shipped == Path(trainer_io.__file__).read_bytes()
-    assert tables == Path(trainer_tables.__file__).read_bytes()
-    assert numbers == Path(trainer_stats.__file__).read_bytes()
-    assert driver == Path(channel.__file__).read_bytes()
-    (trainer_copy / "zipline_channel.py").write_text("x = 1\n")
-    with pytest.raises(TrainerArchiveError, match=r"own zipline_channel.py; those names"):
+        names = zf.namelist()
+    on_disk = sorted(
+        f"listing_ctr_model/{p.relative_to(trainer_copy).as_posix()}"
+        for p in trainer_copy.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    )
+    assert names == on_disk
+    assert not any("zipline" in n for n in names)
+    (trainer_copy / "zipline_runtime").mkdir()
+    (trainer_copy / "zipline_runtime" / "__init__.py").write_text("x = 1\n")
+    with pytest.raises(TrainerArchiveError, match=r"own zipline_runtime/; that name is the"):
         build_trainer_archive(trainer_copy)

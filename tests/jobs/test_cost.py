@@ -18,7 +18,7 @@ from zipline_dagster.jobs.cost import Cost, Usage
 RUN_TWO = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from zipline_dagster.jobs.channel import run_partition
+from zipline_runtime.driver import run_partition
 big = run_partition("big", [])
 small = run_partition("small", [])
 sys.__stdout__.write(json.dumps({"big": big, "small": small}))

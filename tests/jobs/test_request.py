@@ -12,10 +12,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from zipline_runtime.driver import RESULT_PREFIX, TAIL_LINES
 
 from tests.helpers import s3_requests
 from tests.training.test_assets import BUCKETS, make_model
-from zipline_dagster.jobs.channel import RESULT_PREFIX, TAIL_LINES
 from zipline_dagster.jobs.request import (
     build_training_request,
     window_days,
@@ -262,7 +262,7 @@ def test_the_driver_is_told_where_to_write_its_end_marker() -> None:
     root = f"s3://b/wh/models/listing_ctr_model/{'a' * 12}/2026-07-10/_attempts"
     for request, sid in ((one, "zd-x-1"), (both, "zd-range-1")):
         argv = shlex.split(runner.entrypoint(request, sid))
-        assert argv[:3] == ["python", "-m", "zipline_channel"]
+        assert argv[:3] == ["python", "-m", "zipline_runtime.driver"]
         assert f"--done-uri={root}/{sid}.done" in argv
 
 
@@ -290,7 +290,7 @@ def test_scoring_runs_under_the_driver_with_its_marker_beside_the_scores() -> No
     one = day("2026-07-11", "2026-07-10")
     runner = RayJobRunner(address="http://127.0.0.1:1")  # never contacted
     argv = shlex.split(runner.entrypoint(one, "zd-s-1"))
-    assert argv[:4] == ["python", "-m", "zipline_channel", "--attempt-id=zd-s-1"]
+    assert argv[:4] == ["python", "-m", "zipline_runtime.driver", "--attempt-id=zd-s-1"]
     assert "--module=trainer.score" in argv and "--attempt-flag=write-id" in argv
     scores = "s3://b/tables/ctr/listing_ctr_model_scores/_jobs/ds=2026-07-11"
     assert f"--done-uri={scores}/_attempts/zd-s-1.done" in argv
@@ -393,7 +393,7 @@ def test_a_partition_run_in_the_driver_keeps_only_the_tail_of_its_output(
         [
             sys.executable,
             "-m",
-            "zipline_dagster.jobs.channel",
+            "zipline_runtime.driver",
             "--attempt-id=zd-chatty-1",
             "--module=chatty",
             "--in-process",
@@ -418,7 +418,7 @@ def test_a_partition_run_in_the_driver_keeps_only_the_tail_of_its_output(
         [
             sys.executable,
             "-c",
-            "import sys; from zipline_dagster.jobs.channel import run_partition; "
+            "import sys; from zipline_runtime.driver import run_partition; "
             "r = run_partition('chatty', [], tail_chars=4096); "
             "sys.stderr.write(f\"{len(r['log'])} {r['log'].splitlines()[-1][:11]}\")",
         ],
@@ -435,7 +435,7 @@ def test_the_drivers_end_marker_holds_every_result_line(tmp_path: Path) -> None:
     """The driver writes each partition's result line into its end marker on storage
     too, before its last line: a step handed an incomplete log still learns every
     partition's outcome (the real driver, two partitions, one failing)."""
-    from zipline_dagster.jobs.channel import DONE_PREFIX, partition_results
+    from zipline_runtime.driver import DONE_PREFIX, partition_results
 
     (tmp_path / "fails_on_ninth.py").write_text(
         "import sys\nprint('training', sys.argv[1:])\nsys.exit(4 if '--day=09' in sys.argv else 0)\n"
@@ -446,7 +446,7 @@ def test_the_drivers_end_marker_holds_every_result_line(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "zipline_dagster.jobs.channel",
+            "zipline_runtime.driver",
             "--attempt-id=zd-x-1",
             "--module=fails_on_ninth",
             "--in-process",
@@ -588,7 +588,8 @@ def test_a_lock_whose_holder_was_killed_is_broken_at_once(file_base: str) -> Non
 def test_the_trainer_and_the_platform_name_the_same_attempts_folder() -> None:
     """The trainer side (shipped in every archive, importing nothing of the platform) and
     the artifact protocol on storage each name the attempts folder; they must agree."""
-    from zipline_dagster.jobs import channel
+    from zipline_runtime import driver as channel
+
     from zipline_dagster.storage import manifests
 
     assert channel.ATTEMPTS_DIR == manifests.ATTEMPTS_DIR == "_attempts"

@@ -1,4 +1,4 @@
-"""The trainer support's numbers (``trainer_stats``, shipped in every archive; the
+"""The trainer support's numbers (``zipline_runtime.stats``, in the runtime; the
 platform's monitoring realizes the same metrics with it): sklearn's metrics in numpy, so
 a trainer process never imports scikit-learn, and xgboost imported without it."""
 
@@ -10,8 +10,7 @@ import sys
 import numpy as np
 import pytest
 from sklearn import metrics
-
-from zipline_dagster.jobs import trainer_stats as stats
+from zipline_runtime import stats
 
 
 def cases() -> list[tuple[str, np.ndarray, np.ndarray]]:
@@ -63,7 +62,7 @@ def test_xgboost_is_imported_without_scikit_learn() -> None:
     (over a CPU-second each); scikit-learn itself still imports afterwards."""
     code = (
         "import sys\n"
-        "from zipline_dagster.jobs.trainer_stats import import_xgboost\n"
+        "from zipline_runtime.stats import import_xgboost\n"
         "xgb = import_xgboost()\n"
         "assert 'sklearn' not in sys.modules, 'imported'\n"
         "import sklearn.base\n"

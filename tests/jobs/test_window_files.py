@@ -1,4 +1,4 @@
-"""The trainers' storage (``zipline_trainer_io``). Reading a training window column by
+"""The trainers' storage (``zipline_runtime.trainer_io``). Reading a training window column by
 column (``WindowFiles``): the fan-out trainer reads its segment and label columns first,
 to know how many models there are and start its workers, and the features after; both
 reads must be the same rows in the same order, of the files listed once. Writing
@@ -10,11 +10,11 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from zipline_runtime.trainer_io import TrainingDataError, WindowFiles, filesystem
 
 from tests.helpers import days_ending, s3_requests, tables_of, write_partition
 from tests.training.test_assets import BUCKETS, DS, TABLE
 from tests.training.test_fanout import market_rows
-from zipline_dagster.jobs.trainer_io import TrainingDataError, WindowFiles, filesystem
 
 DAYS = days_ending(DS, 3)
 
@@ -287,8 +287,7 @@ def test_a_window_is_planned_as_pyicebergs_own_scan_plans_it(
     import pyarrow as pa
     from pyiceberg.catalog.sql import SqlCatalog
     from pyiceberg.expressions import In
-
-    from zipline_dagster.jobs import trainer_io
+    from zipline_runtime import trainer_io
 
     catalog = SqlCatalog("theirs", uri=f"sqlite:///{tmp_path / 'c.db'}", warehouse=file_base)
     catalog.create_namespace("ctr")
@@ -328,7 +327,7 @@ def test_an_artifact_written_to_a_missing_bucket_is_an_error_naming_it(
     """A trainer writing into a bucket (container) that does not exist, say a mistyped
     one: an error naming the URI, and no bucket made of the typo (s3fs's makedirs would
     create it), on each object store's server on loopback."""
-    from zipline_dagster.jobs.trainer_io import write_bytes
+    from zipline_runtime.trainer_io import write_bytes
 
     existing = str(request.getfixturevalue(BUCKETS[store]))
     scheme, rest = existing.split("://", 1)

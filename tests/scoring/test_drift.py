@@ -10,13 +10,13 @@ from typing import Any
 import dagster as dg
 import numpy as np
 import pytest
+from zipline_runtime import stats
 
 from tests.conftest import TRAINERS
 from tests.helpers import ctr_rows, days_ending, write_partition
 from tests.scoring.test_scores import D1, D2, D3, scoring_defs, write_days
 from tests.training.test_assets import TABLE, make_model
 from zipline_dagster import EventSource, ModelSpecError, ModelTransforms
-from zipline_dagster.jobs import trainer_stats as stats
 from zipline_dagster.lineage.partitions import table_asset_key
 from zipline_dagster.scoring.drift import FEATURES_CHECK, PREDICTIONS_CHECK, judge_day
 

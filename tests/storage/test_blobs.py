@@ -105,7 +105,7 @@ def test_objects_ending_in_a_line_break_keep_it(base: str) -> None:
     or written by a trainer: gcsfs ends a multipart upload's data with a bare LF before
     the closing delimiter, and the GCS server here took that CR LF for the delimiter's
     line break, dropping the CR."""
-    from zipline_dagster.jobs import trainer_io as tio
+    from zipline_runtime import trainer_io as tio
 
     store = blob_store(base)
     for size in (1, 100, S3_FIRST_READ + 1):

@@ -7,9 +7,9 @@ import datetime as dt
 
 import pandas as pd
 import pytest
+from zipline_runtime.trainer_io import TrainingDataError, plan_window
 
 from tests.helpers import tables_of, write_partition
-from zipline_dagster.jobs.trainer_io import TrainingDataError, plan_window
 from zipline_dagster.rollout.maintenance import build_maintenance
 from zipline_dagster.storage.days import days_between
 from zipline_dagster.storage.maintenance import maintain

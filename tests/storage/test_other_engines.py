@@ -9,8 +9,9 @@ import subprocess
 import sys
 import textwrap
 
+from zipline_runtime.trainer_io import WindowFiles
+
 from tests.helpers import ctr_rows, days_ending, local, tables_of, write_partition
-from zipline_dagster.jobs.trainer_io import WindowFiles
 from zipline_dagster.storage.table_days import window_snapshot
 
 TABLE = "ctr.training_v1"

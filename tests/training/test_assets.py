@@ -18,12 +18,12 @@ from typing import Any
 import dagster as dg
 import pytest
 from dagster_aws.s3 import S3Resource
+from zipline_runtime.driver import attempt_flags, partition_results
 
 from tests.conftest import FIXTURE_TRAINERS, TRAINERS, free_port
 from tests.helpers import ctr_rows, days_ending, write_partition, write_table
 from zipline_dagster import EventSource, InferenceSpec, Model, ResourceConfig, TrainingSpec, Window
 from zipline_dagster.jobs.archive import publish_trainer_archive
-from zipline_dagster.jobs.channel import attempt_flags, partition_results
 from zipline_dagster.jobs.resources import LocalLauncherResource, RayJobsResource
 from zipline_dagster.storage.blobs import blob_store
 from zipline_dagster.storage.paths import MANIFEST_NAME
@@ -187,7 +187,7 @@ def test_materialize_partition_file_warehouse(
         assert argv[:6] == [
             "python",
             "-m",
-            "zipline_channel",
+            "zipline_runtime.driver",
             f"--attempt-id={job_id}",
             "--module=trainer.train",
             "--in-process",

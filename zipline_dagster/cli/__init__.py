@@ -1,5 +1,5 @@
-"""``zipline-dagster``: build and verify trainer archives, run the embedded Ray head, backfill,
-move a model's champion pointer (promote, rollback)."""
+"""``zipline-dagster``: build and verify trainer archives, pin the job-side runtime, run the
+embedded Ray head, backfill, move a model's champion pointer (promote, rollback)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from zipline_dagster.cli.common import (
     project_code_location,
     project_drift,
 )
+from zipline_dagster.cli.runtime import add_parser as add_runtime_parser
 
 if TYPE_CHECKING:  # the CLI imports the platform lazily, per command
     from zipline_dagster.storage.champion_pointer import ChampionPointer
@@ -117,7 +118,28 @@ def _check(args: argparse.Namespace) -> int:
     if drifts:
         return 1
     print(f"ok: {len(models)} model(s) of {module}; every trainer in the project builds to its pin")
+    _runtime_note(module)
     return 0
+
+
+def _runtime_note(module: str) -> None:
+    """Says when the runtime installed here is not the one the project pins: jobs keep
+    running the pinned one (nothing is wrong), and ``adopt-runtime`` would move to it."""
+    import importlib
+
+    from zipline_dagster.jobs.pins import find_lock, read_runtime_pin
+    from zipline_dagster.packaging import installed_runtime
+
+    lock = find_lock(str(importlib.import_module(module).__file__))
+    pin, installed = read_runtime_pin(lock), installed_runtime()
+    if pin is not None and pin.version != installed.version:
+        print(
+            f"note: {lock} pins runtime {pin.version} (protocol {pin.protocol}); the one "
+            f"installed here builds to {installed.version} (protocol {installed.protocol}). "
+            "Jobs keep running the pinned one; `zipline-dagster adopt-runtime` adopts it "
+            "and names the models it re-versions",
+            file=sys.stderr,
+        )
 
 
 def _verify_trainer(args: argparse.Namespace) -> int:
@@ -346,6 +368,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--module", help="code location module (default: the project's)")
     p.set_defaults(func=_check)
 
+    add_runtime_parser(sub)
+
     p = sub.add_parser(
         "verify-trainer", help="re-hash a stored archive; fail on mismatch or absence"
     )
@@ -431,6 +455,8 @@ USER_ERRORS = (
     ("zipline_dagster.training.reproduce", "ReproduceError"),
     ("zipline_dagster.storage.catalog", "WarehouseError"),
     ("zipline_dagster.scaffold", "ScaffoldError"),
+    ("zipline_dagster.jobs.runtime", "RuntimeShipError"),
+    ("zipline_dagster.packaging", "RuntimeBuildError"),
 )
 
 

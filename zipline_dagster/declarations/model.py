@@ -240,6 +240,27 @@ class TrainingSpec:
     job_configs: Mapping[str, str] = field(default_factory=dict)
 
 
+def _check_versions(name: str, version: object, runtime_version: object) -> None:
+    """The trainer's and the runtime's content addresses (the runtime's may be empty)."""
+    if not isinstance(version, str) or not VERSION_RE.match(version):
+        raise _fail(
+            name,
+            "version",
+            version,
+            f"expected the trainer archive's content address: {VERSION_ACCEPTED}",
+        )
+    if runtime_version and not (
+        isinstance(runtime_version, str) and VERSION_RE.match(runtime_version)
+    ):
+        raise _fail(
+            name,
+            "runtime_version",
+            runtime_version,
+            f"expected the runtime build's content address (trainers.lock pins it): "
+            f"{VERSION_ACCEPTED}, or empty for the installed runtime",
+        )
+
+
 @dataclass(frozen=True)
 class Model:
     """A model trained on Ray from a content-addressed trainer archive.
@@ -255,6 +276,10 @@ class Model:
             ``"regression"``); monitoring computes that task's realized metrics. None:
             the trainer's report says (classification when it does not).
         description: shown in the Dagster UI; it changes no output, so it stales nothing.
+        runtime_version: the content address of the job-side runtime its jobs run with,
+            as the project pins it (``pinned_runtime(near=__file__)`` reads
+            ``trainers.lock``); part of its code version. Empty: the runtime installed
+            with the platform, so upgrading that re-versions the model: pin it.
 
     Example:
         ``Model(version="ab614e666667", model_artifact_base_uri="s3://bucket/warehouse",
@@ -273,6 +298,7 @@ class Model:
     deployment_conf: DeploymentSpec | None = None
     task: Task | str | None = None
     description: str = ""
+    runtime_version: str = ""
 
     def __post_init__(self) -> None:
         params = dict(self.inference_spec.model_backend_params)
@@ -285,13 +311,7 @@ class Model:
                 f"expected {MODEL_NAME_ACCEPTED} "
                 "(it names the trainer archive and the output directory)",
             )
-        if not isinstance(self.version, str) or not VERSION_RE.match(self.version):
-            raise _fail(
-                name,
-                "version",
-                self.version,
-                f"expected the trainer archive's content address: {VERSION_ACCEPTED}",
-            )
+        _check_versions(name, self.version, self.runtime_version)
         if self.inference_spec.model_backend is not ModelBackend.RAY:
             raise _fail(
                 name,
@@ -334,6 +354,13 @@ class Model:
         if self.deployment_conf is None:
             return RolloutStrategy()
         return self.deployment_conf.rollout_strategy
+
+    @property
+    def runtime(self) -> str:
+        """The runtime build its jobs run with: the pinned one, else the installed one."""
+        from zipline_dagster.packaging import installed_runtime
+
+        return self.runtime_version or installed_runtime().version
 
     @property
     def name(self) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -53,9 +54,28 @@ def model_declaration_hash(model: Model) -> str:
     return digest(model_declaration(model))
 
 
+@dataclass(frozen=True)
+class ModelCodeVersion:
+    """What a model partition's output depends on besides its data: the trainer archive,
+    the declaration and the job-side runtime, each by content address. Dagster holds its
+    string form (``str``); nothing parses that back."""
+
+    trainer: str
+    declaration: str
+    runtime: str
+
+    def __str__(self) -> str:
+        return f"{self.trainer}-{self.declaration}-{self.runtime}"
+
+
+def code_version_of(model: Model) -> ModelCodeVersion:
+    """A model's code version, as a record."""
+    return ModelCodeVersion(model.version, model_declaration_hash(model), model.runtime)
+
+
 def model_code_version(model: Model) -> str:
-    """A model asset's code version: ``{trainer version}-{declaration hash}``."""
-    return f"{model.version}-{model_declaration_hash(model)}"
+    """A model asset's code version, as Dagster holds it (``ModelCodeVersion``'s form)."""
+    return str(code_version_of(model))
 
 
 def trainer_version(code_version: str) -> str:

@@ -43,7 +43,7 @@ from zipline_dagster.declarations.features import (
 )
 from zipline_dagster.definitions import SourceTable
 from zipline_dagster.defs.listing_ctr_data import build_listing_views_asset
-from zipline_dagster.jobs.pins import pinned_version
+from zipline_dagster.jobs.pins import pinned_runtime, pinned_version
 from zipline_dagster.settings import artifact_base_uri
 
 #: Content address of trainers/listing_ctr_model, as trainers.lock pins it
@@ -110,6 +110,8 @@ FEATURES = (
 
 listing_ctr_model = Model(
     version=LISTING_CTR_MODEL_VERSION,
+    # the job-side runtime build its jobs run with, as trainers.lock pins it
+    runtime_version=pinned_runtime(near=__file__),
     model_artifact_base_uri=artifact_base_uri(),
     inference_spec=InferenceSpec(
         model_backend=ModelBackend.RAY,

@@ -28,7 +28,7 @@ from zipline_dagster import (
     selects,
 )
 from zipline_dagster.defs.listing_ctr import training_table
-from zipline_dagster.jobs.pins import pinned_version
+from zipline_dagster.jobs.pins import pinned_runtime, pinned_version
 from zipline_dagster.settings import artifact_base_uri
 
 #: Content address of trainers/listing_price_model, as trainers.lock pins it.
@@ -44,6 +44,7 @@ PRICE_FEATURES = (
 
 listing_price_model = Model(
     version=LISTING_PRICE_MODEL_VERSION,
+    runtime_version=pinned_runtime(near=__file__),
     model_artifact_base_uri=artifact_base_uri(),
     inference_spec=InferenceSpec(
         model_backend=ModelBackend.RAY,

@@ -3,37 +3,35 @@
 The same source gives the same bytes on any machine: entries are sorted, timestamps and
 permissions fixed, caches/VCS/build output left out, and every entry sits under exactly
 one top-level folder (Ray strips a single top-level folder when it unpacks a remote
-``working_dir``, so a zip holding only ``trainer/`` would lose the package).
+``working_dir``, so a zip holding only ``trainer/`` would lose the package). An archive
+holds the trainer's own files only: what jobs import from the platform is the runtime
+(``zipline_runtime``), which reaches each job beside it, so a trainer's content address
+is its own code.
 """
 
 from __future__ import annotations
 
 import ast
 import hashlib
-import io
 import os
 import re
-import stat
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from zipline_dagster.packaging import (
+    FIXED_DATE_TIME,
+    RUNTIME_PACKAGE,
+    VERSION_LENGTH,
+    content_version,
+    deterministic_zip,
+)
+
 if TYPE_CHECKING:
     from zipline_dagster.settings import StorageOptions
 
-#: 1980-01-01 00:00:00, the earliest timestamp a zip entry can hold.
-FIXED_DATE_TIME = (1980, 1, 1, 0, 0, 0)
-VERSION_LENGTH = 12
-#: The platform's modules every archive gets, beside the trainer's package: the trainer
-#: support (its storage and statistics halves beside it), and the driver every job runs
-#: under.
-SUPPORT_MODULES = {
-    "zipline_trainer_io.py": "trainer_io.py",
-    "zipline_trainer_tables.py": "trainer_tables.py",
-    "zipline_trainer_stats.py": "trainer_stats.py",
-    "zipline_channel.py": "channel.py",
-}
+__all__ = ["FIXED_DATE_TIME", "VERSION_LENGTH", "content_version"]
+
 
 EXCLUDED_DIR_NAMES = frozenset(
     {
@@ -148,10 +146,6 @@ class TrainerArchive:
         return self.sha256[:VERSION_LENGTH]
 
 
-def content_version(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()[:VERSION_LENGTH]
-
-
 def _excluded(rel: Path, is_dir: bool) -> bool:
     if is_dir:
         return rel.name in EXCLUDED_DIR_NAMES or rel.name.endswith(".egg-info")
@@ -227,31 +221,17 @@ def build_trainer_archive(source: str | os.PathLike[str]) -> TrainerArchive:
     top = str(setup_keywords((root / "setup.py").read_bytes(), where=f"{root}/setup.py")["name"])
 
     files = _collect(root)
-    taken = sorted(rel for rel, _ in files if rel in SUPPORT_MODULES)
+    taken = sorted({rel.split("/")[0] for rel, _ in files} & {RUNTIME_PACKAGE})
     if taken:
         raise TrainerArchiveError(
-            f"trainer folder {root} has its own {', '.join(taken)}; those names are the "
-            "platform's trainer support modules, which the build places into every archive"
+            f"trainer folder {root} has its own {taken[0]}/; that name is the platform's "
+            "runtime, which reaches every job beside the archive (the project pins it)"
         )
-    # the platform's modules (shared, not copied), in sorted place
-    here = Path(__file__).parent
-    files = sorted([*files, *((rel, here / name) for rel, name in SUPPORT_MODULES.items())])
-    buf = io.BytesIO()
-    # Entries are stored, not deflated: deflate output depends on the zlib build
-    # (zlib vs zlib-ng), and the content address must not. Trainer sources are small.
-    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as zf:
-        for rel, path in files:
-            info = zipfile.ZipInfo(f"{top}/{rel}", date_time=FIXED_DATE_TIME)
-            info.compress_type = zipfile.ZIP_STORED
-            info.create_system = 3  # unix, so external_attr means the same everywhere
-            mode = 0o755 if os.stat(path).st_mode & stat.S_IXUSR else 0o644
-            info.external_attr = (stat.S_IFREG | mode) << 16
-            zf.writestr(info, path.read_bytes())
-    data = buf.getvalue()
+    data = deterministic_zip(top, files)
     return TrainerArchive(
         data=data,
         sha256=hashlib.sha256(data).hexdigest(),
-        names=tuple(f"{top}/{rel}" for rel, _ in files),
+        names=tuple(f"{top}/{rel}" for rel, _ in sorted(files)),
     )
 
 

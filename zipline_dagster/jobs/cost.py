@@ -1,5 +1,5 @@
 """What a partition cost: the typed record a step builds from its job and its run's
-result line (``jobs.channel``), and the materialization metadata Dagster plots across
+result line (``zipline_runtime.driver``), and the materialization metadata Dagster plots across
 partitions.
 
 Measured where it is exact:

@@ -7,7 +7,7 @@ A step is handed one partition or a backfill run's range. For either, ``run_days
    that cannot run fails alone;
 2. leaves out what the run it re-executes already finished (``DayWork.reuse``);
 3. loads the trainer archive once;
-4. runs the days in one job, one Ray task each (``jobs.channel``), when the launcher
+4. runs the days in one job, one Ray task each (``zipline_runtime.driver``), when the launcher
    and the work allow it, else one job after another;
 5. finishes each day that ran (``DayWork.finish``: promote a model attempt, commit a
    scores file);
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import dagster as dg
+from zipline_runtime.driver import done_marker, partition_results
 
 from zipline_dagster.declarations.model import Model
 from zipline_dagster.declarations.versions import model_code_version
@@ -32,7 +33,6 @@ from zipline_dagster.jobs.archive import (
     TrainerArchiveError,
     load_verified_archive,
 )
-from zipline_dagster.jobs.channel import done_marker, partition_results
 from zipline_dagster.jobs.cost import Cost, Usage
 from zipline_dagster.jobs.launchers.ray_client import RayUnreachableError, job_metadata
 from zipline_dagster.jobs.launchers.ray_head import RayHeadError
@@ -45,7 +45,9 @@ from zipline_dagster.jobs.request import (
     traceback_tail,
 )
 from zipline_dagster.jobs.resources import JobLauncher
+from zipline_dagster.jobs.runtime import RuntimeShipError, ship_runtime
 from zipline_dagster.lineage.partitions import record_range
+from zipline_dagster.packaging import RuntimeArchive
 from zipline_dagster.storage.blobs import BlobStorageError
 from zipline_dagster.storage.resources import WarehouseResource
 
@@ -103,24 +105,40 @@ class DayWork(Protocol):
         ...
 
 
-def load_archive(
-    model: Model, warehouse: WarehouseResource, version: str | None = None
-) -> tuple[bytes, list[str]]:
-    """The model's verified trainer archive (of ``version``, default the model's) and its
-    ``install_requires``.
+@dataclass(frozen=True)
+class JobCode:
+    """What a model's jobs run: its trainer archive, the archive's ``install_requires``
+    and the runtime build beside it."""
+
+    archive: bytes
+    requirements: list[str]
+    runtime: RuntimeArchive
+
+
+def load_archive(model: Model, warehouse: WarehouseResource, version: str | None = None) -> JobCode:
+    """The model's verified trainer archive (of ``version``, default the model's), its
+    ``install_requires``, and its runtime build (``jobs.runtime.ship_runtime``).
 
     Raises:
-        dg.Failure: the archive is missing, does not verify or cannot be read (named).
+        dg.Failure: the archive or the runtime is missing, does not verify or cannot be
+            read, or the runtime speaks a protocol this platform does not (named).
     """
+    options = warehouse.storage_options()
     try:
         archive_uri, archive = load_verified_archive(
             base=model.model_artifact_base_uri,
             model_name=model.name,
             version=version or model.version,
-            options=warehouse.storage_options(),
+            options=options,
         )
-        return archive, read_install_requires(archive, uri=archive_uri)
-    except (ArchiveVerificationError, TrainerArchiveError, BlobStorageError) as exc:
+        runtime = ship_runtime(model.model_artifact_base_uri, model.runtime, options=options)
+        return JobCode(archive, read_install_requires(archive, uri=archive_uri), runtime.archive)
+    except (
+        ArchiveVerificationError,
+        TrainerArchiveError,
+        BlobStorageError,
+        RuntimeShipError,
+    ) as exc:
         raise failure(exc) from None
 
 
@@ -196,7 +214,7 @@ def _launch_ready(
     """Run the ``ready`` days' jobs, all of one trainer version (a range in one job where
     the launcher can), adding each day's metadata to ``done`` or its failure to
     ``errors``."""
-    archive, requirements = load_archive(work.model, warehouse, ready[0].version)
+    code = load_archive(work.model, warehouse, ready[0].version)
     try:  # the embedded Ray head starts here when nothing else is configured
         runner = launcher.runner(context.log, warehouse.store)
     except (RayUnreachableError, RayHeadError) as exc:
@@ -205,8 +223,9 @@ def _launch_ready(
     def launch(request: JobRequest, label: str) -> JobOutcome:
         return runner.run(
             request,
-            archive=archive,
-            requirements=requirements,
+            archive=code.archive,
+            runtime=code.runtime,
+            requirements=code.requirements,
             metadata=job_metadata(
                 model=work.model.name,
                 version=request.version,
@@ -323,7 +342,7 @@ def stored_results(
     warehouse: WarehouseResource, marker_dir: str, sid: str
 ) -> dict[str, dict[str, Any]]:
     """The result lines the driver of job ``sid`` left in its end marker (in
-    ``marker_dir``, on storage: ``jobs.channel``), by ds; none when it wrote none (it
+    ``marker_dir``, on storage: ``zipline_runtime.driver``), by ds; none when it wrote none (it
     died first, or no job was submitted)."""
     if not sid:
         return {}

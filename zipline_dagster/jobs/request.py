@@ -15,9 +15,11 @@ import zipfile
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from zipline_runtime.driver import DRIVER_MODULE, attempt_flags, driver_argv
+
 from zipline_dagster.declarations.model import Model
-from zipline_dagster.jobs.channel import DRIVER_MODULE, attempt_flags, driver_argv
 from zipline_dagster.jobs.cost import Usage
+from zipline_dagster.packaging import RuntimeArchive
 from zipline_dagster.storage.artifacts import attempt_dir
 from zipline_dagster.storage.days import days_between, format_days, shift_day
 from zipline_dagster.storage.manifests import CHECKPOINTS_DIR
@@ -71,7 +73,9 @@ class TrainingRunner(Protocol):
 
     The runner picks the attempt id, points the trainer at ``request.for_attempt(id)``
     and reports the attempt folder in ``JobOutcome.model_dir``; it never touches the
-    partition folder itself (the model asset promotes a successful attempt).
+    partition folder itself (the model asset promotes a successful attempt). The job runs
+    with ``runtime``, the model's runtime build (``jobs.runtime.ship_runtime``), beside
+    the archive.
     """
 
     def run(
@@ -79,6 +83,7 @@ class TrainingRunner(Protocol):
         request: JobRequest,
         *,
         archive: bytes,
+        runtime: RuntimeArchive,
         requirements: list[str],
         metadata: dict[str, str],
     ) -> JobOutcome: ...
@@ -272,7 +277,7 @@ def build_range_request(requests: list[JobRequest], *, key_prefix: str = "") -> 
     training range, or a scores range (requests whose ``module`` is the inference module
     and whose attempt names the file each day writes).
 
-    Its entrypoint is the archive's driver (``jobs.channel``); each partition
+    Its entrypoint is the runtime's driver (``zipline_runtime.driver``); each partition
     keeps exactly its single-partition flags (its attempt, named after this job's
     submission id, set by the driver as for a job of its own), so the trainer cannot
     tell the two apart. The job key covers the range, so a retried step re-attaches to

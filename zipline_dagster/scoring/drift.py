@@ -1,7 +1,7 @@
 """Drift before labels: each scored day's population stability index (PSI) against the
 model partition that scored it, and its warning checks.
 
-The scoring job measures it (``trainer_stats.drift_of``) while it has the day's rows in
+The scoring job measures it (``zipline_runtime.stats.drift_of``) while it has the day's rows in
 memory: each feature's PSI against the partition's training window, and the scores' PSI
 against its holdout predictions, from the histograms the trainer's report carries
 (``drift_reference``: no second pass over training data). The job writes them into the
@@ -16,9 +16,9 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import dagster as dg
+from zipline_runtime.stats import DRIFT_KEY
 
 from zipline_dagster.declarations.transforms import ModelTransforms
-from zipline_dagster.jobs.trainer_stats import DRIFT_KEY
 from zipline_dagster.lineage.partitions import latest_metadata, table_asset_key
 from zipline_dagster.rollout.assets import judge_partitions
 

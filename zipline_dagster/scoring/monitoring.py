@@ -14,12 +14,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import dagster as dg
+from zipline_runtime import stats
 
 from zipline_dagster.declarations.deployment import DIRECTIONS
 from zipline_dagster.declarations.tasks import REALIZED_METRICS, Task, task_of
 from zipline_dagster.declarations.transforms import ModelTransforms, ScoreWith
 from zipline_dagster.declarations.versions import monitoring_code_version
-from zipline_dagster.jobs import trainer_stats as stats
 from zipline_dagster.lineage.internals import backfilling
 from zipline_dagster.lineage.ledger import Ledger, prefixed
 from zipline_dagster.lineage.partitions import (

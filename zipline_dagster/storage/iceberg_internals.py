@@ -2,7 +2,7 @@
 
 ``tests/storage/test_iceberg_internals.py`` pins every name used here and fails when a
 pyiceberg upgrade moves one; nothing else in the library reaches into pyiceberg's
-private attributes (the trainer support's manifest reader, ``jobs.trainer_tables``,
+private attributes (the trainer support's manifest reader, ``zipline_runtime.tables``,
 uses public pyiceberg names only).
 
 * ``transaction``: a table's transaction whose metadata is computed once per staged

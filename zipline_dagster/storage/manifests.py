@@ -30,8 +30,8 @@ from zipline_dagster.storage.paths import MANIFEST_NAME, join_uri
 
 #: Each training attempt writes into its own folder; only a successful one is promoted
 #: into ``{version}/{ds}/``, so a failed retrain leaves the finished model in place. The
-#: trainer side (``jobs.channel.ATTEMPTS_DIR``, shipped in every archive, which
-#: imports nothing of the platform) names the same folder; a test pins the two.
+#: job side (``zipline_runtime.driver.ATTEMPTS_DIR``) names the same folder; a test pins
+#: the two.
 ATTEMPTS_DIR = "_attempts"
 SUPERSEDED_DIR = "_superseded"
 #: Left in an attempt folder once it was promoted (holds the manifest it became).

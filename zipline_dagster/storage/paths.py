@@ -34,6 +34,17 @@ def model_archive_uri(model: Model) -> str:
     return archive_uri(model.model_artifact_base_uri, model.name, model.version)
 
 
+def runtime_uri(base: str, version: str) -> str:
+    """``{base}/runtimes/zipline-runtime-{version}.zip``: the job-side runtime a project pins,
+    shipped beside each trainer archive."""
+    return join_uri(base, "runtimes", f"zipline-runtime-{version}.zip")
+
+
+def model_runtime_uri(model: Model) -> str:
+    """The runtime build ``model``'s jobs run with, at its base."""
+    return runtime_uri(model.model_artifact_base_uri, model.runtime)
+
+
 def model_root_uri(base: str, model_name: str) -> str:
     """``{base}/models/{model_name}``: a model's versions, champion pointer and history."""
     return join_uri(base, "models", model_name)

@@ -79,8 +79,7 @@ def _day_reader(found: Any) -> Callable[[Any, bool], str]:
     """A function of (a value of the table's ``ds`` partition field, whether it is a
     manifest's serialized bound) to the day it is (YYYY-MM-DD): ``ds`` a string, or a
     date (pyiceberg gives a date partition's value as days since 1970-01-01). The trainer's
-    reader (``jobs.trainer_tables``, shipped in each archive without the platform) has
-    its own copy."""
+    reader (``zipline_runtime.tables``) has its own copy."""
     from pyiceberg.conversions import from_bytes
     from pyiceberg.types import DateType
 

@@ -295,6 +295,8 @@ def _promote(
                 "job_id": ran.job_id,
                 "launcher": ran.launcher,
                 "archive_uri": request.archive_uri,
+                # the job-side runtime build it ran with, beside the archive
+                "runtime_version": model.runtime,
                 "dagster_run_id": context.run.run_id,
                 # what MLflow logs as params, also for a partition logged from storage
                 "flags": list(request.flags),
@@ -346,6 +348,7 @@ def finish_partition(
         "version": model.version,
         "declaration_hash": model_declaration_hash(model),
         "archive_uri": request.archive_uri,
+        "runtime_version": model.runtime,
         "artifact_uri": request.canonical_dir,
         "attempt": ran.job_id,
         "launcher": ran.launcher,

@@ -53,6 +53,7 @@ def model_card(card: CardInput) -> str:
         f"| trainer version | `{model.version}` |",
         f"| declaration (code version) | `{card.code_version}` |",
         f"| trainer archive | `{card.archive_uri}` |",
+        f"| runtime | `{model.runtime}` (zipline-runtime, shipped beside the archive) |",
         f"| input | `{card.input.get('table')}` snapshot `{card.input.get('snapshot_id')}` |",
         f"| window | {window} |",
         f"| cost | {card.cost.line() if card.cost is not None else 'not measured'} |",

@@ -89,14 +89,15 @@ def reproduce(
     table = TableRead(str(read["metadata"]), read.get("snapshot_id"))
     request = build_training_request(model, ds, warehouse=warehouse.uri, table=table)
     try:
-        archive, requirements = load_archive(model, warehouse)
+        code = load_archive(model, warehouse)
     except dg.Failure as exc:
         raise ReproduceError(f"{who}: {exc.description}") from None
     log = logging.getLogger("zipline_dagster.reproduce")
     outcome = launcher.runner(log, warehouse.store).run(
         request,
-        archive=archive,
-        requirements=requirements,
+        archive=code.archive,
+        runtime=code.runtime,
+        requirements=code.requirements,
         metadata={"zipline_model": model.name, "zipline_ds": ds, "zipline_reproduce": "true"},
     )
     if outcome.status != "SUCCEEDED":

@@ -10,10 +10,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-try:  # the build places the platform's trainer support into every archive
-    import zipline_trainer_io as tio
-except ModuleNotFoundError:  # run by hand from this repository
-    from zipline_dagster.jobs import trainer_io as tio  # type: ignore[no-redef]
+from zipline_runtime import trainer_io as tio
 
 
 def _non_negative_int(value: str) -> int:

@@ -20,10 +20,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-try:  # the build places the platform's trainer support into every archive
-    import zipline_trainer_io as tio
-except ModuleNotFoundError:  # run by hand from this repository
-    from zipline_dagster.jobs import trainer_io as tio  # type: ignore[no-redef]
+from zipline_runtime import trainer_io as tio
 
 
 def train_segment(seg: str, arrays: dict[str, Any], conf: dict[str, Any]) -> dict[str, Any]:

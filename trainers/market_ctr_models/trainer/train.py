@@ -17,10 +17,8 @@ import zipfile
 from collections.abc import Sequence
 from typing import Any
 
-try:  # the build places the platform's trainer support into every archive
-    import zipline_trainer_io as tio
-except ModuleNotFoundError:  # run by hand from this repository
-    from zipline_dagster.jobs import trainer_io as tio  # type: ignore[no-redef]
+from zipline_runtime import trainer_io as tio
+
 from trainer.cli import parse_args
 from trainer.fanout import PoolStart, pool_wanted, run_ray, run_serial
 

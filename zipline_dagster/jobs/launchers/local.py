@@ -1,8 +1,9 @@
 """Run a training request as a local subprocess: the development launcher.
 
 Same archive (verified, unpacked the way Ray unpacks it: the single top-level folder
-stripped), same ``python -m`` command and flags, same paths and report; the trainer's
-output streams into the log. Requirements are not installed: they must already be
+stripped) and the same runtime build (first on the trainer's ``PYTHONPATH``, as Ray's
+``py_modules`` puts it), same ``python -m`` command and flags, same paths and report; the
+trainer's output streams into the log. Requirements are not installed: they must already be
 satisfied in this environment, and an unmet one fails before anything runs.
 """
 
@@ -32,6 +33,7 @@ from zipline_dagster.jobs.request import (
     TrainingJobError,
     traceback_tail,
 )
+from zipline_dagster.packaging import RuntimeArchive
 
 
 class LocalLaunchError(TrainingJobError):
@@ -85,6 +87,7 @@ class LocalRunner:
         request: JobRequest,
         *,
         archive: bytes,
+        runtime: RuntimeArchive,
         requirements: list[str],
         metadata: dict[str, str],
     ) -> JobOutcome:
@@ -98,17 +101,24 @@ class LocalRunner:
         job = request.for_attempt(f"local-{request.job_key}-{uuid.uuid4().hex[:8]}")
         workdir = Path(tempfile.mkdtemp(prefix=f"zd-{request.job_key}-"))
         try:
-            unpack_archive(archive, workdir)
+            unpack_archive(archive, workdir / "job")
+            unpack_archive(runtime.data, workdir / "runtime")
             return self._run_in(workdir, job, started)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
 
     def _run_in(self, workdir: Path, request: JobRequest, started: float) -> JobOutcome:
         argv = [sys.executable, *request.argv[1:]]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **request.env}
+        path = [str(workdir / "runtime"), *filter(None, [os.environ.get("PYTHONPATH")])]
+        env = {
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": os.pathsep.join(path),
+            **request.env,
+        }
         proc = subprocess.Popen(
             argv,
-            cwd=workdir,
+            cwd=workdir / "job",
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

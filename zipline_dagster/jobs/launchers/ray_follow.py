@@ -9,7 +9,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from zipline_dagster.jobs.channel import DoneWatcher, is_done_line, loggable_command
+from zipline_runtime.driver import is_done_line
+
+from zipline_dagster.jobs.channel import DoneWatcher, loggable_command
 
 
 class LogFollower:

@@ -30,12 +30,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from zipline_dagster.jobs.channel import (
-    DRIVER_MODULE,
-    done_marker,
-    driver_argv,
-    loggable_command,
-)
+from zipline_runtime.driver import DRIVER_MODULE, done_marker, driver_argv
+
+from zipline_dagster.jobs.channel import loggable_command
 from zipline_dagster.jobs.launchers.ray_client import (
     REQUEST_TIMEOUT_S,
     RayDashboardLostError,
@@ -54,6 +51,8 @@ from zipline_dagster.jobs.request import (
     TrainingJobError,
     traceback_tail,
 )
+from zipline_dagster.packaging import RuntimeArchive
+from zipline_dagster.storage.paths import model_runtime_uri
 
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 LIVE = frozenset({"PENDING", "RUNNING"})
@@ -247,6 +246,8 @@ class RayJobRunner:
             env_vars["PYTHONDONTWRITEBYTECODE"] = ""
         env: dict[str, Any] = {
             "working_dir": request.archive_uri,
+            # the runtime the project pins, beside the archive (first on the job's path)
+            "py_modules": [model_runtime_uri(request.model)],
             # Platform settings only: runtime_env is shown verbatim by the dashboard.
             "env_vars": {**env_vars, **request.env},
         }
@@ -255,7 +256,7 @@ class RayJobRunner:
         return env
 
     def entrypoint(self, request: JobRequest, sid: str) -> str:
-        """The job's command, always under the archive's driver (``jobs.channel``): a
+        """The job's command, always under the runtime's driver (``zipline_runtime.driver``): a
         partition (a model day, or a scores day) runs in the driver's own process, a range
         job is the driver itself; either way the driver signals the job's end."""
         done = done_marker(request.marker_dir, sid)
@@ -486,9 +487,12 @@ class RayJobRunner:
         request: JobRequest,
         *,
         archive: bytes | None = None,
+        runtime: RuntimeArchive | None = None,
         requirements: list[str],
         metadata: dict[str, str],
     ) -> JobOutcome:
+        """Submit (or re-attach to) the request's job and follow it to its end. Ray
+        fetches the archive and the runtime (``py_modules``) from storage itself."""
         job, attached = self.submit_or_attach(
             request, requirements=requirements, metadata=metadata, archive=archive
         )

@@ -1,18 +1,15 @@
-"""Trainer support: what every trainer archive gets, so trainers share it, not copy it.
+"""Trainer support: what trainers import from the runtime, so they share it, not copy it.
 
-``zipline-dagster build-trainer`` places this file into every archive as the top-level
-module ``zipline_trainer_io`` (beside the trainer's package), so a job on any cluster
-imports it without the platform installed; run by hand from this repository, trainers
-import it from ``zipline_dagster.jobs.trainer_io``. It holds the trainer contract's
-shared half: the platform flags, the training window, reading committed table
+The runtime reaches every job beside the trainer's archive (the project pins it), and
+run by hand from a project it is the installed ``zipline-runtime``. It holds the trainer
+contract's shared half: the platform flags, the training window, reading committed table
 partitions of an Iceberg table (the snapshot the platform resolved, planned by pyiceberg,
 with the ``--columns`` projection) and writing artifacts, for local paths, ``file://``,
-``s3://``, ``gs://`` and ``abfss://`` through fsspec (the platform's storage layer).
-Its storage half (filesystems, writing, planning a window from the table's manifests)
-is ``trainer_tables`` (``zipline_trainer_tables`` in the archive), and its numbers half
-(the metrics of a split, drift, xgboost imported without scikit-learn) is
-``trainer_stats`` (``zipline_trainer_stats``), both re-exported here. Standard library,
-numpy, fsspec, pyarrow and pyiceberg only.
+``s3://``, ``gs://`` and ``abfss://`` through fsspec. Its storage half (filesystems,
+writing, planning a window from the table's manifests) is ``zipline_runtime.tables``, and
+its numbers half (the metrics of a split, drift, xgboost imported without scikit-learn) is
+``zipline_runtime.stats``, both re-exported here. Standard library, numpy, fsspec,
+pyarrow and pyiceberg only.
 """
 
 from __future__ import annotations
@@ -20,20 +17,10 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from zipline_dagster.jobs import trainer_stats as _stats
-    from zipline_dagster.jobs import trainer_tables as _tables
-else:
-    try:  # in a job: the archive's top-level support module
-        import zipline_trainer_tables as _tables
-    except ImportError:  # by hand, from this repository
-        from zipline_dagster.jobs import trainer_tables as _tables
-    try:  # in a job: the archive's top-level statistics module
-        import zipline_trainer_stats as _stats
-    except ImportError:  # by hand, from this repository
-        from zipline_dagster.jobs import trainer_stats as _stats
+from zipline_runtime import stats as _stats
+from zipline_runtime import tables as _tables
 
 # the storage half (``trainer_tables``), under the names trainers use (``tio.filesystem``)
 filesystem = _tables.filesystem
@@ -321,9 +308,16 @@ def flags_window_files(args: argparse.Namespace) -> WindowFiles:
 
 
 def report_header(args: argparse.Namespace, holdout_days: list[str]) -> dict[str, Any]:
-    """The report's description of the data: table, window and the date split."""
+    """The report's description of the data (table, window and the date split) and of the
+    runtime the trainer ran with (its version and protocol)."""
+    import zipline_runtime
+
     window = window_days(args.start_ds, args.end_ds)
     return {
+        "runtime": {
+            "version": zipline_runtime.__version__,
+            "protocol": zipline_runtime.PROTOCOL_VERSION,
+        },
         "input_table": args.input_table,
         "window": {"start": args.start_ds, "end": args.end_ds, "days": len(window)},
         "split": {

@@ -1,6 +1,5 @@
-"""Trainer support, its storage half: what every trainer archive gets beside
-``zipline_trainer_io`` (as the top-level module ``zipline_trainer_tables``), which
-re-exports it under the names trainers use. Filesystems for local paths, ``file://``,
+"""Trainer support, its storage half, re-exported by ``zipline_runtime.trainer_io`` under
+the names trainers use. Filesystems for local paths, ``file://``,
 ``s3://``, ``gs://`` and ``abfss://`` through fsspec (the platform's storage layer),
 writing artifacts, and planning a window's files of an Iceberg table at the snapshot
 the platform resolved. Standard library, fsspec, pyarrow and pyiceberg only.

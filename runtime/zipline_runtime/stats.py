@@ -1,9 +1,8 @@
 """Trainer support, its numbers: the metrics of a split, the drift reference a trainer
 reports and the drift a scoring job measures, and xgboost imported lean.
 
-``zipline-dagster build-trainer`` places this file into every archive as the top-level
-module ``zipline_trainer_stats``; trainers reach it through ``zipline_trainer_io``
-(``tio.roc_auc``, ``tio.drift_reference`` ...), which re-exports it. Standard library
+Trainers reach it through ``zipline_runtime.trainer_io`` (``tio.roc_auc``,
+``tio.drift_reference`` ...), which re-exports it. Standard library
 and numpy only: the metrics are sklearn's definitions (``roc_auc_score``, ``log_loss``,
 ``accuracy_score``, ``precision_recall_curve``, ``root_mean_squared_error``,
 ``mean_absolute_error``, ``r2_score``) in numpy, so a trainer process imports no
