@@ -32,6 +32,23 @@ def test_a_complex_function_and_a_long_module_are_named(tmp_path: Path) -> None:
     assert not [line for line in lines if "simple.py" in line]  # 499 lines, complexity 1
 
 
+def test_a_complex_closure_or_method_is_named_too(tmp_path: Path) -> None:
+    """A nested function counts on its own (radon keeps a closure's branches out of the
+    function around it): a factory whose closure is over the bar is named by it."""
+    branches = "\n".join(f"        if x == {i}:\n            return {i}" for i in range(15))
+    (tmp_path / "nested.py").write_text(
+        f"def factory():\n    def inner(x):\n{branches}\n        return -1\n    return inner\n"
+        f"class C:\n    def m(self):\n        def deep(x):\n{branches.replace('        ', '            ')}\n"
+        "            return -1\n        return deep\n"
+    )
+    done = run(tmp_path)
+    assert done.returncode == 1
+    lines = done.stdout.splitlines()
+    assert f"{tmp_path / 'nested.py'}:2: inner has cyclomatic complexity 16 (at most 15)" in lines
+    assert any(": deep has cyclomatic complexity 16" in line for line in lines), lines
+    assert not any("factory" in line or " m has" in line for line in lines)
+
+
 def test_the_library_is_within_the_bar() -> None:
     done = run("zipline_dagster")
     assert done.returncode == 0, done.stdout

@@ -78,11 +78,6 @@ def model_code_version(model: Model) -> str:
     return str(code_version_of(model))
 
 
-def trainer_version(code_version: str) -> str:
-    """The trainer version a model's code version (``model_code_version``) starts with."""
-    return code_version.partition("-")[0]
-
-
 def scores_code_version(transforms: ModelTransforms) -> str:
     """A scores table's code version: the model's (what scores) and how a day is scored
     (source, passthrough fields, which partition scores it, the inference entrypoint)."""

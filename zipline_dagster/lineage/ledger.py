@@ -26,7 +26,6 @@ from dataclasses import dataclass
 
 import dagster as dg
 
-from zipline_dagster.declarations.versions import trainer_version
 from zipline_dagster.lineage.partitions import latest_materialization
 from zipline_dagster.storage.commits import MODEL, Commit
 from zipline_dagster.storage.tables import TABLE_NAME, WRITE_ID
@@ -202,8 +201,8 @@ class Ledger:
         }
         if commit.table:  # a table day: the Iceberg table it is in
             metadata[TABLE_NAME] = dg.MetadataValue.text(commit.table)
-        if model and commit.code_version:
-            metadata["version"] = dg.MetadataValue.text(trainer_version(commit.code_version))
+        if model and commit.version:
+            metadata["version"] = dg.MetadataValue.text(commit.version)
         tags = {CODE_VERSION_TAG: commit.code_version} if commit.code_version else None
         self.instance.report_runless_asset_event(
             dg.AssetMaterialization(

@@ -315,36 +315,9 @@ def build_champion_asset(
                 ledger, model, partition, context.log.warning
             ),
         )
-        md: dict[str, Any] = {
-            "moved": dg.MetadataValue.bool(decision.moved),
-            "reason": dg.MetadataValue.text(decision.reason),
-        }
+        md = decision_metadata(decision)
+        log_decision(context.log, model, decision)
         p = decision.pointer
-        if p is not None:
-            md.update(
-                version=dg.MetadataValue.text(p.version),
-                ds=dg.MetadataValue.text(p.ds),
-                artifact_uri=dg.MetadataValue.path(p.artifact_uri),
-                pointer=dg.MetadataValue.json(p.to_json()),
-            )
-            for name, value in p.metrics.items():
-                md[f"champion/{name}"] = dg.MetadataValue.float(value)
-        if decision.rejected:
-            md["rejected"] = dg.MetadataValue.json(
-                {
-                    ds: {r.gate: r.summary for r in failed}
-                    for ds, failed in sorted(decision.rejected.items())
-                }
-            )
-        if decision.moved:
-            context.log.info(f"{model.name} champion -> {p and p.ds}: {decision.reason}")
-        else:
-            context.log.info(f"{model.name} champion {decision.reason}")
-        for ds, failed in sorted(decision.rejected.items()):
-            context.log.warning(
-                f"{model.name} {ds} not promoted: "
-                + "; ".join(f"{r.gate}: {r.summary}" for r in failed)
-            )
         listening = mlflow.listening(context.log.warning, context.log.info, warehouse.store)
         if listening is not None:
             evaluated = ChampionEvaluated(
@@ -368,6 +341,47 @@ def build_champion_asset(
         )
 
     return _champion
+
+
+def decision_metadata(decision: ch.Decision) -> dict[str, Any]:
+    """The champion's materialization metadata: whether it moved and why, the partition
+    it points at with its metrics, and the partitions passed over with their gates."""
+    md: dict[str, Any] = {
+        "moved": dg.MetadataValue.bool(decision.moved),
+        "reason": dg.MetadataValue.text(decision.reason),
+    }
+    p = decision.pointer
+    if p is not None:
+        md.update(
+            version=dg.MetadataValue.text(p.version),
+            ds=dg.MetadataValue.text(p.ds),
+            artifact_uri=dg.MetadataValue.path(p.artifact_uri),
+            pointer=dg.MetadataValue.json(p.to_json()),
+        )
+        for name, value in p.metrics.items():
+            md[f"champion/{name}"] = dg.MetadataValue.float(value)
+    if decision.rejected:
+        md["rejected"] = dg.MetadataValue.json(
+            {
+                ds: {r.gate: r.summary for r in failed}
+                for ds, failed in sorted(decision.rejected.items())
+            }
+        )
+    return md
+
+
+def log_decision(log: Any, model: Model, decision: ch.Decision) -> None:
+    """The decision in the step's log: the move or the stay, each passed-over partition."""
+    p = decision.pointer
+    if decision.moved:
+        log.info(f"{model.name} champion -> {p and p.ds}: {decision.reason}")
+    else:
+        log.info(f"{model.name} champion {decision.reason}")
+    for ds, failed in sorted(decision.rejected.items()):
+        log.warning(
+            f"{model.name} {ds} not promoted: "
+            + "; ".join(f"{r.gate}: {r.summary}" for r in failed)
+        )
 
 
 #: The champion asset's check: the champion passes the current gates.

@@ -31,7 +31,9 @@ class Commit:
     run_id: str | None = None
     #: when it was committed (seconds since the epoch)
     at: float | None = None
-    #: the code version that wrote it (a producer's declaration version, a trainer version)
+    #: the code version that wrote it (a producer's declaration version, a model's)
     code_version: str | None = None
+    #: a model partition's trainer version (its manifest's ``version``)
+    version: str | None = None
     #: a table day's Iceberg table (``dagster/table_name`` in the materialization)
     table: str | None = None

@@ -74,7 +74,7 @@ class Manifest:
     run_id: str | None
     #: the trainer version
     version: str | None
-    #: the model's code version (trainer version and declaration hash)
+    #: the model's code version (``ModelCodeVersion``'s form)
     code_version: str | None
     #: the trainer's flags (MLflow logs them as params)
     flags: tuple[str, ...]
@@ -154,6 +154,7 @@ class ModelPartition:
             run_id=m.run_id,
             at=m.committed_at,
             code_version=m.code_version,
+            version=m.version,
         )
 
     @property
