@@ -8,7 +8,7 @@ SYNCED := $(VENV)/.synced
 export UV_PYTHON_DOWNLOADS := never
 # Compile every module to bytecode at install: this machine's environment sets
 # PYTHONDONTWRITEBYTECODE=1, so without it each Python process (Ray workers, Dagster runs,
-# trainers, the CLI) compiles everything it imports from source (sklearn: 8.7 s vs 3.0 s).
+# trainers, the CLI) compiles everything it imports from source, at every start.
 export UV_COMPILE_BYTECODE := 1
 export UV_PROJECT_ENVIRONMENT := $(VENV)
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
@@ -52,8 +52,8 @@ env: $(SYNCED)
 
 # The project's own modules compiled too (uv compiles only what it installs; the project is
 # an editable install): every process of a test run or the demo (the CLI, Dagster's runs
-# and code servers, Ray jobs' drivers) imports the code location, 92 modules that would be
-# compiled from source each time (0.25 CPU-s a process). Up-to-date files are skipped;
+# and code servers, Ray jobs' drivers) imports the code location, whose modules would be
+# compiled from source each time. Up-to-date files are skipped;
 # a module edited afterwards is compiled from source again until the next make.
 BYTECODE := $(VENV)/bin/python -m compileall -q -j 0 zipline_dagster runtime scripts tests
 

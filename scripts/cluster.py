@@ -256,7 +256,7 @@ class Cluster:
         identity = self.identity(name)
         if identity is None:
             return False
-        # a Ray head's group outlasts 15 s of SIGTERM (its GCS, raylet and autoscaler
+        # a Ray head's group outlasts a long SIGTERM wait (its GCS, raylet and autoscaler
         # monitor wait on each other) and keeps nothing a restart would read
         stopped = terminate(identity, group=True, timeout=5 if name == "ray-head" else 15)
         if not stopped and group_alive(identity.pid):

@@ -32,7 +32,7 @@ def main(argv: list[str]) -> int:
     def stop(sig: int, _frame: object) -> None:
         stopping.append(sig)
         # dagster dev winds its children down on SIGTERM; what stays after the grace
-        # period (its daemon's threads take over 20 s) is killed
+        # period (its daemon's threads take longer) is killed
         terminate(identity, group=True, timeout=15.0)
 
     signal.signal(signal.SIGINT, stop)

@@ -51,16 +51,16 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["DAGSTER_HOME"] = str(home)
     # The tests' Ray jobs run in the tests' own environment, which holds every trainer's
     # requirements (compiled), as an image would: Ray's pip env is a clone of that whole
-    # environment per requirement set and per head, about 26 s of CPU each (measured on
-    # this 2-core machine; the two workers' heads built four). The tests about the pip env
+    # environment per requirement set and per head, tens of CPU-seconds each. The tests
+    # about the pip env
     # turn it on themselves (test_fanout's pool test; test_request checks the runtime_env).
     config.stash[_INSTALL] = os.environ.get(INSTALL_REQUIREMENTS)
     os.environ.setdefault(INSTALL_REQUIREMENTS, "false")
     # The test run's Spark JVMs (its own sessions and every process it starts: the CLI,
     # runs, the demo) compile with C1 only, through Spark's own SPARK_SUBMIT_OPTS: on the
-    # tests' few thousand rows a day C2's compiling was a third of each JVM's CPU
-    # (test_spark + test_tables: 93 -> 60 CPU-s). Not the product's default: on 200,000
-    # rows a day over 30 days a C1-only JVM took 15-18 s a pass against 6-8 s.
+    # tests' few thousand rows a day C2's compiling is much of each JVM's CPU. Not the
+    # product's default: on large days a C1-only JVM is slower (b0a78b4's message has
+    # the measurements).
     # (once: an xdist worker inherits the controller's environment, already set)
     config.stash[_SUBMIT_OPTS] = os.environ.get(SUBMIT_OPTS)
     opts = os.environ.get(SUBMIT_OPTS, "").split()
@@ -204,7 +204,7 @@ def _serve(cmd: list[str], *, what: str, url: str, cwd: Path | None = None) -> A
 
 #: How long a test service gets to stop on SIGTERM before its group is killed: the
 #: servers hold nothing the tests need afterwards, and some never exit on their own
-#: (Azurite says it closed, then its process lingers; a Ray head's group takes over 8 s).
+#: (Azurite says it closed, then its process lingers; a Ray head's group takes longer).
 GRACE_S = 2.0
 
 

@@ -158,10 +158,10 @@ def plan_window(
     files: dict[str, list[str]] = {}
     # the manifests whose day bounds (the first partition field's) hold a window day, and
     # their live entries of those days: pyiceberg's own scan would evaluate a residual
-    # of `ds IN (...)` per file, about 1 ms each, most of a small window's read
+    # of `ds IN (...)` per file, most of a small window's read
     as_day = _partition_day(table, partition_column)
     # the manifest list read as the manifests are (pyiceberg's snapshot.manifests would
-    # resolve its reader again, about 1 ms)
+    # resolve its reader again)
     listed = (
         _avro_records(table.io, snapshot.manifest_list, "list")
         if snapshot is not None and snapshot.manifest_list
@@ -229,9 +229,8 @@ def _avro_records(io: Any, path: str, kind: str) -> list[Any]:
     manifest (``"manifest"``), read as pyiceberg's ``read_manifest_list`` and
     ``ManifestFile.fetch_manifest_entry`` read them (less the latter's inheritance of
     snapshot ids, unused here). pyiceberg derives each file's Avro schema and resolves
-    its reader again for every file, about 0.9 ms (nearly all of planning a window
-    committed a day at a time), and builds the header's reader each time too (0.15 ms):
-    both are kept here. Public pyiceberg names only."""
+    its reader again for every file (nearly all of planning a window committed a day at
+    a time), and builds the header's reader each time too: both are kept here. Public pyiceberg names only."""
     from pyiceberg import manifest as m
     from pyiceberg.avro.decoder import new_decoder
     from pyiceberg.avro.file import AvroFile

@@ -35,8 +35,7 @@ def ray_head(
 def products_spark_jvm() -> Iterator[None]:
     """The benchmarks time the product's Spark JVM, not the test run's: the C1-only flag
     the suite adds for its small data (tests/conftest.py) is taken off for this package
-    (with it, a 30-day range of 200,000 rows a day wrote in 18.4 s, and in 6.1 s without
-    it in the next run, the same day)."""
+    (with it, large ranges write several times slower: 37d487d's message)."""
     with pytest.MonkeyPatch.context() as patch:
         opts = [o for o in os.environ.get(SUBMIT_OPTS, "").split() if o != C1_ONLY]
         if opts:

@@ -463,7 +463,7 @@ USER_ERRORS = (
 def user_errors() -> tuple[type[Exception], ...]:
     """The ``USER_ERRORS`` this process can have raised: those of the modules it imported.
     An error of a module never imported cannot be in flight, and importing them all to
-    catch one would load Dagster (about 3 CPU-seconds) for a refused flag."""
+    catch one would load Dagster (seconds of CPU) for a refused flag."""
     loaded = (getattr(sys.modules.get(m), name, None) for m, name in USER_ERRORS)
     return tuple(cls for cls in loaded if cls is not None)  # (a module mid-import: not yet)
 

@@ -257,8 +257,8 @@ def build_training_request(
     )
     env = {}
     if model.training_conf.resource_config.workers > 0:
-        # Ray Train's controller polls workers every 2 s by default, which costs ~2 s per
-        # reported round; 0.2 s halves a short run (RAY_NOTES.md).
+        # Ray Train's controller polls its workers every 2 s by default, and each reported
+        # round waits for a poll: a short run would be mostly that wait
         env["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = "0.2"
     return JobRequest(
         model=model,

@@ -239,8 +239,8 @@ def local_cpus() -> int:
 POOL_START_WAIT_AT_END = 10.0
 
 
-#: Threads share the GIL over the Python between xgboost's native calls (about 40% of a
-#: small model's time), which bounds what they use to about 2.5 cores: more buy nothing.
+#: Threads share the GIL over the Python between xgboost's native calls (a large part of
+#: a small model's time), which bounds what they can use: more than this buy nothing.
 MAX_AUTO_THREADS = 4
 
 

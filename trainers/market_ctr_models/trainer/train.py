@@ -64,7 +64,7 @@ def split_by_segment(
     days), sorted by segment name: the label and the day from ``head``, the features from
     ``body`` (the same rows, in the same order). Vectorised: each column becomes one
     array, reordered by segment once, and each segment gets slices of those arrays (a
-    per-group loop costs about 0.5 ms per segment: 5 s at 10k)."""
+    per-group loop would cost per segment: seconds at 10k)."""
     import numpy as np
 
     if len(head) != len(body):  # two reads of the same files: a file changed in between
@@ -77,8 +77,7 @@ def split_by_segment(
     order = np.argsort(small, kind="stable")
     # The matrix is filled column by column, each column gathered straight into place:
     # one matrix in memory besides the table, where stacking the columns and then
-    # reordering the rows made two more (80 MB each at 10k models of 500 rows and 2
-    # features), and a third of the time.
+    # reordering the rows would make two more.
     x = np.empty((len(order), len(features)), dtype="float64")
     for j, f in enumerate(features):
         column = body.column(f).to_numpy()

@@ -25,8 +25,9 @@ from zipline_dagster.processes import ProcessIdentity, free_ports, group_listens
 from zipline_dagster.settings import zipline_home
 
 #: The embedded head binds to loopback only and runs without token auth. It is set
-#: explicitly on the head and every client: an in-process ``ray.init()`` would otherwise
-#: turn token auth on for later heads (see RAY_NOTES.md).
+#: explicitly on the head and every client: an in-process ``ray.init()`` writes a token
+#: (``~/.ray/auth_token``) that turns token auth on for later heads and clients
+#: (docs/deployment.md, "Auth").
 EMBEDDED_AUTH_MODE = "disabled"
 
 #: Settings of the embedded head, a small head whose own processes share the machine

@@ -240,8 +240,8 @@ class RayJobRunner:
             # Ray's pip env is a copy of the cluster's Python environment made without its
             # .pyc files (its clone skips them), kept and reused per requirement set. Where
             # PYTHONDONTWRITEBYTECODE is set (common in images, and on this machine) every
-            # process of every job would compile what it imports from source, 1-3 s of
-            # CPU each for ray, pandas and xgboost; an empty value lets the first
+            # process of every job would compile what it imports from source (ray, pandas,
+            # xgboost: seconds of CPU each); an empty value lets the first
             # processes write the bytecode into that copy for the ones after them.
             env_vars["PYTHONDONTWRITEBYTECODE"] = ""
         env: dict[str, Any] = {
