@@ -13,7 +13,7 @@ export UV_COMPILE_BYTECODE := 1
 export UV_PROJECT_ENVIRONMENT := $(VENV)
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: demo test lint fmt dev bench env ray-up ray-down clean system-deps test-system-deps \
+.PHONY: demo test test-fast lint fmt dev bench env ray-up ray-down clean system-deps test-system-deps \
 	cluster-up cluster-down demo-cluster demo-mlflow mlflow-down
 
 # System packages (scripts/system-deps installs the missing ones with apt-get): Java for
@@ -96,6 +96,13 @@ TEST_WORKERS ?= 2
 test: test-system-deps $(SYNCED) $(AZURITE) $(MLFLOW_SERVER)
 	@$(BYTECODE)
 	$(VENV)/bin/pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
+
+# The edit loop: lint, then the tests that start no service (no Ray, Spark, storage
+# emulator, MLflow or browser; tests/conftest.py marks the others `service`) and are not
+# marked `slow` (a whole training or Dagster run in a test's own processes).
+test-fast: lint
+	@$(BYTECODE)
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) -m "not service and not slow and not bench" $(PYTEST_ARGS)
 
 lint: $(SYNCED)
 	$(VENV)/bin/ruff check zipline_dagster runtime tests trainers scripts

@@ -27,7 +27,57 @@ BIN = Path(sys.executable).parent
 pytest_xdist_make_scheduler = xdist_scheduler.pytest_xdist_make_scheduler
 
 
+#: Fixtures that start a service: a Ray head, a loopback storage server, a Spark session,
+#: an MLflow server, `dagster dev`, the production topology.
+SERVICE_FIXTURES = frozenset(
+    {
+        "s3_server",
+        "gcs_server",
+        "azurite_server",
+        "ray_head",
+        "ray_two_nodes",
+        "spark_resource",
+        "mlflow_server",
+        "dagster_dev",
+        "topology",
+        "other_version_dashboard",
+    }
+)
+#: Parameter values that make a test fetch a service fixture itself
+#: (``request.getfixturevalue``): a Ray launcher, an object store's server.
+SERVICE_PARAMS = frozenset({"ray", "s3", "gs", "abfss"})
+#: Markers of tests that need a service.
+SERVICE_MARKERS = ("ray", "spark", "s3", "cluster", "ui")
+#: Modules whose tests start a service themselves (a Ray head, `dagster dev`, the demo).
+SERVICE_MODULES = frozenset(
+    {
+        "tests/defs/test_first_model.py",
+        "tests/jobs/launchers/test_ray_head.py",
+        "tests/test_dev.py",
+        "tests/test_cli.py",
+    }
+)
+
+
+def starts_a_service(item: pytest.Item) -> bool:
+    """Whether ``item`` needs a service started: it uses a fixture that starts one, is a
+    parameter case that fetches one (the ``launcher`` fixture's Ray case, an object
+    store's), carries a service marker, or is in a module whose tests start one
+    themselves."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return bool(
+        SERVICE_FIXTURES & set(getattr(item, "fixturenames", ()))
+        or SERVICE_PARAMS & {v for v in params.values() if isinstance(v, str)}
+        or any(item.get_closest_marker(m) for m in SERVICE_MARKERS)
+        or item.nodeid.split("::")[0] in SERVICE_MODULES
+    )
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # `make test-fast` runs what starts no service and is not slow
+    for item in items:
+        if starts_a_service(item):
+            item.add_marker(pytest.mark.service)
     xdist_scheduler.order(items)
 
 
@@ -52,8 +102,8 @@ def pytest_configure(config: pytest.Config) -> None:
     # The tests' Ray jobs run in the tests' own environment, which holds every trainer's
     # requirements (compiled), as an image would: Ray's pip env is a clone of that whole
     # environment per requirement set and per head, tens of CPU-seconds each. The tests
-    # about the pip env
-    # turn it on themselves (test_fanout's pool test; test_request checks the runtime_env).
+    # about the pip env turn it on themselves (test_fanout's pool test; test_request
+    # checks the runtime_env).
     config.stash[_INSTALL] = os.environ.get(INSTALL_REQUIREMENTS)
     os.environ.setdefault(INSTALL_REQUIREMENTS, "false")
     # The test run's Spark JVMs (its own sessions and every process it starts: the CLI,

@@ -21,6 +21,7 @@ from typing import Any
 
 from zipline_runtime import stats as _stats
 from zipline_runtime import tables as _tables
+from zipline_runtime.contract import MANIFEST_NAME, ContractError, PartitionRef
 
 # the storage half (``trainer_tables``), under the names trainers use (``tio.filesystem``)
 filesystem = _tables.filesystem
@@ -371,6 +372,69 @@ def _add_table_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def non_negative_int(value: str) -> int:
+    """An argparse type: a whole number >= 0, else an error naming the value."""
+    try:
+        n = int(value)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number >= 0")
+    return n
+
+
+def add_training_flags(p: argparse.ArgumentParser, *, label_help: str = "the label") -> None:
+    """The flags the reference xgboost trainers share (each a ``job_configs`` key): the
+    label and feature columns, the date split and xgboost's parameters."""
+    p.add_argument("--label-column", default="label", help=label_help)
+    p.add_argument(
+        "--features",
+        default="",
+        help="comma list 'name' or 'name:column'; default: every numeric column but the label",
+    )
+    p.add_argument(
+        "--eval-days",
+        type=non_negative_int,
+        default=1,
+        help="most recent partitions held out for evaluation (a date split)",
+    )
+    p.add_argument("--max-depth", type=non_negative_int, default=4)
+    p.add_argument("--num-rounds", type=non_negative_int, default=50)
+    p.add_argument("--learning-rate", type=float, default=0.3)
+    p.add_argument("--seed", type=non_negative_int, default=0)
+    p.add_argument(
+        "--nthread", type=non_negative_int, default=1, help="xgboost threads (in-process training)"
+    )
+
+
+def feature_columns(data: Any, spec: str, label: str, partition_column: str) -> dict[str, str]:
+    """{feature name: column} of a frame's columns (``--features``: ``name`` or
+    ``name:column`` items). Default: every numeric column but the label and partition.
+
+    Raises:
+        TrainingDataError: ``spec`` names a column the frame does not have.
+    """
+    import pandas as pd
+
+    if spec:
+        out = {}
+        for item in spec.split(","):
+            name, _, col = item.strip().partition(":")
+            out[name] = col or name
+        missing = [c for c in out.values() if c not in data.columns]
+        if missing:
+            raise TrainingDataError(
+                f"--features names columns {missing} that the table does not have; "
+                f"it has {sorted(data.columns)}"
+            )
+        return out
+    return {
+        c: c
+        for c in data.columns
+        if c not in (label, partition_column) and pd.api.types.is_numeric_dtype(data[c])
+    }
+
+
 def check_window(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
     if args.start_ds > args.end_ds:
         p.error(f"--start-ds={args.start_ds} is after --end-ds={args.end_ds}")
@@ -408,10 +472,25 @@ def add_inference_flags(p: argparse.ArgumentParser) -> None:
     _add_table_flags(p)
 
 
-def model_partition_of(model_dir: str) -> tuple[str, str]:
-    """(version, ds) of a model partition URI ``.../models/{name}/{version}/{ds}``."""
-    parts = model_dir.rstrip("/").split("/")
-    return parts[-2], parts[-1]
+def committed_partition(model_dir: str) -> PartitionRef:
+    """The model partition committed at ``model_dir``, as its manifest names it.
+
+    Raises:
+        TrainingDataError: no manifest there (not a committed partition), or one that
+            names no partition.
+    """
+    fs, path = filesystem(model_dir)
+    where = join(model_dir, MANIFEST_NAME)
+    try:
+        manifest = json.loads(fs.cat_file(f"{path}/{MANIFEST_NAME}"))
+    except FileNotFoundError:
+        raise TrainingDataError(
+            f"{model_dir} holds no {MANIFEST_NAME}: not a committed model partition"
+        ) from None
+    try:
+        return PartitionRef.of_manifest(manifest, where=where)
+    except ContractError as exc:
+        raise TrainingDataError(str(exc)) from None
 
 
 def write_table_file(

@@ -12,31 +12,34 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from zipline_runtime.contract import PartitionRef
+
 from zipline_dagster.declarations.model import Model
 from zipline_dagster.rollout import champion as ch
 from zipline_dagster.storage.blobs import BlobNotFoundError, BlobStorageError, BlobStore
 from zipline_dagster.storage.champion_pointer import SHADOWING
-from zipline_dagster.storage.paths import CARD_NAME, join_uri, model_dir_uri
+from zipline_dagster.storage.paths import CARD_NAME, join_uri
 
 HEADING = "**Champion decisions**"
 
 
-def decisions(model: Model, decision: ch.Decision) -> dict[str, str]:
-    """``{version}/{ds}`` -> what ``decision`` says about that partition."""
-    notes: dict[str, str] = {
-        f"{model.version}/{ds}": "passed over: "
+def decisions(model: Model, decision: ch.Decision) -> dict[PartitionRef, str]:
+    """Each partition ``decision`` is about -> what it says about it."""
+    notes: dict[PartitionRef, str] = {
+        PartitionRef.of(model.name, model.version, ds): "passed over: "
         + "; ".join(f"{r.gate}: {r.summary}" for r in failed)
         for ds, failed in decision.rejected.items()
         if not any(r.gate == ch.RETIRED for r in failed)  # said once, when retired
     }
     pointer = decision.pointer
     if decision.moved and pointer is not None:
-        notes[pointer.where] = f"became the champion: {decision.reason}"
+        notes[pointer.ref] = f"became the champion: {decision.reason}"
         if pointer.retired and pointer.why.startswith("rollback by policy"):
-            notes[pointer.retired[-1]] = f"retired ({pointer.why})"
+            # the pointer stores what it retired in the display form
+            notes[PartitionRef.parse(model.name, pointer.retired[-1])] = f"retired ({pointer.why})"
     challenger = pointer.challenger if pointer is not None else None
     if pointer is not None and challenger is not None:  # the shadow rollout's
-        notes[challenger.where] = (
+        notes[challenger.ref(model.name)] = (
             f"became the challenger of the champion {pointer.where} (shadow)"
             if challenger.status == SHADOWING
             else f"retired ({challenger.verdict})"
@@ -55,11 +58,8 @@ def note_decisions(
     """Append ``decision`` to the cards it is about (``when``: the run and time); a card
     missing (a partition trained before cards) is left so, one that cannot be written is
     a warning."""
-    for where, text in decisions(model, decision).items():
-        version, _, ds = where.partition("/")
-        uri = join_uri(
-            model_dir_uri(model.model_artifact_base_uri, model.name, version, ds), CARD_NAME
-        )
+    for ref, text in decisions(model, decision).items():
+        uri = join_uri(ref.uri(model.model_artifact_base_uri), CARD_NAME)
         try:
             card = store.read_bytes(uri).decode()
             if text in card:
@@ -70,4 +70,7 @@ def note_decisions(
         except BlobNotFoundError:
             continue
         except (BlobStorageError, UnicodeDecodeError) as exc:
-            warn(f"{model.name} {where}: the champion's decision was not added to its card ({exc})")
+            warn(
+                f"{model.name} {ref.where}: the champion's decision was not added to its "
+                f"card ({exc})"
+            )

@@ -17,7 +17,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from zipline_dagster.declarations.model import VERSION_RE, Model, is_day
+from zipline_runtime import contract
+from zipline_runtime.contract import PartitionRef
+
+from zipline_dagster.declarations.model import Model
 from zipline_dagster.storage.blobs import BlobNotFoundError, BlobStore
 from zipline_dagster.storage.paths import MANIFEST_NAME, join_uri, model_root_uri
 
@@ -50,7 +53,11 @@ class Challenger:
 
     @property
     def where(self) -> str:
-        return f"{self.version}/{self.ds}"
+        return contract.where(self.version, self.ds)
+
+    def ref(self, model: str) -> PartitionRef:
+        """The partition it names, of ``model``."""
+        return PartitionRef.of(model, self.version, self.ds)
 
     @classmethod
     def parse(cls, raw: Any) -> Challenger | None:
@@ -117,7 +124,12 @@ class ChampionPointer:
     @property
     def where(self) -> str:
         """``{version}/{ds}``, as messages name a champion."""
-        return f"{self.version}/{self.ds}"
+        return self.ref.where
+
+    @property
+    def ref(self) -> PartitionRef:
+        """The partition it points at."""
+        return PartitionRef.of(self.model, self.version, self.ds)
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any]) -> ChampionPointer:
@@ -200,17 +212,17 @@ def history(store: BlobStore, model: Model) -> list[ChampionPointer]:
     return sorted(out, key=lambda p: (str(p.moved_at), str(p.history_name)))
 
 
-def earlier_champions(store: BlobStore, model: Model) -> dict[str, tuple[str, str]]:
-    """Every earlier pointer's location and the (version, ds) it pointed at, by the name
-    ``write_pointer`` gave it (``{moved at}-{version}-{ds}.json``): what they were, without
-    reading each (``earlier_pointer`` reads one)."""
-    out = {}
+def earlier_pointers(store: BlobStore, model: Model) -> list[ChampionPointer]:
+    """Every earlier pointer of the history that can be read (one gone since it was
+    listed, or not a pointer, is passed over), in the history's order."""
+    out = []
     for uri in store.list(history_uri(model)):
-        stem = uri.rpartition("/")[2].removesuffix(".json")
-        rest = stem.partition("-")[2]
-        version, ds = rest[:-11], rest[-10:]
-        if uri.endswith(".json") and VERSION_RE.match(version) and is_day(ds):
-            out[uri] = (version, ds)
+        if not uri.endswith(".json"):
+            continue
+        try:
+            out.append(earlier_pointer(store, model, uri.rpartition("/")[2]))
+        except (FileNotFoundError, ValueError):
+            continue
     return out
 
 

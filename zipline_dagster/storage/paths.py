@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from zipline_dagster.declarations.model import Model
 
-MANIFEST_NAME = "_MANIFEST.json"
+from zipline_runtime.contract import MANIFEST_NAME, PartitionRef
+
+__all__ = ["MANIFEST_NAME"]
 #: A model partition's card beside its artifacts (a view: not in its manifest).
 CARD_NAME = "card.md"
 
@@ -51,8 +53,9 @@ def model_root_uri(base: str, model_name: str) -> str:
 
 
 def model_dir_uri(base: str, model_name: str, version: str, ds: str) -> str:
-    """``{base}/models/{model_name}/{version}/{ds}``: artifacts coming out, per partition."""
-    return join_uri(model_root_uri(base, model_name), version, ds)
+    """``{base}/models/{model_name}/{version}/{ds}``: artifacts coming out, per partition
+    (``PartitionRef.uri``)."""
+    return PartitionRef.of(model_name, version, ds).uri(base)
 
 
 def model_partition_uri(model: Model, ds: str) -> str:

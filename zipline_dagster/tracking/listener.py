@@ -195,16 +195,12 @@ def sync(tracker: Tracker, event: ChampionEvaluated) -> Synced | None:
         """The earlier champions whose (version, ds) has no model version, each as its
         pointer judged it (a partition trained again since is left out)."""
         out: dict[str, Partition] = {}
-        for uri, (version, ds) in cp.earlier_champions(store, model).items():
-            if (version, ds) in known:
-                continue
-            try:
-                pointer = cp.earlier_pointer(store, model, uri.rpartition("/")[2])
-            except (FileNotFoundError, ValueError):  # gone since listed, or not a pointer
+        for pointer in cp.earlier_pointers(store, model):
+            if (pointer.version, pointer.ds) in known:
                 continue
             if event.attempt_gone(pointer):
                 continue  # trained again since it was champion, or gone: nothing to register
-            p = stored(version, ds)
+            p = stored(pointer.version, pointer.ds)
             if p is not None:
                 out.setdefault(p.key, p)
         return list(out.values())

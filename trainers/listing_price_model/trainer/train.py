@@ -25,29 +25,6 @@ TrainingDataError = tio.TrainingDataError
 METRICS = ("rmse", "mae", "r2", "mean_label")
 
 
-def feature_columns(data: Any, spec: str, label: str, partition_column: str) -> dict[str, str]:
-    """{feature name: column}. Default: every numeric column but the label and partition."""
-    import pandas as pd
-
-    if spec:
-        out = {}
-        for item in spec.split(","):
-            name, _, col = item.strip().partition(":")
-            out[name] = col or name
-        missing = [c for c in out.values() if c not in data.columns]
-        if missing:
-            raise TrainingDataError(
-                f"--features names columns {missing} that the table does not have; "
-                f"it has {sorted(data.columns)}"
-            )
-        return out
-    return {
-        c: c
-        for c in data.columns
-        if c not in (label, partition_column) and pd.api.types.is_numeric_dtype(data[c])
-    }
-
-
 def split_metrics(y: Any, p: Any, split: str) -> tuple[dict[str, float | None], dict[str, str]]:
     """RMSE, MAE, R² and the mean label of one split and, for each that is missing, why."""
     if len(y) == 0:
@@ -101,7 +78,7 @@ def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
             f"label column {args.label_column!r} is not in {args.input_table}; "
             f"columns: {sorted(data.columns)}"
         )
-    features = feature_columns(data, args.features, args.label_column, args.partition_column)
+    features = tio.feature_columns(data, args.features, args.label_column, args.partition_column)
     if not features:
         raise TrainingDataError(f"{args.input_table} has no numeric feature columns")
     part = data[args.partition_column]

@@ -109,13 +109,11 @@ class LocalRunner:
 
     def _run_in(self, workdir: Path, request: JobRequest, started: float) -> JobOutcome:
         argv = [sys.executable, *request.argv[1:]]
-        path = [str(workdir / "runtime"), *filter(None, [os.environ.get("PYTHONPATH")])]
-        env = {
-            **os.environ,
-            "PYTHONUNBUFFERED": "1",
-            "PYTHONPATH": os.pathsep.join(path),
-            **request.env,
-        }
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **request.env}
+        # the model's runtime build first on the path, as Ray's py_modules puts it
+        env["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [str(workdir / "runtime"), env.get("PYTHONPATH")])
+        )
         proc = subprocess.Popen(
             argv,
             cwd=workdir / "job",
