@@ -417,16 +417,12 @@ def test_a_scores_file_that_cannot_be_read_is_never_committed(
     """An inference module that exits 0 but writes something that is not parquet: the
     step fails naming the file, and the day stays as it was (not committed, not
     materialized). Local launcher: the commit is the platform's, whichever runs the job."""
-    score = trainer_copy / "trainer" / "score.py"
-    text = score.read_text()
-    wrote = "        args.warehouse, args.output_table, args.ds, args.write_id, out, drift=drift\n    )\n"
-    assert wrote in text
-    score.write_text(
-        text.replace(
-            wrote,
-            wrote
-            + "    tio.write_bytes(uri.rsplit('/', 1)[0], uri.rsplit('/', 1)[1], b'not a parquet file')\n",
-        )
+    # the trainer's inference module: the runtime's scorer, then its file overwritten
+    (trainer_copy / "trainer" / "score.py").write_text(
+        "from zipline_runtime import trainer_io as tio\n"
+        "from zipline_runtime.score import score\n\n"
+        "uri = score()['uri']\n"
+        "tio.write_bytes(uri.rsplit('/', 1)[0], uri.rsplit('/', 1)[1], b'not a parquet file')\n"
     )
     for ds in days_ending(D2, 5):
         write_partition(file_base, TABLE, ds, ctr_rows(ds, 200))

@@ -263,10 +263,14 @@ def publish_trainer_archive(
     base: str,
     options: StorageOptions | None = None,
 ) -> PublishedArchive:
-    """Build the archive and upload it to ``{base}/builds/{model_name}-{version}.zip``.
+    """Build the archive and upload it to ``{base}/builds/{model_name}-{version}.zip``,
+    and the runtime installed here beside it (``{base}/runtimes/``: the build a project
+    that adopted it pins, which every job needs next to its archive).
 
     Uploading the same bytes twice is a no-op in effect: the name is the content.
     """
+    from zipline_dagster.jobs.runtime import store_runtime
+    from zipline_dagster.packaging import installed_runtime
     from zipline_dagster.storage.blobs import blob_store
     from zipline_dagster.storage.paths import archive_uri
 
@@ -276,6 +280,7 @@ def publish_trainer_archive(
     store = blob_store(uri, options=options)
     if not (store.exists(uri) and content_version(store.read_bytes(uri)) == archive.version):
         store.write_bytes(uri, archive.data)
+    store_runtime(base, installed_runtime(), options=options)
     return PublishedArchive(version=archive.version, uri=uri, size=len(archive.data))
 
 

@@ -13,7 +13,7 @@ import json
 import shlex
 import zipfile
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from zipline_runtime.driver import DRIVER_MODULE, attempt_flags, driver_argv
 
@@ -104,60 +104,53 @@ def window_days(ds: str, length: int) -> list[str]:
     return days_between(shift_day(ds, -(length - 1)), ds)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class JobRequest:
+    """What every job is, whatever its kind (``TrainingJob``, ``ScoringJob``,
+    ``RangeJob``): the module it runs from which trainer archive, its flags, the stable
+    key of its work and where its driver leaves its end marker. Each field is set by the
+    builder of its kind; none is a placeholder filled in later."""
+
     model: Model
     ds: str
     warehouse: str
     days: tuple[str, ...]
+    #: where the job writes (a trainer: its attempt folder once ``for_attempt`` points it
+    #: there) or reads the model from (a scores day: the partition that scores it)
     model_dir: str
     archive_uri: str
+    #: the trainer version whose archive runs it (scoring by a champion or challenger of
+    #: another version runs that version's archive)
+    version: str
     #: every flag, platform ones first, then job_configs, as ``--key=value``
     flags: tuple[str, ...]
+    #: the module run: the model's ``python_module``, its inference module, or the driver
+    module: str
+    #: the stable id of the work: a retried step re-attaches to a live job of the same key
+    job_key: str
+    #: the folder whose ``_attempts/`` holds the driver's end marker
+    marker_dir: str
     env: dict[str, str] = field(default_factory=dict)
-    #: the partition folder the finished model is promoted into; ``model_dir`` is the
-    #: same until ``for_attempt`` points the trainer at an attempt folder below it
-    canonical_dir: str = ""
     attempt_id: str | None = None
-    #: the module run (default: the model's ``python_module``; scoring runs its
-    #: inference module from the same archive)
-    module: str = ""
-    #: which flag names the attempt: ``model-dir`` (training: an attempt folder) or
-    #: ``write-id`` (scoring: the attempt names the file it writes)
-    attempt_flag: str = "model-dir"
-    #: the stable id of the work (default ``{model}-{version}-{ds}``)
-    job_key_override: str = ""
-    #: CPUs the job's driver holds (default: the model's per-replica CPUs, none when it
-    #: has Ray Train workers); a range job's driver only waits on its tasks and holds none
-    driver_cpus: float | None = None
-    #: the folder whose ``_attempts/`` holds the driver's end marker (default:
-    #: ``canonical_dir``; scoring: the scores partition's folder, not the model's)
-    marker_dir: str = ""
-    #: the trainer version whose archive runs it (default the model's; scoring by a
-    #: champion or challenger of another version runs that version's archive)
-    version: str = ""
-
-    def __post_init__(self) -> None:
-        if not self.version:
-            object.__setattr__(self, "version", self.model.version)
-        if not self.canonical_dir:
-            object.__setattr__(self, "canonical_dir", self.model_dir)
-        if not self.marker_dir:
-            object.__setattr__(self, "marker_dir", self.canonical_dir)
+    #: the flag that names an attempt (``zipline_runtime.driver.ATTEMPT_FLAGS``)
+    attempt_flag: ClassVar[str] = "model-dir"
 
     def for_attempt(self, attempt_id: str) -> JobRequest:
-        """The same request with the trainer writing into ``_attempts/{attempt_id}``
-        (or, for ``attempt_flag="write-id"``, naming its output after the attempt)."""
+        """The same request with its attempt named ``attempt_id``."""
         flags = tuple(attempt_flags(list(self.flags), attempt_id, self.attempt_flag))
-        if self.attempt_flag != "model-dir":
-            return replace(self, flags=flags, attempt_id=attempt_id)
-        adir = attempt_dir(self.canonical_dir, attempt_id)
-        return replace(self, model_dir=adir, flags=flags, attempt_id=attempt_id)
+        return replace(self, flags=flags, attempt_id=attempt_id)
 
     @property
     def scoring(self) -> bool:
-        """A scores day: its attempt names the file it writes, not a folder."""
-        return self.attempt_flag == "write-id"
+        """A scores day (or a range of them): each attempt names the file it writes."""
+        return False
+
+    @property
+    def driver_cpus(self) -> float:
+        """CPUs the job's driver holds: the model's per-replica CPUs when the trainer is
+        the driver, none when it has Ray Train workers (they need them)."""
+        resources = self.model.training_conf.resource_config
+        return resources.cpus_per_replica if resources.workers == 0 else 0
 
     @property
     def start_ds(self) -> str:
@@ -170,17 +163,67 @@ class JobRequest:
     @property
     def argv(self) -> list[str]:
         """``python -m {module} --k=v ...`` as an argument list (no shell)."""
-        return ["python", "-m", self.module or self.model.training_conf.python_module, *self.flags]
+        return ["python", "-m", self.module, *self.flags]
 
     @property
     def entrypoint(self) -> str:
         """The same command as a shell string, each argument quoted."""
         return shlex.join(self.argv)
 
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingJob(JobRequest):
+    """A model partition's training: the trainer writes into an attempt folder below
+    ``canonical_dir``, which the model asset promotes into place when it succeeded."""
+
+    #: the partition folder the finished model is promoted into
+    canonical_dir: str
+
+    def for_attempt(self, attempt_id: str) -> JobRequest:
+        """The trainer pointed at ``{canonical_dir}/_attempts/{attempt_id}``."""
+        job = super().for_attempt(attempt_id)
+        return replace(job, model_dir=attempt_dir(self.canonical_dir, attempt_id))
+
+
+def as_training(request: JobRequest) -> TrainingJob:
+    """``request`` as the training job it is (a step of model partitions made it).
+
+    Raises:
+        TypeError: it is another kind of job.
+    """
+    if not isinstance(request, TrainingJob):
+        raise TypeError(f"job {request.job_key} is a {type(request).__name__}, not a TrainingJob")
+    return request
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScoringJob(JobRequest):
+    """A scores day: the inference module of the partition that scores it; its attempt
+    names the file it stages (``--write-id``)."""
+
+    attempt_flag: ClassVar[str] = "write-id"
+
     @property
-    def job_key(self) -> str:
-        """Stable id of what is trained: (model, version, ds)."""
-        return self.job_key_override or f"{self.model.name}-{self.model.version}-{self.ds}"
+    def scoring(self) -> bool:
+        return True
+
+
+@dataclass(frozen=True, kw_only=True)
+class RangeJob(JobRequest):
+    """Several days of one model in one job, under the runtime's driver, one Ray task a
+    day; the driver holds no CPU (it only waits on its tasks)."""
+
+    #: whether its days are scores days
+    scores: bool
+    attempt_flag: ClassVar[str] = "attempt-id"
+
+    @property
+    def scoring(self) -> bool:
+        return self.scores
+
+    @property
+    def driver_cpus(self) -> float:
+        return 0
 
 
 @dataclass(frozen=True)
@@ -241,7 +284,7 @@ def trainer_flags(
 
 def build_training_request(
     model: Model, ds: str, *, warehouse: str, table: TableRead | None = None
-) -> JobRequest:
+) -> TrainingJob:
     dt.date.fromisoformat(ds)
     days = window_days(ds, model.window_days)
     derived_dir = model_partition_uri(model, ds)
@@ -260,19 +303,24 @@ def build_training_request(
         # Ray Train's controller polls its workers every 2 s by default, and each reported
         # round waits for a poll: a short run would be mostly that wait
         env["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = "0.2"
-    return JobRequest(
+    return TrainingJob(
         model=model,
         ds=ds,
         warehouse=warehouse,
         days=tuple(days),
         model_dir=model_dir,
+        canonical_dir=model_dir,
         archive_uri=model_archive_uri(model),
+        version=model.version,
         flags=tuple(flags),
+        module=model.training_conf.python_module,
+        job_key=f"{model.name}-{model.version}-{ds}",
+        marker_dir=model_dir,
         env=env,
     )
 
 
-def build_range_request(requests: list[JobRequest], *, key_prefix: str = "") -> JobRequest:
+def build_range_request(requests: list[JobRequest], *, key_prefix: str = "") -> RangeJob:
     """One Ray job that runs several partitions of one model as parallel tasks: a
     training range, or a scores range (requests whose ``module`` is the inference module
     and whose attempt names the file each day writes).
@@ -297,12 +345,11 @@ def build_range_request(requests: list[JobRequest], *, key_prefix: str = "") -> 
     elif days != days_between(first.ds, last.ds):
         key += "-" + hashlib.sha256(",".join(days).encode()).hexdigest()[:8]
     cpus = model.training_conf.resource_config.cpus_per_replica
-    module = first.module or model.training_conf.python_module
     # the driver's flags; its attempt id is set by ``for_attempt`` (``attempt_flag``)
     flags = driver_argv(
-        "", module, json.loads(spec), attempt_flag=first.attempt_flag, num_cpus=cpus
+        "", first.module, json.loads(spec), attempt_flag=first.attempt_flag, num_cpus=cpus
     )[3:]
-    return JobRequest(
+    return RangeJob(
         model=model,
         ds=first.ds,
         warehouse=first.warehouse,
@@ -313,10 +360,9 @@ def build_range_request(requests: list[JobRequest], *, key_prefix: str = "") -> 
         flags=tuple(flags),
         env=dict(first.env),
         module=DRIVER_MODULE,
-        attempt_flag="attempt-id",
-        job_key_override=key,
-        driver_cpus=0,
+        job_key=key,
         marker_dir=first.marker_dir,
+        scores=first.scoring,
     )
 
 

@@ -16,7 +16,7 @@ import dagster as dg
 from zipline_dagster.declarations.transforms import ModelTransforms, ScoreWith
 from zipline_dagster.declarations.versions import scores_code_version
 from zipline_dagster.jobs.ranges import Ran
-from zipline_dagster.jobs.request import JobRequest, TableRead
+from zipline_dagster.jobs.request import JobRequest, ScoringJob, TableRead
 from zipline_dagster.lineage.partitions import SCORED_BY
 from zipline_dagster.scoring.drift import drift_from_file, drift_metadata
 from zipline_dagster.storage.blobs import BlobStorageError
@@ -45,7 +45,7 @@ def scoring_request(
     model: Chosen,
     source: TableRead | None = None,
     table: str | None = None,
-) -> JobRequest:
+) -> ScoringJob:
     """Day ``ds``'s job: the inference module of the ``model`` partition's trainer version
     on the source's day with that partition, its output file (for ``table``, default the
     scores table) named by the attempt (``--write-id``)."""
@@ -60,7 +60,7 @@ def scoring_request(
         f"--passthrough={','.join(transforms.passthrough_fields)}",
         *(f"--{k}={v}" for k, v in (source.flags() if source else {}).items()),
     )
-    return JobRequest(
+    return ScoringJob(
         model=transforms.model,
         ds=ds,
         warehouse=warehouse,
@@ -72,8 +72,7 @@ def scoring_request(
         version=model.version,
         flags=flags,
         module=transforms.inference_module,
-        attempt_flag="write-id",
-        job_key_override=f"{key_prefix(table)}-{model.version}-{model.ds}-{ds}",
+        job_key=f"{key_prefix(table)}-{model.version}-{model.ds}-{ds}",
         marker_dir=jobs_dir(warehouse, table, ds),
     )
 

@@ -19,6 +19,8 @@ from zipline_dagster.jobs.request import (
     JobRequest,
     TableRead,
     TrainingDataError,
+    TrainingJob,
+    as_training,
     build_training_request,
     check_training_window,
     window_days,
@@ -177,7 +179,7 @@ class TrainingWork:
             raise failure(exc) from None
         self.files = {day: len(held.files) for day, held in self.scan.items()}
 
-    def prepare(self, ds: str) -> JobRequest:
+    def prepare(self, ds: str) -> TrainingJob:
         model = self.model
         try:
             days = window_days(ds, model.window_days)
@@ -207,16 +209,18 @@ class TrainingWork:
         return request
 
     def reuse(self, ready: list[JobRequest]) -> dict[str, dict[str, Any]]:
-        return reusable_partitions(self.context, ready, self.warehouse, self.scan)
+        return reusable_partitions(
+            self.context, [as_training(r) for r in ready], self.warehouse, self.scan
+        )
 
     def begin(self, request: JobRequest) -> None:
         pass
 
     def finish(self, request: JobRequest, ran: Ran) -> dict[str, Any]:
-        return finish_partition(self.context, request, ran, self.listening)
+        return finish_partition(self.context, as_training(request), ran, self.listening)
 
 
-def input_read(request: JobRequest) -> dict[str, Any]:
+def input_read(request: TrainingJob) -> dict[str, Any]:
     """The input table, its metadata file and the snapshot the job read (its flags)."""
     flags = dict(f[2:].split("=", 1) for f in request.flags if f.startswith("--") and "=" in f)
     snapshot = flags.get("snapshot-id")
@@ -230,7 +234,7 @@ def input_read(request: JobRequest) -> dict[str, Any]:
 def write_card(
     context: dg.AssetExecutionContext,
     artifacts: BlobStore,
-    request: JobRequest,
+    request: TrainingJob,
     ran: Ran,
     report: dict[str, Any],
     read: dict[str, Any],
@@ -267,7 +271,7 @@ def write_card(
 def _promote(
     context: dg.AssetExecutionContext,
     artifacts: BlobStore,
-    request: JobRequest,
+    request: TrainingJob,
     ran: Ran,
     read: dict[str, Any],
 ) -> tuple[Promotion, dict[str, Any], bytes | None]:
@@ -329,7 +333,7 @@ def _promote(
 
 def finish_partition(
     context: dg.AssetExecutionContext,
-    request: JobRequest,
+    request: TrainingJob,
     ran: Ran,
     listening: Listening | None = None,
 ) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import dagster as dg
 
 from zipline_dagster.declarations.versions import model_code_version
 from zipline_dagster.jobs.request import (
-    JobRequest,
+    TrainingJob,
 )
 from zipline_dagster.lineage.freshness import FreshnessResolver
 from zipline_dagster.lineage.internals import ASSET_RESUME_RETRY_TAG, RESUME_RETRY_TAG
@@ -46,7 +46,7 @@ def earlier_attempt_runs(context: dg.AssetExecutionContext) -> set[str]:
 
 
 def why_input_changed(
-    store: BlobStore, request: JobRequest, scan: dict[str, TableDay]
+    store: BlobStore, request: TrainingJob, scan: dict[str, TableDay]
 ) -> str | None:
     """Why the partition's model on storage cannot stand for its window as committed now
     (``scan``: the training table's commits): a window day committed after the model was
@@ -68,7 +68,7 @@ def why_input_changed(
 
 def reusable_partitions(
     context: dg.AssetExecutionContext,
-    requests: list[JobRequest],
+    requests: list[TrainingJob],
     warehouse: WarehouseResource,
     scan: dict[str, TableDay],
 ) -> dict[str, dict[str, Any]]:

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from zipline_runtime.driver import DRIVER_MODULE, done_marker, driver_argv
+from zipline_runtime.driver import done_marker, driver_argv
 
 from zipline_dagster.jobs.channel import loggable_command
 from zipline_dagster.jobs.launchers.ray_client import (
@@ -48,6 +48,7 @@ from zipline_dagster.jobs.launchers.ray_follow import LogFollower, done_watcher
 from zipline_dagster.jobs.request import (
     JobOutcome,
     JobRequest,
+    RangeJob,
     TrainingJobError,
     traceback_tail,
 )
@@ -260,12 +261,12 @@ class RayJobRunner:
         partition (a model day, or a scores day) runs in the driver's own process, a range
         job is the driver itself; either way the driver signals the job's end."""
         done = done_marker(request.marker_dir, sid)
-        if request.module == DRIVER_MODULE:  # a range job
+        if isinstance(request, RangeJob):  # the driver with its days
             return shlex.join([*request.for_attempt(sid).argv, f"--done-uri={done}"])
         return shlex.join(
             driver_argv(
                 sid,
-                request.module or request.model.training_conf.python_module,
+                request.module,
                 {request.ds: list(request.flags)},
                 attempt_flag=request.attempt_flag,
                 done_uri=done,
@@ -294,7 +295,6 @@ class RayJobRunner:
             return request.for_attempt(sid), True
         sid = f"zd-{request.job_key}-{attempt + 1}"
         job = request.for_attempt(sid)
-        resources = request.model.training_conf.resource_config
         entrypoint = self.entrypoint(request, sid)
 
         def submit() -> None:
@@ -304,13 +304,7 @@ class RayJobRunner:
                 runtime_env=self.runtime_env(job, requirements),
                 metadata=metadata,
                 # A distributed driver holds no CPU its own workers need.
-                entrypoint_num_cpus=(
-                    job.driver_cpus
-                    if job.driver_cpus is not None
-                    else resources.cpus_per_replica
-                    if resources.workers == 0
-                    else 0
-                ),
+                entrypoint_num_cpus=job.driver_cpus,
                 entrypoint_resources=self.entrypoint_resources or None,
             )
 
