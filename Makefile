@@ -109,7 +109,7 @@ lint: $(SYNCED)
 	$(VENV)/bin/ruff format --check zipline_dagster runtime tests trainers scripts
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
-	$(VENV)/bin/python scripts/check_size.py zipline_dagster
+	$(VENV)/bin/python scripts/check_size.py zipline_dagster runtime
 	@# a changed trainer, or a changed runtime/, that is not pinned again is caught here
 	$(VENV)/bin/pytest -q -p no:cacheprovider tests/defs/test_code_location.py -k "builds_to_its_pin"
 

@@ -19,6 +19,7 @@ import datetime as dt
 import json
 from typing import Any
 
+from zipline_runtime import flags as _flags
 from zipline_runtime import stats as _stats
 from zipline_runtime import tables as _tables
 from zipline_runtime.contract import MANIFEST_NAME, ContractError, PartitionRef
@@ -36,6 +37,12 @@ iceberg_io_properties = _tables.iceberg_io_properties
 TrainingDataError = _tables.TrainingDataError
 EMPTY_DAY = _tables.EMPTY_DAY
 _day = _tables.checked_day
+# the contract's flags (``flags``)
+add_platform_flags = _flags.add_platform_flags
+add_training_flags = _flags.add_training_flags
+add_inference_flags = _flags.add_inference_flags
+non_negative_int = _flags.non_negative_int
+check_window = _flags.check_window
 # the statistics half (``trainer_stats``): metrics of a split, drift, lean xgboost
 import_xgboost = _stats.import_xgboost
 accuracy = _stats.accuracy
@@ -340,73 +347,6 @@ def window_days(start: str, end: str) -> list[str]:
     return [(d0 + dt.timedelta(n)).isoformat() for n in range((d1 - d0).days + 1)]
 
 
-def add_platform_flags(p: argparse.ArgumentParser) -> None:
-    """The flags the platform passes every trainer (never user-set, or derived)."""
-    p.add_argument("--input-table", required=True, help="training table, ns.name")
-    p.add_argument("--start-ds", required=True, type=_day, help="first partition, inclusive")
-    p.add_argument("--end-ds", required=True, type=_day, help="last partition, inclusive")
-    p.add_argument(
-        "--model-dir", required=True, help="output URI (file:///..., s3://..., or a path)"
-    )
-    p.add_argument("--warehouse", required=True, help="warehouse root URI holding ns/name/ds=.../")
-    p.add_argument(
-        "--columns",
-        default="",
-        help="comma list: read only these columns (the model's selects); default: all",
-    )
-    _add_table_flags(p)
-
-
-def _add_table_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--partition-column", default="ds")
-    p.add_argument(
-        "--table-metadata",
-        default=None,
-        help="the input table's Iceberg metadata file (platform-set; by hand: its newest)",
-    )
-    p.add_argument(
-        "--snapshot-id",
-        type=int,
-        default=None,
-        help="the snapshot to read (platform-set: the one resolved for the window)",
-    )
-
-
-def non_negative_int(value: str) -> int:
-    """An argparse type: a whole number >= 0, else an error naming the value."""
-    try:
-        n = int(value)
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number >= 0")
-    return n
-
-
-def add_training_flags(p: argparse.ArgumentParser, *, label_help: str = "the label") -> None:
-    """The flags the reference xgboost trainers share (each a ``job_configs`` key): the
-    label and feature columns, the date split and xgboost's parameters."""
-    p.add_argument("--label-column", default="label", help=label_help)
-    p.add_argument(
-        "--features",
-        default="",
-        help="comma list 'name' or 'name:column'; default: every numeric column but the label",
-    )
-    p.add_argument(
-        "--eval-days",
-        type=non_negative_int,
-        default=1,
-        help="most recent partitions held out for evaluation (a date split)",
-    )
-    p.add_argument("--max-depth", type=non_negative_int, default=4)
-    p.add_argument("--num-rounds", type=non_negative_int, default=50)
-    p.add_argument("--learning-rate", type=float, default=0.3)
-    p.add_argument("--seed", type=non_negative_int, default=0)
-    p.add_argument(
-        "--nthread", type=non_negative_int, default=1, help="xgboost threads (in-process training)"
-    )
-
-
 def feature_columns(data: Any, spec: str, label: str, partition_column: str) -> dict[str, str]:
     """{feature name: column} of a frame's columns (``--features``: ``name`` or
     ``name:column`` items). Default: every numeric column but the label and partition.
@@ -435,12 +375,6 @@ def feature_columns(data: Any, spec: str, label: str, partition_column: str) -> 
     }
 
 
-def check_window(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
-    if args.start_ds > args.end_ds:
-        p.error(f"--start-ds={args.start_ds} is after --end-ds={args.end_ds}")
-    return args
-
-
 def run_main(train: Any, argv: Any = None, *, succeeded: Any = lambda report: True) -> int:
     """A trainer's ``main``: log to stdout (the platform streams it), run ``train(argv)``,
     exit 2 on a training data error (named in the log), 1 when ``succeeded`` says no."""
@@ -458,18 +392,6 @@ def run_main(train: Any, argv: Any = None, *, succeeded: Any = lambda report: Tr
         logging.getLogger("trainer").error("training data error: %s", exc)
         return 2
     return 0 if succeeded(report) else 1
-
-
-def add_inference_flags(p: argparse.ArgumentParser) -> None:
-    """The flags the platform passes an inference module (``ModelTransforms``)."""
-    p.add_argument("--input-table", required=True, help="table to score, ns.name")
-    p.add_argument("--ds", required=True, type=_day, help="the partition to score")
-    p.add_argument("--model-dir", required=True, help="the trained model partition's URI")
-    p.add_argument("--output-table", required=True, help="scores table, ns.name")
-    p.add_argument("--warehouse", required=True, help="warehouse root URI")
-    p.add_argument("--write-id", required=True, help="names the output file (platform-set)")
-    p.add_argument("--passthrough", default="", help="comma list: source columns to copy")
-    _add_table_flags(p)
 
 
 def committed_partition(model_dir: str) -> PartitionRef:
