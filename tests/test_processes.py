@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.cleanup import stop_recorded
 from zipline_dagster.processes import ProcessIdentity, free_ports, terminate
 
@@ -25,6 +27,7 @@ def test_identity_changes_with_the_process() -> None:
     assert not me.alive()
 
 
+@pytest.mark.slow
 def test_ci_cleanup_stops_what_was_recorded_and_nothing_else(tmp_path: Path) -> None:
     ours = subprocess.Popen(["sleep", "60"], start_new_session=True)
     theirs = subprocess.Popen(["sleep", "60"], start_new_session=True)

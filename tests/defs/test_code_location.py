@@ -107,6 +107,7 @@ print(json.dumps({
     }
 
 
+@pytest.mark.slow
 def test_dg_loads_the_code_location() -> None:
     """Dagster's project tooling finds and loads the defs package (pyproject [tool.dg])."""
     from tests.conftest import BIN, ROOT
@@ -193,6 +194,7 @@ def test_cli_outside_a_project_asks_for_the_module(tmp_path: Path) -> None:
     assert "Traceback" not in res.stderr
 
 
+@pytest.mark.slow
 def test_archive_ray_cannot_fetch_fails_at_load_naming_scheme_and_reason() -> None:
     """An archive base Ray's agent cannot download from (abfss:// routed to a non-Azure
     endpoint by a connection string) fails `dg check defs`, not a job at training time;

@@ -56,6 +56,7 @@ def project(tmp_path: Path, base: str) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_a_trainer_edited_without_a_new_pin_is_named_everywhere_and_refuses_to_train(
     tmp_path: Path, file_base: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -213,6 +213,7 @@ def project(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     return project_copy(tmp_path), env
 
 
+@pytest.mark.slow
 def test_a_changed_library_changes_no_version_pin_or_staleness(
     project: tuple[Path, dict[str, str]],
 ) -> None:
@@ -236,6 +237,7 @@ def test_a_changed_library_changes_no_version_pin_or_staleness(
     assert (root / "trainers.lock").read_bytes() == lock
 
 
+@pytest.mark.slow
 def test_adopting_another_runtime_reversions_exactly_the_models_that_pin_it(
     project: tuple[Path, dict[str, str]], tmp_path: Path
 ) -> None:

@@ -8,6 +8,8 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import BIN, ROOT
 
 
@@ -22,6 +24,7 @@ def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_backfill_refuses_unknown_model_and_bad_dates(tmp_path: Path) -> None:
     env = {**os.environ, "DAGSTER_HOME": str(tmp_path), "ZIPLINE_HOME": str(tmp_path / "z")}
     res = cli(

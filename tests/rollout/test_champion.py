@@ -12,6 +12,7 @@ from typing import Any
 
 import dagster as dg
 import numpy as np
+import pytest
 from dagster_aws.s3 import S3Resource
 
 from tests.conftest import ROOT, TRAINERS, run_cli
@@ -229,6 +230,7 @@ def test_champion_moves_only_to_partitions_passing_every_gate(
     assert getattr(cp.read_champion(store, model), "replaced", None) is not None
 
 
+@pytest.mark.slow
 def test_promote_refuses_an_untrained_partition_even_forced(file_base: str, tmp_path: Path) -> None:
     # no DAGSTER_HOME: its note is for a trained partition only, not before these errors
     env = {**write_code_location(tmp_path, "0123456789ab", file_base), "DAGSTER_HOME": ""}
@@ -255,6 +257,7 @@ def test_promote_refuses_an_untrained_partition_even_forced(file_base: str, tmp_
         assert "_MANIFEST" not in bad.stderr and "DAGSTER_HOME" not in bad.stderr
 
 
+@pytest.mark.slow
 def test_promote_by_hand_applies_the_ledgers_rule(file_base: str, tmp_path: Path) -> None:
     """`zipline-dagster promote` with DAGSTER_HOME set applies the ledger's rule to the
     partition: a model that a run of the instance promoted and has not recorded yet (the

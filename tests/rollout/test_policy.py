@@ -29,6 +29,7 @@ A, B = "2026-09-10", "2026-09-11"
 LIVE = ["2026-09-12", "2026-09-13", "2026-09-14"]
 
 
+@pytest.mark.slow
 def test_the_champion_rolls_back_after_k_days_worse_than_its_holdout(file_base: str) -> None:
     write_days(file_base, days_ending(B, 5))
     for ds in LIVE:  # the world changed: the clicks the model predicts are the ones not made

@@ -66,6 +66,7 @@ def _version(tmp_path: Path, base: str, tag: str) -> str:
     return publish_trainer_archive(src, model_name="listing_ctr_model", base=base).version
 
 
+@pytest.mark.slow
 def test_a_challenger_worse_live_never_serves_and_a_better_one_serves_after_n_days(
     file_base: str, tmp_path: Path
 ) -> None:

@@ -21,6 +21,7 @@ from zipline_dagster.lineage.partitions import table_asset_key
 from zipline_dagster.scoring.drift import FEATURES_CHECK, PREDICTIONS_CHECK, judge_day
 
 
+@pytest.mark.slow
 def test_a_shifted_day_drifts_and_a_like_day_does_not(file_base: str) -> None:
     write_days(file_base, days_ending(D2, 5))
     shifted = ctr_rows(D3, 300)

@@ -292,6 +292,7 @@ def test_scores_served_by_the_day_before_and_monitored(
     assert after.status(scores_key, D3).fresh
 
 
+@pytest.mark.slow
 def test_a_range_of_days_scores_in_one_ray_job_and_a_failing_day_fails_only_itself(
     launcher: str | None, file_base: str
 ) -> None:
@@ -455,6 +456,7 @@ def latest_metadata(instance: dg.DagsterInstance, key: dg.AssetKey, ds: str) -> 
     return {k: v.value for k, v in record.asset_materialization.metadata.items()}
 
 
+@pytest.mark.slow
 def test_a_model_dagster_never_recorded_is_recorded_from_storage_and_served(
     file_base: str,
 ) -> None:
@@ -604,6 +606,7 @@ def test_scores_storage_holds_but_dagster_never_recorded_are_recorded_from_stora
     )
 
 
+@pytest.mark.slow
 def test_scoring_by_the_champion_serves_only_the_attempt_its_gates_judged(
     file_base: str,
 ) -> None:
@@ -685,6 +688,7 @@ def test_scoring_by_the_champion_serves_only_the_attempt_its_gates_judged(
     )
 
 
+@pytest.mark.slow
 def test_a_day_is_scored_by_the_newest_partition_passing_its_gates(file_base: str) -> None:
     """By default day ds is scored by the newest model partition at or before ds-1 whose
     blocking gates pass: a day-before partition that fails them is passed over (rows and

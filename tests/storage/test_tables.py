@@ -296,6 +296,7 @@ DAGSTER_WRITER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_the_same_day_from_two_dagster_runs_is_recorded_as_the_catalog_holds_it(
     file_base: str, tmp_path: Path
 ) -> None:

@@ -318,6 +318,7 @@ def run_trainer(
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("address", "reason"),
     [

@@ -191,13 +191,12 @@ def artifact_files(store: BlobStore, model_dir: str) -> list[str]:
 def model_partition(
     store: BlobStore, model_dir: str, ds: str | None = None, *, checksums: bool = False
 ) -> ModelPartition:
-    """What storage holds for the partition at ``model_dir`` (day ``ds``; None: the day
-    its manifest names, none when it has no manifest): committed when its manifest exists
-    and every file it lists is there (one listing), or, with ``checksums``, also matches
-    the SHA-256 it lists (a read of each)."""
+    """What storage holds for the partition at ``model_dir`` (day ``ds``; None: the
+    folder's name, ``{version}/{ds}``): committed when its manifest exists and every file
+    it lists is there (one listing), or, with ``checksums``, also matches the SHA-256 it
+    lists (a read of each)."""
+    ds = ds or model_dir.rstrip("/").rsplit("/", 1)[-1]
     manifest = read_manifest(store, model_dir)
-    if ds is None:
-        ds = str(manifest.written.get("ds") or "") if manifest is not None else ""
     if manifest is None:
         return ModelPartition(model_dir, ds, None, PartitionState.ABSENT)
     whole = (
