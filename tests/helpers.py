@@ -22,6 +22,23 @@ from zipline_dagster.storage.resources import WarehouseResource
 from zipline_dagster.storage.tables import Tables
 
 
+def faulty_trainer(dest: Path, *, fail_at_round: int) -> Path:
+    """The reference classifier with its last Ray Train worker killed once at
+    ``fail_at_round`` (``tests/fixtures/trainer_faults``): a copy of it at ``dest``, to
+    train with ``python_module="trainer.faulty_train"``."""
+    import shutil
+
+    root = Path(__file__).resolve().parent
+    shutil.copytree(
+        root.parent / "trainers" / "listing_ctr_model",
+        dest,
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    shutil.copytree(root / "fixtures" / "trainer_faults", dest, dirs_exist_ok=True)
+    (dest / "trainer" / "fault.json").write_text(json.dumps({"fail_at_round": fail_at_round}))
+    return dest
+
+
 def days_ending(ds: str, n: int) -> list[str]:
     end = dt.date.fromisoformat(ds)
     return [(end - dt.timedelta(days=k)).isoformat() for k in range(n - 1, -1, -1)]

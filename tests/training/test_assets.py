@@ -43,6 +43,7 @@ def make_model(
     name: str = "listing_ctr_model",
     job_configs: dict[str, str] | None = None,
     replicas: int = 0,
+    python_module: str = "trainer.train",
 ) -> Model:
     return Model(
         version=version,
@@ -53,7 +54,7 @@ def make_model(
         training_conf=TrainingSpec(
             training_data_source=EventSource(table=TABLE),
             training_data_window=Window(length=4),
-            python_module="trainer.train",
+            python_module=python_module,
             resource_config=ResourceConfig(min_replica_count=replicas),
             job_configs=job_configs
             if job_configs is not None

@@ -4,12 +4,13 @@ mid-training: the run recovers from its last checkpoint and scores as a clean ru
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import TRAINERS
-from tests.helpers import days_ending, write_table
+from tests.helpers import days_ending, faulty_trainer, write_table
 from tests.training.test_assets import (
     DS,
     TABLE,
@@ -26,16 +27,17 @@ ROUNDS = 10
 TOLERANCE = 1e-6  # same data, same shards, deterministic hist: resumed == uninterrupted
 
 
-def run(ray: Any, base: str, version: str, model_dir: str, extra: dict[str, str]) -> dict[str, Any]:
+def run(
+    ray: Any, base: str, version: str, model_dir: str, module: str = "trainer.train"
+) -> dict[str, Any]:
     jc = {
         "label-column": "label",
         "eval-days": "1",
         "features": "price_log,inventory_count",
         "num-rounds": str(ROUNDS),
         "model-dir": model_dir,
-        **extra,
     }
-    model = make_model(version, base, job_configs=jc, replicas=2)
+    model = make_model(version, base, job_configs=jc, replicas=2, python_module=module)
     # This cluster's nodes run this environment, which has the trainer's requirements:
     # skip building Ray's pip env on both nodes (its caching is tested on one node).
     res = resources(ray.dashboard_url, base, install_requirements=False)
@@ -48,21 +50,32 @@ def run(ray: Any, base: str, version: str, model_dir: str, extra: dict[str, str]
 
 
 def test_worker_killed_mid_training_recovers_from_checkpoint(
-    ray_two_nodes: Any, file_base: str
+    ray_two_nodes: Any, file_base: str, tmp_path: Path
 ) -> None:
     write_table(file_base, TABLE, days_ending(DS, 4), rows=2000)
     version = publish_trainer_archive(
         TRAINERS / "listing_ctr_model", model_name="listing_ctr_model", base=file_base
     ).version
 
-    clean = run(ray_two_nodes, file_base, version, f"{file_base}/runs/clean", {})
+    clean = run(ray_two_nodes, file_base, version, f"{file_base}/runs/clean")
     dist = clean["report"]["distributed"]
     assert dist["world_size"] == 2 and len(dist["nodes"]) == 2  # one worker on each node
     assert {w["rank"] for w in dist["worker_starts"]} == {0, 1}
     assert dist["resumed_from_round"] == 0
 
+    # the same trainer with its last worker killed at round 5 (a test trainer: the
+    # reference one carries no fault injection)
+    faulty_version = publish_trainer_archive(
+        faulty_trainer(tmp_path / "faulty", fail_at_round=5),
+        model_name="listing_ctr_model",
+        base=file_base,
+    ).version
     faulty = run(
-        ray_two_nodes, file_base, version, f"{file_base}/runs/faulty", {"fail-at-round": "5"}
+        ray_two_nodes,
+        file_base,
+        faulty_version,
+        f"{file_base}/runs/faulty",
+        module="trainer.faulty_train",
     )
     fdist = faulty["report"]["distributed"]
     # the killed worker's group was restarted and resumed from the last checkpoint

@@ -34,10 +34,4 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=2,
         help="worker failures Ray Train recovers from (resuming from the last checkpoint)",
     )
-    p.add_argument(
-        "--fail-at-round",
-        type=tio.non_negative_int,
-        default=0,
-        help="fault injection for recovery tests: the last worker dies at this round once",
-    )
     return tio.check_window(p, p.parse_args(argv))

@@ -51,18 +51,6 @@ def _train_fn(config: dict[str, Any]) -> None:
     )
 
     callbacks: list[Any] = [RayTrainReportCallback(frequency=1)]
-    fail_at = config.get("fail_at_round", 0)
-    if fail_at and rank == world - 1 and done == 0:
-
-        class KillWorker(xgb.callback.TrainingCallback):
-            """Fault injection: this worker process dies mid-training (like an OOM kill)."""
-
-            def after_iteration(self, model: Any, epoch: int, evals_log: Any) -> bool:
-                if epoch + 1 == fail_at:
-                    os.kill(os.getpid(), 9)
-                return False
-
-        callbacks.append(KillWorker())
     xgb.train(
         config["params"],
         dtrain,
@@ -83,7 +71,6 @@ def train_distributed(
     checkpoint_dir: str,
     data_fingerprint: str,
     max_failures: int = 2,
-    fail_at_round: int = 0,
 ) -> tuple[Any, dict[str, Any]]:
     import ray
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
@@ -106,7 +93,6 @@ def train_distributed(
             "params": params,
             "num_rounds": num_rounds,
             "attempts_dir": attempts_dir,
-            "fail_at_round": fail_at_round,
         },
         scaling_config=ScalingConfig(
             num_workers=num_workers, resources_per_worker={"CPU": 1}, placement_strategy="SPREAD"

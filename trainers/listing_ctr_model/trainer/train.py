@@ -168,7 +168,6 @@ def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
             checkpoint_dir=args.checkpoint_dir or tio.join(args.model_dir, "_checkpoints"),
             data_fingerprint=fingerprint[:12],
             max_failures=args.max_failures,
-            fail_at_round=args.fail_at_round,
         )
     else:
         booster = xgb.train(params, dtrain, num_boost_round=args.num_rounds)
