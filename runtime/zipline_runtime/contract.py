@@ -89,3 +89,105 @@ class PartitionRef:
                 "platform committed always does"
             )
         return cls.of(*fields)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class TableRead:
+    """Where a job reads its input table: the table, its Iceberg metadata file and the
+    snapshot the platform resolved for its window (None: by hand, the newest)."""
+
+    table: str
+    metadata: str | None = None
+    snapshot_id: int | None = None
+
+    def flags(self) -> list[tuple[str, str]]:
+        """Its flags after ``--input-table`` (the platform's; by hand: none)."""
+        out = [("table-metadata", self.metadata)] if self.metadata else []
+        if self.snapshot_id is not None:
+            out.append(("snapshot-id", str(self.snapshot_id)))
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {"table": self.table, "metadata": self.metadata, "snapshot_id": self.snapshot_id}
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any], *, where: str) -> TableRead:
+        """The read a manifest's ``input`` records.
+
+        Raises:
+            ContractError: it names no table (names ``where``).
+        """
+        table, snapshot = raw.get("table"), raw.get("snapshot_id")
+        if not isinstance(table, str) or not table:
+            raise ContractError(f"{where} records no input table (found {dict(raw)})")
+        metadata = raw.get("metadata")
+        return cls(
+            table,
+            str(metadata) if metadata else None,
+            snapshot if isinstance(snapshot, int) and not isinstance(snapshot, bool) else None,
+        )
+
+
+@dataclass(frozen=True)
+class TrainingInvocation:
+    """What a training job is given, typed: written as the trainer's flags in one place
+    (``to_flags``), and as the partition's manifest records it (``to_json``). The trainer
+    reads the flags with ``zipline_runtime.flags``."""
+
+    read: TableRead
+    start_ds: str
+    end_ds: str
+    model_dir: str
+    warehouse: str
+    #: every other flag, in order: derived ones (``columns``, ``num-workers``,
+    #: ``checkpoint-dir``) and the model's ``job_configs``
+    options: tuple[tuple[str, str], ...] = ()
+
+    def to_flags(self) -> list[str]:
+        pairs = [
+            ("input-table", self.read.table),
+            ("start-ds", self.start_ds),
+            ("end-ds", self.end_ds),
+            ("model-dir", self.model_dir),
+            ("warehouse", self.warehouse),
+            *self.read.flags(),
+            *self.options,
+        ]
+        return [f"--{k}={v}" for k, v in pairs]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "read": self.read.to_json(),
+            "start_ds": self.start_ds,
+            "end_ds": self.end_ds,
+            "model_dir": self.model_dir,
+            "warehouse": self.warehouse,
+            "options": [list(o) for o in self.options],
+        }
+
+
+@dataclass(frozen=True)
+class ScoringInvocation:
+    """What a scores day's job is given (the inference module's flags), typed."""
+
+    read: TableRead
+    ds: str
+    model_dir: str
+    output_table: str
+    warehouse: str
+    passthrough: tuple[str, ...] = ()
+    #: names the file it writes; the launcher sets it to the attempt's id
+    write_id: str = "pending"
+
+    def to_flags(self) -> list[str]:
+        pairs = [
+            ("input-table", self.read.table),
+            ("ds", self.ds),
+            ("model-dir", self.model_dir),
+            ("output-table", self.output_table),
+            ("warehouse", self.warehouse),
+            ("write-id", self.write_id),
+            ("passthrough", ",".join(self.passthrough)),
+            *self.read.flags(),
+        ]
+        return [f"--{k}={v}" for k, v in pairs]

@@ -15,6 +15,7 @@ import zipfile
 from dataclasses import dataclass, field, replace
 from typing import ClassVar, Protocol
 
+from zipline_runtime.contract import TableRead, TrainingInvocation
 from zipline_runtime.driver import DRIVER_MODULE, attempt_flags, driver_argv
 
 from zipline_dagster.declarations.model import Model
@@ -178,6 +179,8 @@ class TrainingJob(JobRequest):
 
     #: the partition folder the finished model is promoted into
     canonical_dir: str
+    #: what the trainer is given, typed (``flags`` is its form, before the attempt)
+    invocation: TrainingInvocation
 
     def for_attempt(self, attempt_id: str) -> JobRequest:
         """The trainer pointed at ``{canonical_dir}/_attempts/{attempt_id}``."""
@@ -226,22 +229,7 @@ class RangeJob(JobRequest):
         return 0
 
 
-@dataclass(frozen=True)
-class TableRead:
-    """Where a job reads its input table: the Iceberg metadata file and the snapshot the
-    platform resolved for its window (``tables.window_snapshot``)."""
-
-    metadata: str
-    snapshot_id: int | None
-
-    def flags(self) -> dict[str, str]:
-        out = {"table-metadata": self.metadata}
-        if self.snapshot_id is not None:
-            out["snapshot-id"] = str(self.snapshot_id)
-        return out
-
-
-def trainer_flags(
+def training_invocation(
     model: Model,
     *,
     start_ds: str,
@@ -249,8 +237,9 @@ def trainer_flags(
     warehouse: str,
     model_dir: str,
     table: TableRead | None = None,
-) -> list[str]:
-    """The one place ``job_configs`` become flags.
+) -> TrainingInvocation:
+    """The one place ``job_configs`` become a trainer's invocation (its flags:
+    ``TrainingInvocation.to_flags``).
 
     Platform flags (never user-set) come first, then derived flags unless ``job_configs``
     overrides them (``--model-dir``, ``--warehouse``, ``--columns`` when the training
@@ -258,28 +247,27 @@ def trainer_flags(
     ResourceConfig asks for workers), then every ``job_configs`` entry as ``--key=value``.
     """
     conf = dict(model.training_conf.job_configs)
-    flags = {
-        "input-table": model.table,
-        "start-ds": start_ds,
-        "end-ds": end_ds,
-        "model-dir": conf.pop("model-dir", model_dir),
-        "warehouse": conf.pop("warehouse", warehouse),
-        **(table.flags() if table is not None else {}),
-    }
+    read = table if table is not None else TableRead(model.table)
+    model_dir = conf.pop("model-dir", model_dir)
+    options: dict[str, str] = {}
     if model.columns:
         # the training source's selects: the only columns the trainer reads
-        flags["columns"] = conf.pop("columns", ",".join(model.columns))
+        options["columns"] = conf.pop("columns", ",".join(model.columns))
     workers = model.training_conf.resource_config.workers
     if workers > 0 or "num-workers" in conf:
         # distributed / fan-out trainers size themselves from it; the driver holds no CPU
-        flags["num-workers"] = conf.pop("num-workers", str(workers))
+        options["num-workers"] = conf.pop("num-workers", str(workers))
     if workers > 0:
         # Checkpoints sit beside the attempt folders, so a new attempt resumes.
-        flags["checkpoint-dir"] = conf.pop(
-            "checkpoint-dir", join_uri(flags["model-dir"], CHECKPOINTS_DIR)
-        )
-    flags.update(conf)
-    return [f"--{k}={v}" for k, v in flags.items()]
+        options["checkpoint-dir"] = conf.pop("checkpoint-dir", join_uri(model_dir, CHECKPOINTS_DIR))
+    return TrainingInvocation(
+        read=read,
+        start_ds=start_ds,
+        end_ds=end_ds,
+        model_dir=model_dir,
+        warehouse=conf.pop("warehouse", warehouse),
+        options=tuple({**options, **conf}.items()),
+    )
 
 
 def build_training_request(
@@ -290,7 +278,7 @@ def build_training_request(
     derived_dir = model_partition_uri(model, ds)
     model_dir = model.training_conf.job_configs.get("model-dir", derived_dir)
     warehouse = model.training_conf.job_configs.get("warehouse", warehouse)
-    flags = trainer_flags(
+    invocation = training_invocation(
         model,
         start_ds=days[0],
         end_ds=days[-1],
@@ -312,7 +300,8 @@ def build_training_request(
         canonical_dir=model_dir,
         archive_uri=model_archive_uri(model),
         version=model.version,
-        flags=tuple(flags),
+        flags=tuple(invocation.to_flags()),
+        invocation=invocation,
         module=model.training_conf.python_module,
         job_key=f"{model.name}-{model.version}-{ds}",
         marker_dir=model_dir,

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 import dagster as dg
+from zipline_runtime.contract import TableRead
 
 from zipline_dagster.declarations.transforms import ModelTransforms, ScoreWith
 from zipline_dagster.declarations.versions import scores_code_version
@@ -24,7 +25,6 @@ from zipline_dagster.errors import failure
 from zipline_dagster.jobs.ranges import Ran, run_days
 from zipline_dagster.jobs.request import (
     JobRequest,
-    TableRead,
 )
 from zipline_dagster.jobs.resources import JobLauncher
 from zipline_dagster.lineage.ledger import Ledger, prefixed
@@ -250,7 +250,9 @@ class ScoringWork:
             raise failure(exc) from exc
         self.chosen[ds] = chosen
         self.context.log.info(f"{ds}: scoring {source} with {self.model.name} {chosen.why}")
-        source_read = TableRead(self.metadata or "", window_snapshot(self.have, [ds]))
+        source_read = TableRead(
+            self.transforms.source.table, self.metadata or None, window_snapshot(self.have, [ds])
+        )
         return scoring_request(
             self.transforms, ds, warehouse=self.warehouse.uri, model=chosen, source=source_read
         )

@@ -12,11 +12,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
+from zipline_runtime.contract import ScoringInvocation, TableRead
 
 from zipline_dagster.declarations.transforms import ModelTransforms, ScoreWith
 from zipline_dagster.declarations.versions import scores_code_version
 from zipline_dagster.jobs.ranges import Ran
-from zipline_dagster.jobs.request import JobRequest, ScoringJob, TableRead
+from zipline_dagster.jobs.request import JobRequest, ScoringJob
 from zipline_dagster.lineage.partitions import SCORED_BY
 from zipline_dagster.scoring.drift import drift_from_file, drift_metadata
 from zipline_dagster.storage.blobs import BlobStorageError
@@ -50,16 +51,14 @@ def scoring_request(
     on the source's day with that partition, its output file (for ``table``, default the
     scores table) named by the attempt (``--write-id``)."""
     table = table or transforms.table
-    flags = (
-        f"--input-table={transforms.source.table}",
-        f"--ds={ds}",
-        f"--model-dir={model.uri}",
-        f"--output-table={table}",
-        f"--warehouse={warehouse}",
-        "--write-id=pending",  # the launcher names it after the attempt
-        f"--passthrough={','.join(transforms.passthrough_fields)}",
-        *(f"--{k}={v}" for k, v in (source.flags() if source else {}).items()),
-    )
+    invocation = ScoringInvocation(
+        read=source or TableRead(transforms.source.table),
+        ds=ds,
+        model_dir=model.uri,
+        output_table=table,
+        warehouse=warehouse,
+        passthrough=tuple(transforms.passthrough_fields),
+    )  # its --write-id is named after the attempt by the launcher
     return ScoringJob(
         model=transforms.model,
         ds=ds,
@@ -70,7 +69,7 @@ def scoring_request(
             transforms.model.model_artifact_base_uri, transforms.model.name, model.version
         ),
         version=model.version,
-        flags=flags,
+        flags=tuple(invocation.to_flags()),
         module=transforms.inference_module,
         job_key=f"{key_prefix(table)}-{model.version}-{model.ds}-{ds}",
         marker_dir=jobs_dir(warehouse, table, ds),

@@ -16,10 +16,11 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 import dagster as dg
+from zipline_runtime.contract import TableRead
 
 from zipline_dagster.declarations.transforms import ModelTransforms
 from zipline_dagster.jobs.ranges import Ran, run_jobs
-from zipline_dagster.jobs.request import JobRequest, TableRead
+from zipline_dagster.jobs.request import JobRequest
 from zipline_dagster.jobs.resources import JobLauncher
 from zipline_dagster.lineage.partitions import SCORED_BY
 from zipline_dagster.scoring.days import Chosen, commit_day, key_prefix, scoring_request
@@ -81,7 +82,9 @@ class ChallengerWork:
     def prepare(self, ds: str) -> JobRequest:
         if ds not in self.have:  # the champion's day fails for it, naming it
             raise dg.Failure(f"source {self.transforms.source.table} partition {ds} is missing")
-        read = TableRead(self.metadata or "", window_snapshot(self.have, [ds]))
+        read = TableRead(
+            self.transforms.source.table, self.metadata or None, window_snapshot(self.have, [ds])
+        )
         return scoring_request(
             self.transforms,
             ds,

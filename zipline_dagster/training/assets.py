@@ -4,6 +4,7 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
+from zipline_runtime.contract import TableRead
 
 from zipline_dagster.declarations.model import Model
 from zipline_dagster.declarations.versions import (
@@ -17,7 +18,6 @@ from zipline_dagster.jobs.pins import Drift, drift_of
 from zipline_dagster.jobs.ranges import Ran, run_days
 from zipline_dagster.jobs.request import (
     JobRequest,
-    TableRead,
     TrainingDataError,
     TrainingJob,
     as_training,
@@ -184,7 +184,7 @@ class TrainingWork:
         try:
             days = window_days(ds, model.window_days)
             check_training_window(model, ds, days, have=self.files)
-            read = TableRead(self.metadata or "", window_snapshot(self.scan, days))
+            read = TableRead(model.table, self.metadata or None, window_snapshot(self.scan, days))
             request = build_training_request(model, ds, warehouse=self.warehouse.uri, table=read)
             counts = {d: self.files[d] for d in days}
         except (TrainingDataError, BlobStorageError) as exc:
@@ -221,14 +221,8 @@ class TrainingWork:
 
 
 def input_read(request: TrainingJob) -> dict[str, Any]:
-    """The input table, its metadata file and the snapshot the job read (its flags)."""
-    flags = dict(f[2:].split("=", 1) for f in request.flags if f.startswith("--") and "=" in f)
-    snapshot = flags.get("snapshot-id")
-    return {
-        "table": request.model.table,
-        "metadata": flags.get("table-metadata"),
-        "snapshot_id": int(snapshot) if snapshot else None,
-    }
+    """The input table, its metadata file and the snapshot the job read."""
+    return request.invocation.read.to_json()
 
 
 def write_card(
@@ -306,6 +300,8 @@ def _promote(
                 "flags": list(request.flags),
                 # the Iceberg snapshot it read: `reproduce` reads it again
                 "input": read,
+                # what the trainer was given, typed (``flags`` is its form)
+                "invocation": request.invocation.to_json(),
             },
         )
         report = promotion.report or read_report(artifacts, request.canonical_dir)

@@ -12,9 +12,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from zipline_runtime.contract import TableRead
+
 from zipline_dagster.declarations.model import Model
 from zipline_dagster.jobs.ranges import load_archive
-from zipline_dagster.jobs.request import TableRead, build_training_request, traceback_tail
+from zipline_dagster.jobs.request import build_training_request, traceback_tail
 from zipline_dagster.jobs.resources import JobLauncher
 from zipline_dagster.storage.artifacts import (
     ArtifactError,
@@ -86,7 +88,7 @@ def reproduce(
         recorded = report_metrics(read_report(store, model_dir))
     except (ArtifactError, BlobStorageError) as exc:
         raise ReproduceError(f"{who}: {exc}") from exc
-    table = TableRead(str(read["metadata"]), read.get("snapshot_id"))
+    table = TableRead.from_json({"table": model.table, **read}, where=f"{who}'s manifest")
     request = build_training_request(model, ds, warehouse=warehouse.uri, table=table)
     try:
         code = load_archive(model, warehouse)
