@@ -9,6 +9,7 @@ import pytest
 from dagster._core.events import DagsterEventType
 
 import zipline_dagster.defs.listing_ctr as demo
+from tests.support.definitions import defs_with
 from zipline_dagster import EventSource, ModelSpecError
 from zipline_dagster.declarations.features import StagingQuery
 from zipline_dagster.declarations.versions import model_code_version
@@ -22,16 +23,6 @@ def model_reading(table: str) -> object:
         demo.listing_ctr_model.training_conf, training_data_source=EventSource(table=table)
     )
     return dataclasses.replace(demo.listing_ctr_model, training_conf=conf)
-
-
-def defs_with(model: object, **kw: object) -> dg.Definitions:
-    return build_definitions(
-        sources=[demo.listing_views],
-        producers=[demo.listing_features, demo.ctr_labels, demo.training_table],
-        models=[model],  # type: ignore[list-item]
-        resources=resources(),
-        **kw,  # type: ignore[arg-type]
-    )
 
 
 def test_catalog_qualified_near_miss_fails_with_suggestion() -> None:
@@ -136,8 +127,8 @@ def test_an_external_table_observed_again_unchanged_retrains_nothing(file_base: 
 
     from tests.conftest import TRAINERS
     from tests.helpers import ctr_rows, days_ending, write_partition
-    from tests.training.test_assets import TABLE, make_model
-    from tests.training.test_assets import resources as test_resources
+    from tests.support.training import TABLE, make_model
+    from tests.support.training import resources as test_resources
     from zipline_dagster.definitions import build_external_table_asset
     from zipline_dagster.jobs.archive import publish_trainer_archive
     from zipline_dagster.lineage.backfill import plan_backfill
@@ -207,7 +198,7 @@ def test_observing_an_external_table_reads_no_data_file(
     from collections import Counter
 
     from tests.helpers import ctr_rows, days_ending, s3_requests, tables_of, write_partition
-    from tests.training.test_assets import TABLE
+    from tests.support.training import TABLE
     from zipline_dagster.definitions import observed_versions
 
     base = f"{s3_bucket}/wh"

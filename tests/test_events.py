@@ -14,8 +14,8 @@ from typing import Any
 import dagster as dg
 
 from tests.helpers import days_ending, write_table
-from tests.rollout.test_champion import DS1, advance, checks_of, gated, train
-from tests.training.test_assets import TABLE, resources
+from tests.support.champion import DS1, advance, checks_of, gated, train
+from tests.support.training import TABLE, resources
 from zipline_dagster.events import (
     ChampionEvaluated,
     PartitionJudged,

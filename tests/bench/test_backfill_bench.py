@@ -23,11 +23,11 @@ from dagster._core.storage.tags import (
 )
 
 import zipline_dagster.defs.listing_ctr as demo
+from tests.bench.direct import direct_run
 from tests.bench.record import Case, Series, record, repeat
-from tests.bench.test_overhead import direct_run
 from tests.conftest import TRAINERS
 from tests.helpers import days_ending, run_days, write_table
-from tests.training.test_assets import TABLE, make_model, resources
+from tests.support.training import TABLE, make_model, resources
 from zipline_dagster.definitions import build_definitions
 from zipline_dagster.features.spark import SparkResource
 from zipline_dagster.jobs.archive import publish_trainer_archive

@@ -23,7 +23,8 @@ from tests.bench.ray_share import RayShare
 from tests.bench.record import Case, Series, record
 from tests.conftest import TRAINERS
 from tests.helpers import days_ending
-from tests.training.test_assets import (
+from tests.support.fanout import write_market_table
+from tests.support.training import (
     DS,
     TABLE,
     make_model,
@@ -31,7 +32,6 @@ from tests.training.test_assets import (
     only_materialization,
     resources,
 )
-from tests.training.test_fanout import write_market_table
 from zipline_dagster.jobs.archive import publish_trainer_archive
 from zipline_dagster.jobs.resources import RayJobsResource
 from zipline_dagster.storage.blobs import blob_store

@@ -124,7 +124,7 @@ def test_a_trainers_window_read_against_reading_its_files_with_pyarrow(
     import pyarrow.parquet as pq
 
     from tests.helpers import write_partition
-    from tests.training.test_fanout import market_rows
+    from tests.support.fanout import market_rows
 
     base = (tmp_path / "wh").as_uri()
     table = "bench.window"

@@ -20,8 +20,8 @@ from zipline_runtime import trainer_io as tio
 from tests.bench.record import Case, Series, record
 from tests.conftest import _fresh_bucket, moto_server
 from tests.helpers import days_ending, s3_through_proxy, write_partition
-from tests.training.test_assets import DS, TABLE
-from tests.training.test_fanout import market_rows
+from tests.support.fanout import market_rows
+from tests.support.training import DS, TABLE
 
 pytestmark = [pytest.mark.bench]
 REPEATS = 3

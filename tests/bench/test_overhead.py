@@ -5,8 +5,6 @@ and Ray's own job timestamps."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -14,10 +12,11 @@ from typing import Any
 import dagster as dg
 import pytest
 
+from tests.bench.direct import direct_run
 from tests.bench.record import Case, Series, record, repeat
 from tests.conftest import TRAINERS
 from tests.helpers import days_ending, write_table
-from tests.training.test_assets import DS, TABLE, make_model, resources
+from tests.support.training import DS, TABLE, make_model, resources
 from zipline_dagster.jobs.archive import publish_trainer_archive
 from zipline_dagster.jobs.request import (
     build_training_request,
@@ -26,15 +25,6 @@ from zipline_dagster.jobs.resources import RayJobsResource
 from zipline_dagster.training.assets import build_model_asset
 
 pytestmark = [pytest.mark.bench, pytest.mark.ray]
-
-
-def direct_run(argv: list[str]) -> None:
-    subprocess.run(
-        [sys.executable, *argv[1:]],
-        cwd=TRAINERS / "listing_ctr_model",
-        check=True,
-        capture_output=True,
-    )
 
 
 def platform_share(instance: dg.DagsterInstance, run_id: str, info: Any) -> tuple[float, float]:

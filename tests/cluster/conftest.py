@@ -17,7 +17,7 @@ import pytest
 from tests.cluster.topology import LAST_DAY, STEPS, Topology
 from tests.conftest import FIXTURE_TRAINERS, ROOT
 from tests.helpers import ctr_rows, days_ending, tables_of
-from tests.training.test_assets import TABLE
+from tests.support.training import TABLE
 
 
 @pytest.fixture(scope="package")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 
-from tests.training.test_assets import TABLE, make_model
+from tests.support.training import TABLE, make_model
 from zipline_dagster.definitions import ExternalTable, build_definitions
 from zipline_dagster.defs.resources import resources
 

@@ -14,8 +14,8 @@ import pytest
 
 import zipline_dagster.defs.listing_ctr as demo
 from tests.helpers import days_ending, write_table
-from tests.test_definitions import defs_with
-from tests.trainers.test_listing_ctr_model import run_trainer
+from tests.support.definitions import defs_with
+from tests.support.trainers import run_trainer
 from zipline_dagster import EventSource, ModelSpecError, Query, selects
 from zipline_dagster.definitions import build_definitions
 from zipline_dagster.jobs.request import (

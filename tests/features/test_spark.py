@@ -446,7 +446,7 @@ def test_a_model_trains_on_a_table_day_recorded_from_storage(
 
     from tests.conftest import TRAINERS
     from tests.helpers import ctr_rows, days_ending, run_days
-    from tests.training.test_assets import TABLE, make_model, resources
+    from tests.support.training import TABLE, make_model, resources
     from zipline_dagster.definitions import ExternalTable, build_definitions
     from zipline_dagster.features.spark import write_days
     from zipline_dagster.jobs.archive import publish_trainer_archive

@@ -15,7 +15,8 @@ import pytest
 from zipline_runtime.driver import RESULT_PREFIX, TAIL_LINES
 
 from tests.helpers import s3_requests
-from tests.training.test_assets import BUCKETS, make_model
+from tests.support.jobs import _attempt
+from tests.support.training import BUCKETS, make_model
 from zipline_dagster.jobs.request import (
     build_training_request,
     window_days,
@@ -95,11 +96,6 @@ def test_for_attempt_points_the_trainer_at_its_own_folder() -> None:
     assert [f for f in job.flags if f.startswith("--model-dir")] == [
         f"--model-dir={canonical}/_attempts/zd-x-1"
     ]
-
-
-def _attempt(store: object, d: str, attempt: str, files: dict[str, bytes]) -> None:
-    for name, data in files.items():
-        store.write_bytes(f"{attempt_dir(d, attempt)}/{name}", data)  # type: ignore[attr-defined]
 
 
 def test_a_range_job_is_named_by_its_span_and_by_its_days_when_some_are_left_out() -> None:
@@ -271,7 +267,7 @@ def test_scoring_runs_under_the_driver_with_its_marker_beside_the_scores() -> No
     attempt names the file it writes), its end marker in the scores partition's folder,
     never the model's; a scores range names its job by its days and by every day's flags
     (the model partition that scores it)."""
-    from tests.scoring.test_scores import transforms_for
+    from tests.support.scoring import transforms_for
     from zipline_dagster.jobs.launchers.ray_job import RayJobRunner
     from zipline_dagster.jobs.request import (
         JobRequest,

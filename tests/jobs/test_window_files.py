@@ -13,8 +13,8 @@ import pytest
 from zipline_runtime.trainer_io import TrainingDataError, WindowFiles, filesystem
 
 from tests.helpers import days_ending, s3_requests, tables_of, write_partition
-from tests.training.test_assets import BUCKETS, DS, TABLE
-from tests.training.test_fanout import market_rows
+from tests.support.fanout import market_rows
+from tests.support.training import BUCKETS, DS, TABLE
 
 DAYS = days_ending(DS, 3)
 

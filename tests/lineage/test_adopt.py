@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import TRAINERS
 from tests.helpers import ctr_rows, days_ending, run_days, write_partition
-from tests.training.test_assets import TABLE, make_model, resources
+from tests.support.training import TABLE, make_model, resources
 from zipline_dagster.declarations.features import StagingQuery
 from zipline_dagster.definitions import ExternalTable, build_definitions
 from zipline_dagster.jobs.archive import publish_trainer_archive

@@ -24,64 +24,21 @@ from tests.helpers import (
     write_partition,
     write_table,
 )
-from tests.training.test_assets import TABLE, make_model, resources
+from tests.support.champion import DS1, DS2, DS3, THRESHOLD, advance, checks_of, gated, train
+from tests.support.training import TABLE, resources
 from zipline_dagster import DeploymentSpec, Metric, RolloutStrategy
-from zipline_dagster.declarations.model import Model
 from zipline_dagster.declarations.versions import model_code_version
 from zipline_dagster.jobs.archive import publish_trainer_archive
 from zipline_dagster.lineage.partitions import (
-    daily_partitions,
     latest_materialization,
-    trainable_partitions,
 )
 from zipline_dagster.rollout.assets import (
     build_champion_asset,
-    build_model_checks,
-    champion_asset_key,
     model_asset_key,
 )
 from zipline_dagster.storage import champion_pointer as cp
 from zipline_dagster.storage.blobs import blob_store
 from zipline_dagster.tracking import MlflowResource
-from zipline_dagster.training.assets import build_model_asset
-
-DS1, DS2, DS3 = "2026-08-10", "2026-08-11", "2026-08-12"
-THRESHOLD = 0.62
-
-
-def gated(version: str, base: str) -> Model:
-    return dataclasses.replace(
-        make_model(version, base),
-        deployment_conf=DeploymentSpec(
-            rollout_strategy=RolloutStrategy(
-                rollout_metric_thresholds=[Metric("holdout_auc", THRESHOLD)],
-                regression_tolerance=0.1,
-            )
-        ),
-    )
-
-
-def train(model: Model, res: dict[str, Any], ds: str, instance: dg.DagsterInstance) -> Any:
-    checks = build_model_checks(model, trainable_partitions(model, daily_partitions))
-    return dg.materialize(
-        [build_model_asset(model=model), *checks],
-        partition_key=ds,
-        resources=res,
-        instance=instance,
-        raise_on_error=False,
-    )
-
-
-def checks_of(result: Any) -> dict[str, Any]:
-    return {e.check_name: e for e in result.get_asset_check_evaluations()}
-
-
-def advance(model: Model, res: dict[str, Any], instance: dg.DagsterInstance) -> dict[str, Any]:
-    result = dg.materialize([build_champion_asset(model)], resources=res, instance=instance)
-    (event,) = result.get_asset_materialization_events()
-    mat = event.event_specific_data.materialization  # type: ignore[union-attr]
-    assert mat.asset_key == champion_asset_key(model.name)
-    return {k: v.value for k, v in mat.metadata.items()}
 
 
 def write_code_location(tmp_path: Path, version: str, base: str) -> dict[str, str]:
@@ -90,7 +47,7 @@ def write_code_location(tmp_path: Path, version: str, base: str) -> dict[str, st
         textwrap.dedent(
             f"""
             from tests.rollout.test_champion import gated
-            from tests.training.test_assets import resources
+            from tests.support.training import resources
             from zipline_dagster.definitions import ExternalTable, build_definitions
 
             model = gated({version!r}, {base!r})
@@ -341,7 +298,7 @@ def test_a_champion_lock_that_cannot_be_deleted_leaves_the_move_standing(
     with the pointer storage holds and names the lock in a warning and its metadata;
     `promote` and `rollback` exit 0, move the pointer and warn."""
     from tests.helpers import s3_through_proxy
-    from tests.jobs.test_request import _attempt
+    from tests.support.jobs import _attempt
     from zipline_dagster.storage.artifacts import (
         promote_attempt,
     )
@@ -432,7 +389,7 @@ def test_the_cli_reads_storage_through_the_code_locations_warehouse(
             f"""
             from dagster_aws.s3 import S3Resource
             from tests.rollout.test_champion import gated
-            from tests.training.test_assets import resources
+            from tests.support.training import resources
             from zipline_dagster.definitions import ExternalTable, build_definitions
             from zipline_dagster.storage.resources import WarehouseResource
 

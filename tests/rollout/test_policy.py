@@ -14,8 +14,8 @@ import pytest
 
 from tests.conftest import TRAINERS
 from tests.helpers import ctr_rows, days_ending, write_partition
-from tests.scoring.test_scores import LABELS, champion_metadata, scoring_defs, write_days
-from tests.training.test_assets import TABLE
+from tests.support.scoring import LABELS, champion_metadata, scoring_defs, write_days
+from tests.support.training import TABLE
 from zipline_dagster import DeploymentSpec, Metric, ModelSpecError, RolloutStrategy
 from zipline_dagster.lineage.partitions import champion_asset_key, table_asset_key
 from zipline_dagster.rollout import by_hand

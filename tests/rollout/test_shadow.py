@@ -20,8 +20,8 @@ import pytest
 
 from tests.conftest import TRAINERS
 from tests.helpers import ctr_rows, days_ending, write_partition
-from tests.scoring.test_scores import LABELS, champion_metadata, write_days
-from tests.training.test_assets import TABLE, make_model, resources
+from tests.support.scoring import LABELS, champion_metadata, write_days
+from tests.support.training import TABLE, make_model, resources
 from zipline_dagster import (
     DeploymentSpec,
     EventSource,

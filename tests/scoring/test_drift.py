@@ -14,8 +14,8 @@ from zipline_runtime import stats
 
 from tests.conftest import TRAINERS
 from tests.helpers import ctr_rows, days_ending, write_partition
-from tests.scoring.test_scores import D1, D2, D3, scoring_defs, write_days
-from tests.training.test_assets import TABLE, make_model
+from tests.support.scoring import D1, D2, D3, scoring_defs, write_days
+from tests.support.training import TABLE, make_model
 from zipline_dagster import EventSource, ModelSpecError, ModelTransforms
 from zipline_dagster.lineage.partitions import table_asset_key
 from zipline_dagster.scoring.drift import FEATURES_CHECK, PREDICTIONS_CHECK, judge_day

@@ -32,7 +32,17 @@ from tests.helpers import (
     tables_of,
     write_partition,
 )
-from tests.training.test_assets import TABLE, make_model, resources
+from tests.support.scoring import (
+    D1,
+    D2,
+    D3,
+    LABELS,
+    champion_metadata,
+    scoring_defs,
+    transforms_for,
+    write_days,
+)
+from tests.support.training import TABLE, make_model, resources
 from zipline_dagster import (
     DeploymentSpec,
     EventSource,
@@ -43,7 +53,6 @@ from zipline_dagster import (
 )
 from zipline_dagster.declarations.versions import scores_code_version
 from zipline_dagster.definitions import ExternalTable, build_definitions
-from zipline_dagster.jobs.archive import publish_trainer_archive
 from zipline_dagster.lineage.backfill import plan_backfill
 from zipline_dagster.lineage.freshness import FreshnessResolver
 from zipline_dagster.lineage.partitions import (
@@ -55,20 +64,6 @@ from zipline_dagster.rollout import by_hand
 from zipline_dagster.rollout import champion as ch
 from zipline_dagster.scoring.monitoring import monitoring_asset_key
 from zipline_dagster.storage.blobs import blob_store
-
-LABELS = "ctr.labels_t"
-D1, D2, D3 = "2026-09-10", "2026-09-11", "2026-09-12"
-
-
-def transforms_for(model: Any) -> ModelTransforms:
-    return ModelTransforms(
-        sources=[EventSource(table=TABLE)],
-        models=[model],
-        passthrough_fields=["listing_id"],
-        output_namespace="ctr",
-        labels=EventSource(table=LABELS),
-        label_keys=["listing_id"],
-    )
 
 
 def test_model_transforms_is_validated_at_load() -> None:
@@ -99,43 +94,6 @@ def test_model_transforms_is_validated_at_load() -> None:
         )
 
 
-def scoring_defs(
-    trainer: Path,
-    base: str,
-    launcher: str | None,
-    *,
-    champion: bool = False,
-    deployment: DeploymentSpec | None = None,
-) -> tuple[str, Any, ModelTransforms, dg.Definitions]:
-    """The trainer published under ``base``; its version, the model (with its
-    ``deployment``, when given), its scores table (``transforms_for``; scored by the
-    model's champion with ``champion``) and the definitions over the source and labels
-    tables."""
-    version = publish_trainer_archive(trainer, model_name="listing_ctr_model", base=base).version
-    model = make_model(version, base)
-    if deployment is not None:
-        model = dataclasses.replace(model, deployment_conf=deployment)
-    t = dataclasses.replace(
-        transforms_for(model), score_with="champion" if champion else "newest_passing"
-    )
-    defs = build_definitions(
-        external_tables=[ExternalTable(TABLE), ExternalTable(LABELS)],
-        models=[model],
-        transforms=[t],
-        resources=resources(launcher, base),
-        automation=False,
-    )
-    return version, model, t, defs
-
-
-def write_days(base: str, days: list[str], rows: int = 300) -> None:
-    """``rows`` source rows a day, and their labels."""
-    for ds in days:
-        frame = ctr_rows(ds, rows)
-        write_partition(base, TABLE, ds, frame)
-        write_partition(base, LABELS, ds, frame[["listing_id", "label"]])
-
-
 def scoring_setup(
     base: str,
 ) -> tuple[str, Any, ModelTransforms, dg.Definitions, dg.JobDefinition, Any]:
@@ -162,13 +120,6 @@ def failure_message(result: Any) -> str:
     assert not result.success
     (failed,) = result.get_step_failure_events()
     return str(failed.step_failure_data.error.message)
-
-
-def champion_metadata(result: Any) -> dict[str, Any]:
-    """The metadata of the one champion materialization of ``result``."""
-    (event,) = result.get_asset_materialization_events()
-    mat = event.event_specific_data.materialization  # type: ignore[union-attr]
-    return {k: v.value for k, v in mat.metadata.items()}
 
 
 def committed_partitions(_store: Any, base: str, table: str) -> dict[str, list[str]]:

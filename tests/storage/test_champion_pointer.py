@@ -4,7 +4,7 @@ existed reads with its default."""
 
 import json
 
-from tests.training.test_assets import make_model
+from tests.support.training import make_model
 from zipline_dagster.declarations.model import Model
 from zipline_dagster.storage.blobs import blob_store
 from zipline_dagster.storage.champion_pointer import (

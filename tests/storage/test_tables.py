@@ -425,7 +425,7 @@ def test_a_table_holds_each_committed_day_on_every_store(
 ) -> None:
     """On a local disk and on each object store's loopback server: every committed day
     with exactly its data files, in day order; a day rewritten names its new write."""
-    from tests.training.test_assets import BUCKETS
+    from tests.support.training import BUCKETS
     from zipline_dagster.storage.days import days_between
 
     base = str(request.getfixturevalue(BUCKETS[store_kind])) + "/wh"

@@ -20,9 +20,9 @@ from mlflow.tracking import MlflowClient
 
 from tests.conftest import run_cli
 from tests.helpers import ctr_rows, days_ending, run_days, write_partition, write_table
-from tests.rollout.test_champion import advance, train
+from tests.support.champion import advance, train
+from tests.support.training import TABLE, make_model, resources
 from tests.tcp_proxy import TcpProxy
-from tests.training.test_assets import TABLE, make_model, resources
 from zipline_dagster import DeploymentSpec, Metric, RolloutStrategy
 from zipline_dagster.declarations.model import Model
 from zipline_dagster.jobs.archive import publish_trainer_archive

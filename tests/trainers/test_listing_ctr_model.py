@@ -3,24 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-from tests.conftest import TRAINERS
 from tests.helpers import ctr_rows, days_ending, write_partition, write_table
+from tests.support.trainers import run_trainer
 
 DS = "2026-07-10"
-
-
-def run_trainer(*flags: str, python: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, *python, "-m", "trainer.train", *flags],
-        cwd=TRAINERS / "listing_ctr_model",
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
 
 
 def test_trainer_by_hand_writes_model_and_full_report(file_base: str, tmp_path: Path) -> None:

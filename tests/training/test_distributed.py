@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import TRAINERS
 from tests.helpers import days_ending, faulty_trainer, write_table
-from tests.training.test_assets import (
+from tests.support.training import (
     DS,
     TABLE,
     make_model,

@@ -24,8 +24,8 @@ import pytest
 
 from tests.conftest import BIN, FIXTURE_TRAINERS, ROOT
 from tests.helpers import days_ending, local, write_table
+from tests.support.training import TABLE, make_model, ray_client, resources
 from tests.tcp_proxy import TcpProxy
-from tests.training.test_assets import TABLE, make_model, ray_client, resources
 from zipline_dagster.jobs.archive import publish_trainer_archive
 from zipline_dagster.jobs.resources import RayJobsResource
 from zipline_dagster.lineage.backfill import plan_backfill
@@ -103,7 +103,7 @@ KILL_SCRIPT = textwrap.dedent(
     """
     import sys
     import dagster as dg
-    from tests.training.test_assets import make_model, resources
+    from tests.support.training import make_model, resources
     from zipline_dagster.training.assets import build_model_asset
 
     version, base, address, ds, steps = sys.argv[1:6]
@@ -171,7 +171,7 @@ CONCURRENT_DEFS = textwrap.dedent(
     """
     import os
     import dagster as dg
-    from tests.training.test_assets import make_model, resources
+    from tests.support.training import make_model, resources
     from zipline_dagster.training.assets import build_model_asset
 
     model = make_model(os.environ["ZDT_VERSION"], os.environ["ZDT_BASE"], name="slow_model",

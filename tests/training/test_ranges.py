@@ -17,7 +17,7 @@ from dagster._core.storage.tags import (
 
 from tests.conftest import TRAINERS
 from tests.helpers import ctr_rows, days_ending, local, tables_of, write_partition, write_table
-from tests.training.test_assets import DS, TABLE, make_model, resources
+from tests.support.training import DS, TABLE, make_model, resources
 from zipline_dagster.jobs.archive import publish_trainer_archive
 from zipline_dagster.jobs.ranges import stored_results
 from zipline_dagster.lineage.partitions import daily_partitions

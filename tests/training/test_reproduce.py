@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import ctr_rows, days_ending, tables_of, write_partition, write_table
-from tests.training.test_assets import DS, TABLE, make_model, materialize, only_materialization
-from tests.training.test_assets import resources as model_resources
+from tests.support.training import DS, TABLE, make_model, materialize, only_materialization
+from tests.support.training import resources as model_resources
 from zipline_dagster.jobs.archive import publish_trainer_archive
 from zipline_dagster.jobs.resources import LocalLauncherResource
 from zipline_dagster.storage.blobs import blob_store
