@@ -4,14 +4,21 @@
 partition's folder (``{base}/models/{model}/{version}/{ds}``) and its display form
 (``{version}/{ds}``, as messages, champion pointers and cards name it); nothing else
 builds either, and nothing takes them apart again but ``PartitionRef.parse``.
+
+``TableRead``, ``TrainingInvocation``, ``ScoringInvocation``: what a job is given, each
+written as its flags in one place (``to_flags``; ``zipline_runtime.flags`` reads them).
+
+``PartitionResult``: what a job's driver reports of each partition, written as a result
+line in one place (``result_line``) and read in one (``partition_results``).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 #: A committed model partition's manifest, written last by the platform's promotion.
 MANIFEST_NAME = "_MANIFEST.json"
@@ -191,3 +198,36 @@ class ScoringInvocation:
             *self.read.flags(),
         ]
         return [f"--{k}={v}" for k, v in pairs]
+
+
+#: Prefix of the one line per partition a job's driver prints (and keeps in its end
+#: marker): ``RESULT_PREFIX`` + the ``PartitionResult`` as JSON.
+RESULT_PREFIX = "zipline-partition-result "
+
+
+class PartitionResult(TypedDict, total=False):
+    """What a job's driver reports of one partition's run (its result line)."""
+
+    ds: str
+    exit_code: int
+    seconds: float
+    #: CPU-seconds and peak resident memory of its run (where they could be measured)
+    cpu_s: float
+    peak_mem_mb: float
+    #: a failed run's last lines of output
+    tail: str
+
+
+def result_line(result: PartitionResult) -> str:
+    """The line the driver prints for ``result`` (the one writer of it)."""
+    return RESULT_PREFIX + json.dumps(result, sort_keys=True)
+
+
+def partition_results(logs: str) -> dict[str, PartitionResult]:
+    """The result lines of a job's log (or of its end marker), by ds (the one reader)."""
+    out: dict[str, PartitionResult] = {}
+    for line in logs.splitlines():
+        if line.startswith(RESULT_PREFIX):
+            result: PartitionResult = json.loads(line[len(RESULT_PREFIX) :])
+            out[str(result["ds"])] = result
+    return out

@@ -35,11 +35,12 @@ import time
 from typing import Any
 
 from zipline_runtime import trainer_io as tio
+from zipline_runtime.contract import RESULT_PREFIX, partition_results, result_line
+
+__all__ = ["RESULT_PREFIX", "partition_results"]
 
 #: The driver's module (``python -m zipline_runtime.driver``).
 DRIVER_MODULE = "zipline_runtime.driver"
-#: Prefix of the one line per partition the driver prints (the platform reads them).
-RESULT_PREFIX = "zipline-partition-result "
 #: Lines of a failed partition's output its result line carries.
 TAIL_LINES = 60
 #: Output a partition run in the driver's own process keeps for that tail: the end of it
@@ -270,7 +271,7 @@ def run_partitions(argv: Any = None) -> int:
         if result["exit_code"] != 0:
             failed += 1
             result["tail"] = "\n".join(log.splitlines()[-TAIL_LINES:])
-        results.append(RESULT_PREFIX + json.dumps(result, sort_keys=True))
+        results.append(result_line(result))  # type: ignore[arg-type]
         print(results[-1], flush=True)
 
     if args.in_process:
@@ -315,16 +316,6 @@ def run_partitions(argv: Any = None) -> int:
     print(last_line, flush=True)
     sys.stdout.flush()
     return 1 if failed else 0
-
-
-def partition_results(logs: str) -> dict[str, dict[str, Any]]:
-    """The result lines of a job's log (or of its end marker), by ds."""
-    out: dict[str, dict[str, Any]] = {}
-    for line in logs.splitlines():
-        if line.startswith(RESULT_PREFIX):
-            result = json.loads(line[len(RESULT_PREFIX) :])
-            out[str(result["ds"])] = result
-    return out
 
 
 def is_done_line(line: str) -> bool:

@@ -20,11 +20,11 @@ Measured where it is exact:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
+from zipline_runtime.contract import PartitionResult
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class Usage:
     peak_mem_mb: float | None = None
 
     @classmethod
-    def of(cls, result: Mapping[str, Any] | None) -> Usage | None:
+    def of(cls, result: PartitionResult | None) -> Usage | None:
         """From a result line (None: no line, as from a driver that died first)."""
         if not result or "seconds" not in result:
             return None

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import dagster as dg
-from zipline_runtime.driver import done_marker, partition_results
+from zipline_runtime.contract import PartitionResult, partition_results
+from zipline_runtime.driver import done_marker
 
 from zipline_dagster.declarations.model import Model
 from zipline_dagster.declarations.versions import model_code_version
@@ -340,7 +341,7 @@ def _in_one_job(
 
 def stored_results(
     warehouse: WarehouseResource, marker_dir: str, sid: str
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, PartitionResult]:
     """The result lines the driver of job ``sid`` left in its end marker (in
     ``marker_dir``, on storage: ``zipline_runtime.driver``), by ds; none when it wrote none (it
     died first, or no job was submitted)."""

@@ -13,17 +13,16 @@ check of that name only shows the comparison, with warning severity.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from zipline_dagster.declarations.deployment import SPLITS, Metric
 from zipline_dagster.declarations.model import Model
-from zipline_dagster.storage.artifacts import REPORT_NAME, report_metrics
+from zipline_dagster.storage.artifacts import ArtifactError, read_report, report_metrics
 from zipline_dagster.storage.blobs import BlobNotFoundError, BlobStore
 from zipline_dagster.storage.champion_pointer import ChampionPointer
 from zipline_dagster.storage.manifests import PartitionState, model_partition
-from zipline_dagster.storage.paths import MANIFEST_NAME, join_uri, model_dir_uri
+from zipline_dagster.storage.paths import MANIFEST_NAME, model_dir_uri
 
 #: The gates, in the order they are shown.
 THRESHOLDS = "rollout_thresholds"
@@ -180,11 +179,12 @@ def check_manifest(store: BlobStore, model_dir: str) -> GateResult:
 
 
 def read_partition_report(store: BlobStore, model_dir: str) -> dict[str, Any] | None:
+    """The partition's report as ``artifacts.read_report`` reads it (the one reader);
+    None when there is none, or it is not a JSON object (a gate says so)."""
     try:
-        report = json.loads(store.read_bytes(join_uri(model_dir, REPORT_NAME)))
-    except (BlobNotFoundError, ValueError):
+        return read_report(store, model_dir)
+    except (BlobNotFoundError, ArtifactError):
         return None
-    return report if isinstance(report, dict) else None
 
 
 def evaluate(
