@@ -10,6 +10,7 @@ reference trainer of the task (``TEMPLATES``).
 from __future__ import annotations
 
 import importlib
+import json
 import re
 import shutil
 from collections.abc import Callable
@@ -61,7 +62,7 @@ from zipline_dagster.jobs.pins import pinned_runtime, pinned_version
 from zipline_dagster.settings import artifact_base_uri
 
 #: The columns of {table} the trainer reads (besides its label, {label}).
-FEATURES = {features!r}
+FEATURES = {features}
 
 {name} = Model(
     version=pinned_version("{name}", near=__file__),
@@ -95,11 +96,11 @@ FEATURES = {features!r}
 {name}_scores = ModelTransforms(
     sources=[EventSource(table="{table}")],
     models=[{name}],
-    passthrough_fields={keys!r},
+    passthrough_fields={keys},
     output_namespace="{namespace}",
     labels=EventSource(table="{table}"),
     label_column="{label}",
-    label_keys={keys!r},
+    label_keys={keys},
 )
 '''
 
@@ -245,11 +246,25 @@ class Scaffold:
             task=str(self.task),
             table=self.table,
             namespace=self.table.split(".")[0],
-            features=self.features,
+            features=_literal(tuple(self.features), indent="", prefix="FEATURES = "),
             label=self.label,
-            keys=list(self.keys),
+            keys=_literal(list(self.keys), indent="    ", prefix="passthrough_fields="),
             window=self.window,
             gate=self.gate,
             threshold=self.threshold,
             realized=", ".join(REALIZED_METRICS[self.task]),
         )
+
+
+def _literal(items: tuple[str, ...] | list[str], *, indent: str, prefix: str) -> str:
+    """``items`` as the project's formatter writes them (double quotes; one item a line
+    with a trailing comma when the line would pass 100 characters), so a scaffolded file
+    passes ``make lint`` as written."""
+    open_, close = ("(", ")") if isinstance(items, tuple) else ("[", "]")
+    quoted = [json.dumps(i) for i in items]
+    single = ",".join(quoted[:1]) if isinstance(items, tuple) and len(items) == 1 else None
+    inline = f"{open_}{single},{close}" if single else f"{open_}{', '.join(quoted)}{close}"
+    if len(indent + prefix + inline) + 1 <= 100:
+        return inline
+    lines = "".join(f"{indent}    {q},\n" for q in quoted)
+    return f"{open_}\n{lines}{indent}{close}"
