@@ -217,3 +217,18 @@ def test_observing_an_external_table_reads_no_data_file(
     write_partition(base, TABLE, days[1], ctr_rows(days[1], 10))
     again = observed_versions(tables, TABLE)
     assert [d for d in days if again[d] != versions[d]] == [days[1]]
+
+
+def test_every_warehouse_table_shows_the_iceberg_kind() -> None:
+    """Sources, features, labels, training tables and scores tables are all Iceberg
+    tables: each one's kind badge in the UI says so (a scores table said "parquet")."""
+    import zipline_dagster.defs as demo
+
+    tables = {
+        s.key.to_user_string(): s.kinds
+        for s in demo.defs.resolve_all_asset_specs()
+        if "zipline/table" in s.metadata
+    }
+    assert "ctr/listing_ctr_model_scores" in tables and "ctr/training_v1" in tables
+    assert {key for key, kinds in tables.items() if "iceberg" not in kinds} == set()
+    assert {key for key, kinds in tables.items() if "parquet" in kinds} == set()

@@ -301,7 +301,7 @@ def build_scores_asset(
         # A backfill hands a run up to this many days; on Ray they score together in one
         # job (``score_range``), each still its own materialization and commit.
         backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=PARTITIONS_PER_RUN),
-        kinds={"ray", "parquet"},
+        kinds={"ray", "iceberg"},
         code_version=scores_code_version(transforms),
         automation_condition=automation_condition,
         description=(
