@@ -260,7 +260,7 @@ def none_passes(store: "BlobStore", model: "Model", parts: list[str]) -> str | N
     )
 
 
-def unmet(metric: "Metric", reports: "Mapping[str, dict[str, Any] | None]") -> str | None:
+def unmet(metric: "Metric", reports: "Mapping[str, Mapping[str, Any] | None]") -> str | None:
     """``metric`` with the best value any report has, when no report meets it."""
     from zipline_dagster.storage.artifacts import report_metrics
 

@@ -231,3 +231,77 @@ def partition_results(logs: str) -> dict[str, PartitionResult]:
             result: PartitionResult = json.loads(line[len(RESULT_PREFIX) :])
             out[str(result["ds"])] = result
     return out
+
+
+#: A trained partition's report, beside its model (``metrics.json``).
+REPORT_NAME = "metrics.json"
+#: The report's splits: the days trained on, and the most recent days held out.
+SPLITS = ("train", "holdout")
+
+
+class SplitReport(TypedDict, total=False):
+    """One split of a report: its rows, its first and last day, its metrics (a missing
+    one is None, its reason in the report's ``status``)."""
+
+    rows: int
+    date_range: dict[str, str | None]
+    metrics: dict[str, float | None]
+
+
+class Report(TypedDict, total=False):
+    """What a trainer reports of a partition (``metrics.json``): its splits with their
+    metrics, a status per missing metric (``{split}.{metric}``: why), and the rest the
+    platform shows (features and their importance, the PR curve, parameters, the drift
+    reference, the runtime that ran it, distributed placement)."""
+
+    model_type: str
+    runtime: dict[str, Any]
+    input_table: str
+    window: dict[str, Any]
+    split: dict[str, Any]
+    train: SplitReport
+    holdout: SplitReport
+    status: dict[str, str]
+    features: dict[str, str]
+    feature_importance: list[dict[str, Any]]
+    pr_curve: dict[str, list[float]] | None
+    params: dict[str, Any]
+    num_rounds: int
+    training_seconds: float
+    drift_reference: dict[str, Any]
+    distributed: dict[str, Any] | None
+
+
+def report_json(report: Report) -> bytes:
+    """``report`` as a trainer writes it (the one writer of ``metrics.json``)."""
+    return json.dumps(report, indent=2, sort_keys=True).encode()
+
+
+def parse_report(data: bytes, *, where: str) -> Report:
+    """A stored ``metrics.json`` (the one reader of it).
+
+    Raises:
+        ContractError: not JSON, or not an object (names ``where``).
+    """
+    try:
+        raw = json.loads(data)
+    except ValueError as exc:
+        raise ContractError(f"{where} is not valid JSON ({type(exc).__name__}: {exc})") from None
+    if not isinstance(raw, dict):
+        raise ContractError(f"{where} holds {type(raw).__name__}, expected a JSON object")
+    report: Report = raw  # type: ignore[assignment]
+    return report
+
+
+def report_metrics(report: Mapping[str, Any]) -> dict[str, float | None]:
+    """``{split}_{key}`` -> value for every metric the report holds, and each split's
+    ``rows`` (None where the report has no number for it): the names gates, the champion
+    and the metadata use."""
+    out: dict[str, float | None] = {}
+    for split in SPLITS:
+        part = report.get(split) or {}
+        for key, raw in [*(part.get("metrics") or {}).items(), ("rows", part.get("rows"))]:
+            ok = isinstance(raw, (int, float)) and not isinstance(raw, bool)
+            if ok or key != "rows" or "rows" in part:
+                out[f"{split}_{key}"] = float(raw) if ok else None
+    return out

@@ -22,7 +22,13 @@ from typing import Any
 from zipline_runtime import flags as _flags
 from zipline_runtime import stats as _stats
 from zipline_runtime import tables as _tables
-from zipline_runtime.contract import MANIFEST_NAME, ContractError, PartitionRef
+from zipline_runtime.contract import (
+    MANIFEST_NAME,
+    REPORT_NAME,
+    ContractError,
+    PartitionRef,
+    report_json,
+)
 
 # the storage half (``trainer_tables``), under the names trainers use (``tio.filesystem``)
 filesystem = _tables.filesystem
@@ -392,6 +398,12 @@ def run_main(train: Any, argv: Any = None, *, succeeded: Any = lambda report: Tr
         logging.getLogger("trainer").error("training data error: %s", exc)
         return 2
     return 0 if succeeded(report) else 1
+
+
+def write_report(model_dir: str, report: Any) -> str:
+    """Write the partition's report (``metrics.json``: ``contract.Report``) into
+    ``model_dir``, as the platform reads it; its URI."""
+    return write_bytes(model_dir, REPORT_NAME, report_json(report))
 
 
 def committed_partition(model_dir: str) -> PartitionRef:

@@ -114,3 +114,26 @@ def test_a_partition_reference_owns_its_folder_and_display_form() -> None:
     assert PartitionRef.of_manifest(manifest, where="x") == ref
     with pytest.raises(ContractError, match=r"s3://x/_MANIFEST.json names no model, version"):
         PartitionRef.of_manifest({"model": "m"}, where="s3://x/_MANIFEST.json")
+
+
+def test_a_report_is_written_and_read_in_one_place_each() -> None:
+    from zipline_runtime.contract import parse_report, report_json, report_metrics
+
+    report = {
+        "train": {"rows": 30, "metrics": {"auc": 0.8, "logloss": None}},
+        "holdout": {"rows": 0, "metrics": {"auc": None}},
+        "status": {"holdout.auc": "empty split: the holdout set has no rows"},
+    }
+    data = report_json(report)  # type: ignore[arg-type]
+    assert parse_report(data, where="m.json") == report
+    assert report_metrics(parse_report(data, where="m.json")) == {
+        "train_auc": 0.8,
+        "train_logloss": None,
+        "train_rows": 30.0,
+        "holdout_auc": None,
+        "holdout_rows": 0.0,
+    }
+    with pytest.raises(ContractError, match=r"s3://b/m/metrics.json is not valid JSON"):
+        parse_report(b"{", where="s3://b/m/metrics.json")
+    with pytest.raises(ContractError, match=r"m.json holds list, expected a JSON object"):
+        parse_report(b"[]", where="m.json")

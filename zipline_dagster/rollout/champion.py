@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import getpass
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -98,7 +98,7 @@ def make_pointer(
     by: str,
     why: str,
     forced: bool = False,
-    report: dict[str, Any] | None = None,
+    report: Mapping[str, Any] | None = None,
     attempt: str | None = None,
 ) -> ChampionPointer:
     metrics = held_metrics(report)
@@ -198,7 +198,7 @@ class _Passing:
     ds: str
     results: dict[str, g.GateResult]
     attempt: str | None
-    report: dict[str, Any]
+    report: Mapping[str, Any]
 
 
 def _first_passing(
@@ -350,7 +350,7 @@ def now_iso() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
-def held_metrics(report: dict[str, Any] | None) -> dict[str, float]:
+def held_metrics(report: Mapping[str, Any] | None) -> dict[str, float]:
     """A partition report's metrics as a pointer holds them (``{split}_{metric}``, those
     it has)."""
     return {k: v for k, v in report_metrics(report or {}).items() if v is not None}

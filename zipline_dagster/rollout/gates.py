@@ -13,8 +13,11 @@ check of that name only shows the comparison, with warning severity.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from zipline_runtime.contract import Report
 
 from zipline_dagster.declarations.deployment import SPLITS, Metric
 from zipline_dagster.declarations.model import Model
@@ -59,7 +62,7 @@ class GateResult:
     compared: bool = True
 
 
-def _why_missing(report: dict[str, Any], name: str, values: dict[str, float | None]) -> str:
+def _why_missing(report: Mapping[str, Any], name: str, values: dict[str, float | None]) -> str:
     if name not in values:
         held = ", ".join(sorted(values)) or "nothing"
         return f"{name} is not in the report (it holds {held})"
@@ -69,7 +72,7 @@ def _why_missing(report: dict[str, Any], name: str, values: dict[str, float | No
 
 
 def check_thresholds(
-    model: Model, report: dict[str, Any], values: dict[str, float | None] | None = None
+    model: Model, report: Mapping[str, Any], values: dict[str, float | None] | None = None
 ) -> GateResult:
     """The declared thresholds on ``report``'s metrics (``values``: the metrics as a
     champion pointer recorded them, instead of the report's)."""
@@ -94,7 +97,7 @@ def check_thresholds(
 
 
 def check_no_regression(
-    model: Model, report: dict[str, Any], champion: ChampionPointer | None
+    model: Model, report: Mapping[str, Any], champion: ChampionPointer | None
 ) -> GateResult:
     thresholds: tuple[Metric, ...] = tuple(model.rollout.rollout_metric_thresholds)
     if champion is None:
@@ -139,7 +142,7 @@ def check_no_regression(
     return GateResult(NO_REGRESSION, True, f"not worse than the {who} beyond {tol:g}", shown)
 
 
-def check_report_complete(report: dict[str, Any] | None) -> GateResult:
+def check_report_complete(report: Mapping[str, Any] | None) -> GateResult:
     if report is None:
         return GateResult(REPORT_COMPLETE, False, "no metrics report (metrics.json) on storage")
     problems: list[str] = []
@@ -178,7 +181,7 @@ def check_manifest(store: BlobStore, model_dir: str) -> GateResult:
     return GateResult(MANIFEST_VERIFIES, True, "every listed file re-read and matches")
 
 
-def read_partition_report(store: BlobStore, model_dir: str) -> dict[str, Any] | None:
+def read_partition_report(store: BlobStore, model_dir: str) -> Report | None:
     """The partition's report as ``artifacts.read_report`` reads it (the one reader);
     None when there is none, or it is not a JSON object (a gate says so)."""
     try:

@@ -10,7 +10,7 @@ produced the scores.
 
 import io
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import dagster as dg
@@ -297,7 +297,7 @@ def _challenger(
     return md
 
 
-def monitored_task(transforms: ModelTransforms, report: dict[str, Any] | None) -> Task:
+def monitored_task(transforms: ModelTransforms, report: Mapping[str, Any] | None) -> Task:
     """The task whose metrics monitoring computes: the model's declared one (its checks
     are that task's); an undeclared model's report must agree with the default.
 

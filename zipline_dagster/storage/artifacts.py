@@ -19,7 +19,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from zipline_dagster.declarations.deployment import SPLITS
+from zipline_runtime.contract import (
+    REPORT_NAME,
+    ContractError,
+    Report,
+    parse_report,
+    report_metrics,
+)
+
 from zipline_dagster.processes import holder_gone, lock_owner
 from zipline_dagster.storage.blobs import BlobStorageError, BlobStore
 from zipline_dagster.storage.manifests import (
@@ -33,8 +40,6 @@ from zipline_dagster.storage.manifests import (
     read_manifest,
 )
 from zipline_dagster.storage.paths import MANIFEST_NAME, join_uri
-
-REPORT_NAME = "metrics.json"
 
 
 def attempt_dir(model_dir: str, attempt_id: str) -> str:
@@ -137,7 +142,7 @@ class Promotion:
     #: True when another run had already promoted this very attempt
     already: bool
     #: the promoted attempt's report (None when ``already``: read it from the partition)
-    report: dict[str, Any] | None = None
+    report: Report | None = None
     #: what could not be deleted once the manifest was written (the attempt's copied
     #: files, the lock): tidying, never read, and never a failed promotion
     left_behind: list[str] = field(default_factory=list)
@@ -215,25 +220,18 @@ def promote_attempt(
     return promotion
 
 
-def read_report(store: BlobStore, model_dir: str) -> dict[str, Any]:
+def read_report(store: BlobStore, model_dir: str) -> Report:
+    """The partition's report (``zipline_runtime.contract.parse_report``).
+
+    Raises:
+        ArtifactError: not JSON, or not an object (names its URI).
+        BlobNotFoundError: there is none.
+    """
     uri = join_uri(model_dir, REPORT_NAME)
     try:
-        report = json.loads(store.read_bytes(uri))
-    except ValueError as exc:
-        raise ArtifactError(f"{uri} is not valid JSON ({type(exc).__name__}: {exc})") from exc
-    if not isinstance(report, dict):
-        raise ArtifactError(f"{uri} holds {type(report).__name__}, expected a JSON object")
-    return report
+        return parse_report(store.read_bytes(uri), where=uri)
+    except ContractError as exc:
+        raise ArtifactError(str(exc)) from None
 
 
-def report_metrics(report: dict[str, Any]) -> dict[str, float | None]:
-    """``{split}_{key}`` -> value for every metric the report holds, and each split's
-    ``rows`` (None where the report has no number for it)."""
-    out: dict[str, float | None] = {}
-    for split in SPLITS:
-        part = report.get(split) or {}
-        for key, raw in [*(part.get("metrics") or {}).items(), ("rows", part.get("rows"))]:
-            ok = isinstance(raw, (int, float)) and not isinstance(raw, bool)
-            if ok or key != "rows" or "rows" in part:
-                out[f"{split}_{key}"] = float(raw) if ok else None
-    return out
+__all__ = ["REPORT_NAME", "report_metrics"]

@@ -1,5 +1,6 @@
 """Model assets: one daily-partitioned asset per declared ``Model``, trained as a Ray Job."""
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -230,7 +231,7 @@ def write_card(
     artifacts: BlobStore,
     request: TrainingJob,
     ran: Ran,
-    report: dict[str, Any],
+    report: Mapping[str, Any],
     read: dict[str, Any],
 ) -> str:
     """The partition's card (``training.card``), also written beside its artifacts (a
@@ -268,7 +269,7 @@ def _promote(
     request: TrainingJob,
     ran: Ran,
     read: dict[str, Any],
-) -> tuple[Promotion, dict[str, Any], bytes | None]:
+) -> tuple[Promotion, Mapping[str, Any], bytes | None]:
     """The attempt promoted (what happened said in the step's log); its report and PR
     curve.
 

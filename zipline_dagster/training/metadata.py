@@ -7,6 +7,7 @@ not compute is left out and its ``status`` says why.
 from __future__ import annotations
 
 import base64
+from collections.abc import Mapping
 from typing import Any
 
 import dagster as dg
@@ -19,7 +20,9 @@ def _range_text(split: dict[str, Any]) -> str:
     return f"{rng['start']}..{rng['end']}"
 
 
-def report_metadata(report: dict[str, Any], *, pr_curve_png: bytes | None = None) -> dict[str, Any]:
+def report_metadata(
+    report: Mapping[str, Any], *, pr_curve_png: bytes | None = None
+) -> dict[str, Any]:
     md: dict[str, Any] = {}
     for split in ("train", "holdout"):
         md.update(_split_metadata(split, report.get(split) or {}))
@@ -77,7 +80,7 @@ def _importance_table(importance: list[dict[str, Any]]) -> Any:
     )
 
 
-def segment_metadata(report: dict[str, Any]) -> dict[str, Any]:
+def segment_metadata(report: Mapping[str, Any]) -> dict[str, Any]:
     """A fan-out report: counts, a per-segment table, and every failed segment's error."""
     failed: dict[str, str] = report.get("segments_failed") or {}
     rows = [

@@ -8,7 +8,6 @@ Split by date, never at random: the ``--eval-days`` most recent days are held ou
 from __future__ import annotations
 
 import io
-import json
 import logging
 import sys
 import time
@@ -234,9 +233,7 @@ def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 curve, f"{args.input_table} holdout {holdout_days[0]}..{holdout_days[-1]}"
             ),
         )
-    tio.write_bytes(
-        args.model_dir, "metrics.json", json.dumps(report, indent=2, sort_keys=True).encode()
-    )
+    tio.write_report(args.model_dir, report)
     log.info(
         "trained on %d rows, holdout %d rows; holdout auc=%s; wrote %s",
         len(train_df),

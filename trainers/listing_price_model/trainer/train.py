@@ -8,7 +8,6 @@ trainer.train --input-table=ns.t --label-column=price_log ...``.
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import time
@@ -153,9 +152,7 @@ def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "drift_reference": tio.drift_reference(train_df, features, p_hold),
     }
     tio.write_bytes(args.model_dir, "model.json", bytes(booster.save_raw(raw_format="json")))
-    tio.write_bytes(
-        args.model_dir, "metrics.json", json.dumps(report, indent=2, sort_keys=True).encode()
-    )
+    tio.write_report(args.model_dir, report)
     log.info(
         "trained on %d rows, holdout %d rows; holdout rmse=%s; wrote %s",
         len(train_df),

@@ -7,7 +7,6 @@ per-segment metrics, every failed segment with its error, and a summary.
 from __future__ import annotations
 
 import io
-import json
 import logging
 import os
 import statistics
@@ -263,9 +262,7 @@ def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
         ],
         "features": features,
     }
-    tio.write_bytes(
-        args.model_dir, "metrics.json", json.dumps(report, indent=2, sort_keys=True).encode()
-    )
+    tio.write_report(args.model_dir, report)
     log.info(
         "trained %d of %d segments (%d failed) in %.1fs",
         len(trained),
