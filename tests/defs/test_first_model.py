@@ -131,7 +131,7 @@ def test_a_new_model_goes_from_scaffold_to_champion_and_cannot_drift(
     defs_file.write_text(declared.replace('task="classification",', 'task="classification",\n    description="churn",'))  # fmt: skip
     assert "every requested partition is fresh" in backfill(DS, DS, "--wait", "--workspace", str(project / "workspace.yaml")).stderr  # fmt: skip
     assert dagster_staleness(run, NAME, DS) == "FRESH"
-    without = defs_file.read_text().replace(" 'clicked_sum_1d',", "")
+    without = defs_file.read_text().replace('    "clicked_sum_1d",\n', "")
     assert "clicked_sum_1d" not in without
     defs_file.write_text(without)
     assert dagster_staleness(run, NAME, DS) == "STALE"
