@@ -5,6 +5,7 @@ re-versions exactly the models that pin it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -18,18 +19,14 @@ import pytest
 
 from tests.conftest import BIN, TRAINERS
 from tests.helpers import days_ending, local, write_table
-from zipline_dagster import EventSource, InferenceSpec, Model, TrainingSpec, Window
+from tests.support.training import DS, TABLE, make_model, resources
+from tests.support.training import materialize as support_materialize
+from zipline_dagster import Model
 from zipline_dagster.jobs.archive import publish_trainer_archive
-from zipline_dagster.jobs.resources import LocalLauncherResource, RayJobsResource
 from zipline_dagster.jobs.runtime import RuntimeShipError, ship_runtime, store_runtime
 from zipline_dagster.packaging import RuntimeArchive, build_runtime_archive
 from zipline_dagster.storage.paths import runtime_uri
-from zipline_dagster.storage.resources import WarehouseResource
-from zipline_dagster.tracking import MlflowResource
-from zipline_dagster.training.assets import build_model_asset
 
-DS = "2026-07-10"
-TABLE = "ctr.training_v1"
 PROJECT = TRAINERS.parent
 RUNTIME_SOURCE = PROJECT / "runtime" / "zipline_runtime"
 
@@ -50,42 +47,11 @@ def runtime_copy(tmp_path: Path, *, version: str = "", protocol: int | None = No
 
 
 def ctr_model(version: str, base: str, runtime_version: str) -> Model:
-    return Model(
-        version=version,
-        runtime_version=runtime_version,
-        model_artifact_base_uri=base,
-        inference_spec=InferenceSpec(
-            model_backend_params={"model_name": "listing_ctr_model", "model_type": "custom"}
-        ),
-        training_conf=TrainingSpec(
-            training_data_source=EventSource(table=TABLE),
-            training_data_window=Window(length=4),
-            job_configs={
-                "label-column": "label",
-                "features": "price_log:price_log,inventory_count:inventory_count",
-                "num-rounds": "10",
-            },
-        ),
-    )
+    return dataclasses.replace(make_model(version, base), runtime_version=runtime_version)
 
 
 def materialize(model: Model, base: str, ray_address: str | None) -> dg.ExecuteInProcessResult:
-    launcher = (
-        RayJobsResource(address=ray_address, poll_max_s=0.5, timeout_s=300)
-        if ray_address
-        else LocalLauncherResource(timeout_s=300)
-    )
-    return dg.materialize(
-        [build_model_asset(model=model)],
-        partition_key=DS,
-        resources={
-            "launcher": launcher,
-            "mlflow": MlflowResource(),
-            "warehouse": WarehouseResource(uri=base),
-        },
-        instance=dg.DagsterInstance.ephemeral(),
-        raise_on_error=False,
-    )
+    return support_materialize(model, resources(ray_address, base), raise_on_error=False)
 
 
 def pinned_build(tmp_path: Path, base: str, **changes: Any) -> RuntimeArchive:

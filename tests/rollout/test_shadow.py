@@ -20,7 +20,7 @@ import pytest
 
 from tests.conftest import TRAINERS
 from tests.helpers import ctr_rows, days_ending, write_partition
-from tests.support.scoring import LABELS, champion_metadata, write_days
+from tests.support.scoring import LABELS, champion_metadata, transforms_for, write_days
 from tests.support.training import TABLE, make_model, resources
 from zipline_dagster import (
     DeploymentSpec,
@@ -88,15 +88,7 @@ def test_a_challenger_worse_live_never_serves_and_a_better_one_serves_after_n_da
             make_model(versions[n - 1], file_base, job_configs=_configs(features[min(n, 2) - 1])),
             deployment_conf=DeploymentSpec(rollout_strategy=SHADOW),
         )
-        t = ModelTransforms(
-            sources=[EventSource(table=TABLE)],
-            models=[model],
-            passthrough_fields=["listing_id"],
-            output_namespace="ctr",
-            labels=EventSource(table=LABELS),
-            label_keys=["listing_id"],
-            score_with="champion",
-        )
+        t = transforms_for(model, score_with="champion")
         defs = build_definitions(
             external_tables=[ExternalTable(TABLE), ExternalTable(LABELS)],
             models=[model],

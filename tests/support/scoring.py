@@ -25,7 +25,9 @@ LABELS = "ctr.labels_t"
 D1, D2, D3 = "2026-09-10", "2026-09-11", "2026-09-12"
 
 
-def transforms_for(model: Any) -> ModelTransforms:
+def transforms_for(model: Any, **declared: Any) -> ModelTransforms:
+    """The test model's scores table, monitored against ``LABELS`` (``declared``: more
+    ``ModelTransforms`` fields, such as ``score_with``)."""
     return ModelTransforms(
         sources=[EventSource(table=TABLE)],
         models=[model],
@@ -33,6 +35,7 @@ def transforms_for(model: Any) -> ModelTransforms:
         output_namespace="ctr",
         labels=EventSource(table=LABELS),
         label_keys=["listing_id"],
+        **declared,
     )
 
 

@@ -78,11 +78,6 @@ def store_runtime(
     return uri
 
 
-#: {uri: the build verified there}: a content-addressed object never changes, so a process
-#: reads each one once
-_VERIFIED: dict[str, RuntimeArchive] = {}
-
-
 def ship_runtime(
     base: str, version: str, *, options: StorageOptions | None = None
 ) -> ShippedRuntime:
@@ -94,8 +89,6 @@ def ship_runtime(
             or of a protocol this platform does not speak (each names the URI).
     """
     uri = runtime_uri(base, version)
-    if uri in _VERIFIED:
-        return ShippedRuntime(uri, _VERIFIED[uri])
     store = blob_store(uri, options=options)
     try:
         data = store.read_bytes(uri)
@@ -120,5 +113,4 @@ def ship_runtime(
     except RuntimeBuildError as exc:
         raise RuntimeShipError(str(exc)) from None
     check_protocol(archive, uri)
-    _VERIFIED[uri] = archive
     return ShippedRuntime(uri, archive)
