@@ -16,7 +16,7 @@ nor ``zipline_dagster``.
 """
 
 #: This distribution's version (its ``pyproject.toml`` says the same).
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 #: The protocol between a job and the platform that follows it: the flags a job is given,
 #: the lines and files it reports back. Raised whenever either side would read the other

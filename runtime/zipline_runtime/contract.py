@@ -185,6 +185,9 @@ class ScoringInvocation:
     passthrough: tuple[str, ...] = ()
     #: names the file it writes; the launcher sets it to the attempt's id
     write_id: str = "pending"
+    #: rows scored per batch and written per file (0: the runtime's default); passed
+    #: only when set
+    batch_rows: int = 0
 
     def to_flags(self) -> list[str]:
         pairs = [
@@ -196,6 +199,7 @@ class ScoringInvocation:
             ("write-id", self.write_id),
             ("passthrough", ",".join(self.passthrough)),
             *self.read.flags(),
+            *([("batch-rows", str(self.batch_rows))] if self.batch_rows else []),
         ]
         return [f"--{k}={v}" for k, v in pairs]
 

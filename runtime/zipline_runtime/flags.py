@@ -72,7 +72,27 @@ def add_training_flags(p: argparse.ArgumentParser, *, label_help: str = "the lab
     p.add_argument("--learning-rate", type=float, default=0.3)
     p.add_argument("--seed", type=non_negative_int, default=0)
     p.add_argument(
-        "--nthread", type=non_negative_int, default=1, help="xgboost threads (in-process training)"
+        "--nthread",
+        type=non_negative_int,
+        default=0,
+        help="xgboost threads (in-process training); 0: the CPUs the job was given",
+    )
+    p.add_argument(
+        "--memory-budget",
+        type=non_negative_int,
+        default=0,
+        help="bytes the training matrix may hold (platform-set from ResourceConfig."
+        "memory_per_replica); beyond it, external memory on local disk. 0: no budget",
+    )
+    add_batch_rows_flag(p)
+
+
+def add_batch_rows_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--batch-rows",
+        type=non_negative_int,
+        default=0,
+        help="rows read (and scored) at once; 0: the runtime's default",
     )
 
 
@@ -92,3 +112,4 @@ def add_inference_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--write-id", required=True, help="names the output file (platform-set)")
     p.add_argument("--passthrough", default="", help="comma list: source columns to copy")
     _add_table_flags(p)
+    add_batch_rows_flag(p)

@@ -153,6 +153,15 @@ def drift_reference(frame: Any, features: dict[str, str], predictions: Any) -> d
     }
 
 
+def drift_reference_of(values: dict[str, Any], predictions: Any) -> dict[str, Any]:
+    """``drift_reference`` of a bounded sample of the training rows (``values``: feature
+    name -> its sampled values, ``stream.StridedSample``) and the holdout predictions."""
+    return {
+        "features": {n: histogram(v) for n, v in values.items()},
+        "predictions": histogram(predictions),
+    }
+
+
 def psi(reference: dict[str, list[float]] | None, values: Any) -> float | None:
     """The population stability index of ``values`` against a ``reference`` histogram
     (None: no reference, or no finite value); empty bins count as 0.01% on both sides."""
@@ -162,9 +171,25 @@ def psi(reference: dict[str, list[float]] | None, values: Any) -> float | None:
     v = v[np.isfinite(v)]
     if reference is None or not len(v):
         return None
-    edges, expected = np.asarray(reference["edges"]), np.asarray(reference["fractions"])
-    actual = np.bincount(np.searchsorted(edges, v, side="right"), minlength=len(edges) + 1)
-    a, e = np.clip(actual / len(v), 1e-4, None), np.clip(expected, 1e-4, None)
+    edges = np.asarray(reference["edges"])
+    return psi_of_counts(
+        reference, np.bincount(np.searchsorted(edges, v, side="right"), minlength=len(edges) + 1)
+    )
+
+
+def psi_of_counts(reference: dict[str, list[float]] | None, counts: Any) -> float | None:
+    """``psi`` of values already counted into ``reference``'s bins (``counts``: one per
+    bin, summed over batches); None without a reference or a counted value."""
+    import numpy as np
+
+    if reference is None or counts is None:
+        return None
+    actual = np.asarray(counts)
+    n = int(actual.sum())
+    if not n:
+        return None
+    a = np.clip(actual / n, 1e-4, None)
+    e = np.clip(np.asarray(reference["fractions"]), 1e-4, None)
     return round(float(np.sum((a - e) * np.log(a / e))), 6)
 
 

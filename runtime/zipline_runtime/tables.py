@@ -142,6 +142,10 @@ class PlannedWindow(NamedTuple):
     empty: set[str]
     #: the table's top-level columns at the snapshot (its schema, not a file's footer)
     columns: list[str]
+    #: {day: its rows}, the data files' record counts as the manifests hold them
+    rows: dict[str, int]
+    #: {column: its Arrow type at the snapshot}: what every file's column must be
+    types: dict[str, Any]
 
 
 def plan_window(
@@ -156,6 +160,7 @@ def plan_window(
     snapshot = _snapshot(table, snapshot_id, metadata)
     wanted = {checked_day(d) for d in window}
     files: dict[str, list[str]] = {}
+    rows: dict[str, int] = {}
     # the manifests whose day bounds (the first partition field's) hold a window day, and
     # their live entries of those days: pyiceberg's own scan would evaluate a residual
     # of `ds IN (...)` per file, most of a small window's read
@@ -174,13 +179,25 @@ def plan_window(
             ds = as_day(entry.data_file.partition[0], False)
             if ds in wanted:
                 files.setdefault(ds, []).append(entry.data_file.file_path)
+                rows[ds] = rows.get(ds, 0) + entry.data_file.record_count
     empty = {k[len(EMPTY_DAY) :] for k in table.properties if k.startswith(EMPTY_DAY)}
     schema = table.schemas().get(snapshot.schema_id) if snapshot is not None else None
     return PlannedWindow(
         {d: sorted(f) for d, f in files.items()},
         empty & set(window),
         [field.name for field in (schema or table.schema()).fields],
+        rows,
+        _arrow_types(schema or table.schema()),
     )
+
+
+def _arrow_types(schema: Any) -> dict[str, Any]:
+    """{column: Arrow type} of an Iceberg schema, as pyiceberg maps it (strings and
+    binaries as their large forms, which a file's plain ones are read as)."""
+    from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+    arrow = schema_to_pyarrow(schema, include_field_ids=False)
+    return {field.name: field.type for field in arrow}
 
 
 def _snapshot(table: Any, snapshot_id: int | None, metadata: str) -> Any:

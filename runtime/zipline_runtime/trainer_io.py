@@ -21,6 +21,7 @@ from typing import Any
 
 from zipline_runtime import flags as _flags
 from zipline_runtime import stats as _stats
+from zipline_runtime import stream as _stream
 from zipline_runtime import tables as _tables
 from zipline_runtime.contract import (
     MANIFEST_NAME,
@@ -63,6 +64,19 @@ DRIFT_SAMPLE = _stats.DRIFT_SAMPLE
 drift_reference = _stats.drift_reference
 psi = _stats.psi
 drift_of = _stats.drift_of
+drift_reference_of = _stats.drift_reference_of
+# the streaming half (``stream``): a window as record batches, xgboost fed from them
+WindowStream = _stream.WindowStream
+MatrixPlan = _stream.MatrixPlan
+StridedSample = _stream.StridedSample
+DriftCounts = _stream.DriftCounts
+Spool = _stream.Spool
+StagedDay = _stream.StagedDay
+as_matrix = _stream.as_matrix
+build_matrix = _stream.build_matrix
+job_threads = _stream.job_threads
+feature_columns_of = _stream.feature_columns_of
+BATCH_ROWS = _stream.BATCH_ROWS
 
 
 #: Requests in flight at once on an object store, where each one's time is mostly the
@@ -102,6 +116,8 @@ class WindowFiles:
         self.metadata = metadata or newest_metadata(warehouse, table)
         self.snapshot_id = snapshot_id
         planned = plan_window(self.metadata, snapshot_id, window, partition_column)
+        #: the window as the manifests hold it: files, rows and the snapshot's types
+        self.planned = planned
         self.days: list[tuple[str, list[str]]] = []
         self.missing: list[str] = []
         for ds in window:
@@ -321,6 +337,13 @@ def flags_window_files(args: argparse.Namespace) -> WindowFiles:
     )
 
 
+def flags_window_stream(args: argparse.Namespace, batch_rows: int = 0) -> _stream.WindowStream:
+    """``WindowStream`` of the platform flags: the window read batch by batch."""
+    return _stream.WindowStream(
+        flags_window_files(args), batch_rows=batch_rows or _stream.BATCH_ROWS
+    )
+
+
 def report_header(args: argparse.Namespace, holdout_days: list[str]) -> dict[str, Any]:
     """The report's description of the data (table, window and the date split) and of the
     runtime the trainer ran with (its version and protocol)."""
@@ -441,17 +464,8 @@ def write_table_file(
     committed). The file holds the ``ds`` column, as Iceberg's identity partition needs;
     ``drift`` (``drift_of``) goes into the file's key-value metadata (``DRIFT_KEY``),
     where the platform reads it with the scores."""
-    import io
-
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
-    ns, name = table.split(".", 1)
-    folder = join(warehouse, ns, name, "_staging", write_id, f"_ds={ds}")
-    arrow = pa.Table.from_pandas(frame.assign(ds=ds), preserve_index=False)
-    if drift:
-        kv = {**(arrow.schema.metadata or {}), DRIFT_KEY: json.dumps(drift, sort_keys=True)}
-        arrow = arrow.replace_schema_metadata(kv)
-    buf = io.BytesIO()
-    pq.write_table(arrow, buf, coerce_timestamps="us", allow_truncated_timestamps=True)
-    return write_bytes(folder, "part-00000.parquet", buf.getvalue())
+    staged = _stream.StagedDay(warehouse, table, ds, write_id)
+    staged.add(pa.Table.from_pandas(frame, preserve_index=False))
+    return staged.close(drift=drift)[0]

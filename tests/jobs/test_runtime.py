@@ -16,6 +16,7 @@ from typing import Any
 
 import dagster as dg
 import pytest
+import zipline_runtime
 
 from tests.conftest import BIN, TRAINERS
 from tests.helpers import days_ending, local, write_table
@@ -39,7 +40,9 @@ def runtime_copy(tmp_path: Path, *, version: str = "", protocol: int | None = No
     init = dst / "__init__.py"
     text = init.read_text()
     if version:
-        text = text.replace('__version__ = "0.1.0"', f'__version__ = "{version}"')
+        text = text.replace(
+            f'__version__ = "{zipline_runtime.__version__}"', f'__version__ = "{version}"'
+        )
     if protocol is not None:
         text = text.replace("PROTOCOL_VERSION = 1", f"PROTOCOL_VERSION = {protocol}")
     init.write_text(text + "# a build of its own\n")
@@ -213,7 +216,8 @@ def test_adopting_another_runtime_reversions_exactly_the_models_that_pin_it(
     adopted = cli(root, env, "adopt-runtime", "--source", str(changed))
     assert adopted.returncode == 0, adopted.stderr
     new = build_runtime_archive(changed).version
-    assert f"pinned runtime {new} (zipline-runtime 0.1.0, protocol 1)" in adopted.stdout
+    installed = zipline_runtime.__version__
+    assert f"pinned runtime {new} (zipline-runtime {installed}, protocol 1)" in adopted.stdout
     assert "re-versions 2 model(s): listing_ctr_model, listing_price_model" in adopted.stdout
     assert json.loads((root / "trainers.lock").read_text())["runtime"]["version"] == new
     assert local(runtime_uri((tmp_path / "home" / "warehouse").as_uri(), new)).is_file()

@@ -46,18 +46,17 @@ def scoring_defs(
     *,
     champion: bool = False,
     deployment: DeploymentSpec | None = None,
+    **declared: Any,
 ) -> tuple[str, Any, ModelTransforms, dg.Definitions]:
     """The trainer published under ``base``; its version, the model (with its
-    ``deployment``, when given), its scores table (``transforms_for``; scored by the
-    model's champion with ``champion``) and the definitions over the source and labels
-    tables."""
+    ``deployment``, when given), its scores table (``transforms_for`` with ``declared``;
+    scored by the model's champion with ``champion``) and the definitions over the source
+    and labels tables."""
     version = publish_trainer_archive(trainer, model_name="listing_ctr_model", base=base).version
     model = make_model(version, base)
     if deployment is not None:
         model = dataclasses.replace(model, deployment_conf=deployment)
-    t = dataclasses.replace(
-        transforms_for(model), score_with="champion" if champion else "newest_passing"
-    )
+    t = transforms_for(model, score_with="champion" if champion else "newest_passing", **declared)
     defs = build_definitions(
         external_tables=[ExternalTable(TABLE), ExternalTable(LABELS)],
         models=[model],

@@ -1,5 +1,6 @@
-"""Distributed training with Ray Train V2 on a real two-node cluster, with a worker killed
-mid-training: the run recovers from its last checkpoint and scores as a clean run does."""
+"""Distributed training with Ray Train V2 on a real two-node cluster: each worker reads
+its own shard of the window, and with a worker killed mid-training the run recovers from
+its last checkpoint and scores as a clean run does."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 
 from tests.conftest import TRAINERS
-from tests.helpers import days_ending, faulty_trainer, write_table
+from tests.helpers import ctr_rows, days_ending, faulty_trainer, write_table
 from tests.support.training import (
     DS,
     TABLE,
@@ -62,6 +64,16 @@ def test_worker_killed_mid_training_recovers_from_checkpoint(
     assert dist["world_size"] == 2 and len(dist["nodes"]) == 2  # one worker on each node
     assert {w["rank"] for w in dist["worker_starts"]} == {0, 1}
     assert dist["resumed_from_round"] == 0
+    # each worker read its own shard of the training days (Ray Data, get_dataset_shard),
+    # and the shards add up to them: the rows, and the sums of the label and a feature
+    train = pd.concat([ctr_rows(ds, 2000) for ds in days_ending(DS, 4)[:-1]])
+    shards = dist["shards"]
+    assert len(shards) == 2 and all(s["rows"] > 0 for s in shards), shards
+    assert sum(s["rows"] for s in shards) == len(train) == clean["report"]["train"]["rows"]
+    assert sum(s["label_sum"] for s in shards) == pytest.approx(train["label"].sum())
+    assert sum(s["first_feature_sum"] for s in shards) == pytest.approx(train["price_log"].sum())
+    assert shards[0]["first_feature_sum"] != pytest.approx(shards[1]["first_feature_sum"])
+    assert clean["report"]["matrix"]["kind"] == "in_memory"
 
     # the same trainer with its last worker killed at round 5 (a test trainer: the
     # reference one carries no fault injection)

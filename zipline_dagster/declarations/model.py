@@ -149,6 +149,20 @@ class Window:
         return self.length
 
 
+#: The least memory a replica may hold: a Python process with xgboost and pyarrow.
+MIN_REPLICA_MEMORY = 64 * 2**20
+
+
+def _check_memory(memory: object) -> None:
+    if memory is not None and (
+        isinstance(memory, bool) or not isinstance(memory, int) or memory < MIN_REPLICA_MEMORY
+    ):
+        raise ModelSpecError(
+            f"ResourceConfig.memory_per_replica={memory!r} is invalid; expected bytes, a "
+            f"whole number >= {MIN_REPLICA_MEMORY} (64 MiB), or None."
+        )
+
+
 @dataclass(frozen=True)
 class ResourceConfig:
     """Ray worker counts. 0 workers: the job runs on one Ray process (the head).
@@ -158,14 +172,22 @@ class ResourceConfig:
         max_replica_count: the most workers, the ones the job trains with; unset
             defaults to ``min_replica_count``; never below it.
         cpus_per_replica: CPUs each worker holds (> 0).
+        memory_per_replica: bytes of memory each worker (with no workers: the trainer's
+            process) holds, a whole number >= 64 MiB, or unset. Ray reserves it as the
+            ``memory`` resource, and the trainer gets it as ``--memory-budget``: a
+            reference trainer whose quantized training matrix would exceed it trains
+            from external memory (a cache on the node's local disk), and its report
+            says so.
 
     Example:
-        ``ResourceConfig(min_replica_count=2)`` trains with 2 Ray Train workers.
+        ``ResourceConfig(min_replica_count=2)`` trains with 2 Ray Train workers;
+        ``ResourceConfig(memory_per_replica=4 * 2**30)`` trains in one process of 4 GiB.
     """
 
     min_replica_count: int = 0
     max_replica_count: int | None = None
     cpus_per_replica: float = 1.0
+    memory_per_replica: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("min_replica_count", "max_replica_count"):
@@ -189,6 +211,7 @@ class ResourceConfig:
                 f"ResourceConfig.cpus_per_replica={self.cpus_per_replica!r} is invalid; "
                 "expected a number > 0."
             )
+        _check_memory(self.memory_per_replica)
 
     @property
     def workers(self) -> int:

@@ -17,6 +17,7 @@ import enum
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from zipline_dagster.declarations.errors import ModelSpecError
 from zipline_dagster.declarations.model import EventSource, Model
@@ -124,6 +125,9 @@ class ModelTransforms:
             against the model partition's training window (per feature) and holdout
             predictions at which its drift checks warn, and fail (both warnings: they
             never block); 0 < drift_warn <= drift_fail.
+        batch_rows: rows a scoring job scores at once and writes per file (a whole
+            number >= 0; 0: the runtime's default). It shapes the files, not the scores,
+            so it is not part of the table's code version.
 
     Example:
         ``ModelTransforms(sources=[EventSource(table="ctr.training_v1")],
@@ -152,6 +156,7 @@ class ModelTransforms:
     #: A scored day's PSI at which its drift checks warn, and fail.
     drift_warn: float = 0.1
     drift_fail: float = 0.25
+    batch_rows: int = 0
 
     def __post_init__(self) -> None:
         sources, models = list(self.sources), list(self.models)
@@ -185,6 +190,7 @@ class ModelTransforms:
             )
         _check_tolerances(who, self.realized_auc_tolerance, dict(self.realized_tolerances))
         _check_drift(who, self.drift_warn, self.drift_fail)
+        _check_batch_rows(who, self.batch_rows)
         object.__setattr__(self, "label_keys", tuple(keys))
         object.__setattr__(self, "sources", tuple(sources))
         object.__setattr__(self, "models", tuple(models))
@@ -261,3 +267,11 @@ class ModelTransforms:
     @property
     def table(self) -> str:
         return f"{self.output_namespace}.{self.name or self.model.name + '_scores'}"
+
+
+def _check_batch_rows(who: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ModelSpecError(
+            f"{who}: batch_rows={value!r} is invalid; expected a whole number >= 0 "
+            "(0: the runtime's default)"
+        )

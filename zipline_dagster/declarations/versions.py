@@ -36,7 +36,7 @@ def declaration_version(obj: object) -> str:
 def model_declaration(model: Model) -> dict[str, Any]:
     """The fields of a model's declaration that change what a partition trains: the
     table, its selected columns, the window, the entrypoint, the flags, the Ray Train
-    workers (data is split across them) and the task."""
+    workers (data is split across them), the task and the memory budget."""
     tc = model.training_conf
     return {
         "table": model.table,
@@ -46,6 +46,9 @@ def model_declaration(model: Model) -> dict[str, Any]:
         "job_configs": dict(tc.job_configs),
         "workers": tc.resource_config.workers,
         "task": None if model.task is None else str(model.task),
+        # the budget picks the training matrix (in memory or external); unset adds nothing,
+        # so the models that set none keep their versions
+        **({"memory": m} if (m := tc.resource_config.memory_per_replica) else {}),
     }
 
 

@@ -154,6 +154,13 @@ class JobRequest:
         return resources.cpus_per_replica if resources.workers == 0 else 0
 
     @property
+    def driver_memory(self) -> int | None:
+        """Bytes of memory the job's driver holds (Ray's ``memory`` resource): the
+        model's per-replica memory when the trainer is the driver, else none."""
+        resources = self.model.training_conf.resource_config
+        return resources.memory_per_replica if resources.workers == 0 else None
+
+    @property
     def start_ds(self) -> str:
         return self.days[0]
 
@@ -228,6 +235,10 @@ class RangeJob(JobRequest):
     def driver_cpus(self) -> float:
         return 0
 
+    @property
+    def driver_memory(self) -> int | None:
+        return None
+
 
 def training_invocation(
     model: Model,
@@ -257,6 +268,10 @@ def training_invocation(
     if workers > 0 or "num-workers" in conf:
         # distributed / fan-out trainers size themselves from it; the driver holds no CPU
         options["num-workers"] = conf.pop("num-workers", str(workers))
+    memory = model.training_conf.resource_config.memory_per_replica
+    if memory is not None:
+        # a worker's (or the in-process trainer's) memory budget: the matrix it builds
+        options["memory-budget"] = conf.pop("memory-budget", str(memory))
     if workers > 0:
         # Checkpoints sit beside the attempt folders, so a new attempt resumes.
         options["checkpoint-dir"] = conf.pop("checkpoint-dir", join_uri(model_dir, CHECKPOINTS_DIR))

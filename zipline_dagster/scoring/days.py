@@ -58,6 +58,7 @@ def scoring_request(
         output_table=table,
         warehouse=warehouse,
         passthrough=tuple(transforms.passthrough_fields),
+        batch_rows=transforms.batch_rows,
     )  # its --write-id is named after the attempt by the launcher
     return ScoringJob(
         model=transforms.model,
@@ -98,7 +99,8 @@ def commit_day(
     warn: Callable[[str], None],
     table: str | None = None,
 ) -> dict[str, Any]:
-    """Commit the file the day's job staged (named by its id) into the scores table, with
+    """Commit the files the day's job staged (named by its id) into the scores table, in one
+    Iceberg commit, with
     the step's ``tables`` (one catalog for the step's days); its metadata. The job's end
     markers go with the commit; ``warn`` is told when they cannot. ``table``: the table
     the job wrote (default the scores table; a challenger's, the table beside).
@@ -108,31 +110,23 @@ def commit_day(
             failed (named); the day is left as it was.
     """
     import numpy as np
-    import pyarrow.parquet as pq
 
     ds, job_id = request.ds, ran.job_id
     table = table or transforms.table
-    written = join_uri(tables.staging_uri(table, job_id), f"_ds={ds}", "part-00000.parquet")
+    folder = join_uri(tables.staging_uri(table, job_id), f"_ds={ds}")
     store = tables.store
-    if not store.exists(written):
+    written = [u for u in store.list(folder) if u.endswith(".parquet")]
+    if not written:
         raise dg.Failure(
-            f"the scoring job {job_id} succeeded but wrote no {written}; "
+            f"the scoring job {job_id} succeeded but wrote no parquet file under {folder}; "
             f"{table} {ds} is left as it was"
         )
-    try:
-        # the score column only: the summary needs nothing else
-        staged = pq.read_table(io.BytesIO(store.read_bytes(written)), columns=["score"])
-        scores, drift = staged["score"], drift_from_file(staged.schema.metadata)
-    except Exception as exc:  # unreadable, no score column, storage: this day fails alone
-        raise dg.Failure(
-            f"{table} {ds}: the scoring job {job_id} wrote {written}, which cannot "
-            f"be read ({type(exc).__name__}: {exc}); the partition is left as it was"
-        ) from exc
+    scores, drift = _read_staged(table, ds, job_id, store, written)
     rows = len(scores)
     try:
         day: TableDay = tables.commit(
             table,
-            {ds: [written]},
+            {ds: written},
             write_id=job_id,
             run_id=run_id,
             code_version=scores_code_version(transforms),
@@ -141,7 +135,8 @@ def commit_day(
         raise dg.Failure(str(exc)) from exc
     except (BlobStorageError, WarehouseError, OSError) as exc:
         raise dg.Failure(
-            f"{table} {ds}: committing {written} failed ({exc}); readers see the "
+            f"{table} {ds}: committing {len(written)} files under {folder} failed ({exc}); "
+            "readers see the "
             "old scores or the new ones, never a mix (one Iceberg commit)"
         ) from exc
     try:  # the job's end marker went with the commit
@@ -163,7 +158,7 @@ def commit_day(
         **({"uri": dg.MetadataValue.path(day.files[0])} if day.files else {}),
         **day_metadata(day, column_schema(tables, table)),
     }
-    values = scores.to_numpy().astype("float64", copy=False)  # a null is NaN here
+    values = scores  # a null is NaN here
     values = values[~np.isnan(values)]
     if len(values):
         md["score_mean"] = dg.MetadataValue.float(float(values.mean()))
@@ -176,3 +171,30 @@ def commit_day(
         md.update(ran.cost.metadata(rows))
     md.update(drift_metadata(drift))
     return md
+
+
+def _read_staged(
+    table: str, ds: str, job_id: str, store: Any, written: list[str]
+) -> tuple[Any, dict[str, Any]]:
+    """The scores of a day's staged files (their score column only: the summary needs
+    nothing else), and the drift the last one carries.
+
+    Raises:
+        dg.Failure: a file cannot be read, or has no score column (this day fails alone).
+    """
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    parts: list[Any] = []
+    drift: dict[str, Any] = {}
+    for uri in written:
+        try:
+            staged = pq.read_table(io.BytesIO(store.read_bytes(uri)), columns=["score"])
+        except Exception as exc:  # unreadable, no score column, storage
+            raise dg.Failure(
+                f"{table} {ds}: the scoring job {job_id} wrote {uri}, which cannot "
+                f"be read ({type(exc).__name__}: {exc}); the partition is left as it was"
+            ) from exc
+        parts.append(staged["score"].to_numpy().astype("float64", copy=False))
+        drift = drift_from_file(staged.schema.metadata) or drift
+    return (np.concatenate(parts) if parts else np.array([])), drift

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from zipline_runtime import trainer_io as tio
+from zipline_runtime.training import WindowTraining, binary_labels
 
 from trainer.cli import parse_args
 
@@ -27,7 +28,9 @@ TrainingDataError = tio.TrainingDataError
 def _class_status(y: Any, split: str) -> str | None:
     if len(y) == 0:
         return f"empty split: the {split} set has no rows"
-    classes = sorted({int(v) for v in y})
+    import numpy as np
+
+    classes = [int(v) for v in np.unique(y)]
     if len(classes) < 2:
         who = "holdout" if split == "holdout" else "training set"
         return f"{who} has one class (every label is {classes[0]}); AUC and PR curve are undefined"
@@ -88,96 +91,63 @@ def pr_curve_png(curve: dict[str, list[float]], title: str) -> bytes:
     return buf.getvalue()
 
 
-def _range(ds_values: list[str]) -> dict[str, str | None]:
-    return (
-        {"start": min(ds_values), "end": max(ds_values)}
-        if ds_values
-        else {"start": None, "end": None}
-    )
+def _fit(
+    xgb: Any, data: Any, params: dict[str, Any], args: Any
+) -> tuple[Any, Any, Any, dict[str, Any] | None, dict[str, Any]]:
+    """The booster, the training labels and predictions, the distributed run's evidence
+    and how the matrix was held."""
+    import numpy as np
+
+    if args.num_workers > 0:
+        from trainer.distributed import train_distributed
+
+        booster, distributed = train_distributed(
+            dataset=data.train_dataset(),
+            label=args.label_column,
+            features=list(data.features),
+            columns=data.columns,
+            params=params | {"nthread": 1, "tree_method": "hist"},
+            num_rounds=args.num_rounds,
+            num_workers=args.num_workers,
+            memory_budget=args.memory_budget or None,
+            checkpoint_dir=args.checkpoint_dir or tio.join(args.model_dir, "_checkpoints"),
+            data_fingerprint=data.fingerprint(),
+            max_failures=args.max_failures,
+        )
+        y_train, p_train = data.predict(booster, data.train_days)
+        return booster, y_train.astype(np.int8), p_train, distributed, distributed["matrix"]
+    dtrain, plan = data.matrix(xgb, params["nthread"])
+    y_train = dtrain.get_label().astype(np.int8)
+    # A one-class training set has no base rate to estimate; 0.5 keeps xgboost defined.
+    params["base_score"] = 0.5 if len(np.unique(y_train)) < 2 else float(y_train.mean())
+    booster = xgb.train(params, dtrain, num_boost_round=args.num_rounds)
+    p_train = booster.predict(dtrain)
+    del dtrain
+    data.close()
+    return booster, y_train, p_train, None, plan.to_json()
 
 
 def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)  # a bad flag is refused before the heavy imports
 
-    import numpy as np
-
     xgb = tio.import_xgboost()  # without scikit-learn: a CPU-second less in every job
     t0 = time.monotonic()
-    window = tio.window_days(args.start_ds, args.end_ds)
-    eval_days = min(args.eval_days, len(window))
-    holdout_days = window[len(window) - eval_days :] if eval_days else []
-    train_days = window[: len(window) - eval_days]
     log.info(
         "reading %s %s..%s from %s", args.input_table, args.start_ds, args.end_ds, args.warehouse
     )
-    data = tio.read_flags_window(args)
-    if args.label_column not in data.columns:
-        raise TrainingDataError(
-            f"label column {args.label_column!r} is not in {args.input_table}; "
-            f"columns: {sorted(data.columns)}"
-        )
-    features = tio.feature_columns(data, args.features, args.label_column, args.partition_column)
-    if not features:
-        raise TrainingDataError(f"{args.input_table} has no numeric feature columns")
-
-    part = data[args.partition_column]
-    train_df = data[part.isin(train_days)]
-    hold_df = data[part.isin(holdout_days)]
-    if train_df.empty:
-        raise TrainingDataError(
-            f"empty split: the training set is empty (window {window[0]}..{window[-1]}, "
-            f"eval-days={args.eval_days} holds out {holdout_days}); widen the window or "
-            "lower eval-days"
-        )
-    cols = list(features.values())
-    y_train = train_df[args.label_column].astype(int).to_numpy()
-    y_hold = hold_df[args.label_column].astype(int).to_numpy()
-    dtrain = xgb.DMatrix(
-        train_df[cols].to_numpy(dtype=float), label=y_train, feature_names=list(features)
-    )
+    data = WindowTraining(args, label_check=binary_labels(args.input_table, args.label_column))
+    features, holdout_days = data.features, data.holdout_days
     params = {
         "objective": "binary:logistic",
         "eval_metric": "logloss",
         "max_depth": args.max_depth,
         "eta": args.learning_rate,
         "seed": args.seed,
-        "nthread": args.nthread,
-        # A one-class training set has no base rate to estimate; 0.5 keeps xgboost defined.
-        "base_score": 0.5 if len(set(y_train.tolist())) < 2 else float(y_train.mean()),
+        "nthread": tio.job_threads(args.nthread),
     }
-    distributed = None
-    if args.num_workers > 0:
-        import pandas as pd
-
-        from trainer.distributed import train_distributed
-
-        fingerprint = format(
-            int(pd.util.hash_pandas_object(train_df[[*cols, args.label_column]], index=False).sum())
-            & (2**64 - 1),
-            "016x",
-        )
-        booster, distributed = train_distributed(
-            x=train_df[cols].to_numpy(dtype=float),
-            y=y_train,
-            features=list(features),
-            params={k: v for k, v in params.items() if k != "nthread"}
-            | {"nthread": 1, "tree_method": "hist"},
-            num_rounds=args.num_rounds,
-            num_workers=args.num_workers,
-            checkpoint_dir=args.checkpoint_dir or tio.join(args.model_dir, "_checkpoints"),
-            data_fingerprint=fingerprint[:12],
-            max_failures=args.max_failures,
-        )
-    else:
-        booster = xgb.train(params, dtrain, num_boost_round=args.num_rounds)
-    p_train = booster.predict(dtrain)
-    p_hold = (
-        booster.predict(
-            xgb.DMatrix(hold_df[cols].to_numpy(dtype=float), feature_names=list(features))
-        )
-        if len(hold_df)
-        else np.array([])
-    )
+    booster, y_train, p_train, distributed, matrix = _fit(xgb, data, params, args)
+    y_hold, p_hold = data.predict(booster, holdout_days)
+    y_hold = y_hold.astype(int)
 
     train_metrics, train_status = split_metrics(y_train, p_train, "train")
     hold_metrics, hold_status = split_metrics(y_hold, p_hold, "holdout")
@@ -203,13 +173,11 @@ def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if curve is None:
         status["pr_curve"] = _class_status(y_hold, "holdout") or "holdout unavailable"
 
-    ds_train = sorted(set(train_df[args.partition_column]))
-    ds_hold = sorted(set(hold_df[args.partition_column]))
     report: dict[str, Any] = {
         "model_type": "xgboost.binary:logistic",
         **tio.report_header(args, holdout_days),
-        "train": {"rows": len(train_df), "date_range": _range(ds_train), "metrics": train_metrics},
-        "holdout": {"rows": len(hold_df), "date_range": _range(ds_hold), "metrics": hold_metrics},
+        "train": data.split_report("train", train_metrics),
+        "holdout": data.split_report("holdout", hold_metrics),
         "status": status,
         # name -> column: also what the inference module (trainer.score) reads
         "features": features,
@@ -218,10 +186,12 @@ def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "params": {k: v for k, v in params.items() if k != "nthread"},
         "num_rounds": args.num_rounds,
         "training_seconds": round(time.monotonic() - t0, 3),
-        # what each scored day's drift (PSI) is measured against: the features over the
-        # training rows, the predictions over the holdout
-        "drift_reference": tio.drift_reference(train_df, features, p_hold),
+        # what each scored day's drift (PSI) is measured against: a bounded sample of the
+        # training rows' features, the predictions over the holdout
+        "drift_reference": data.drift_reference(p_hold),
         "distributed": distributed,
+        # how the training matrix was held (in memory, or external), and why
+        "matrix": matrix,
     }
 
     tio.write_bytes(args.model_dir, "model.json", bytes(booster.save_raw(raw_format="json")))
@@ -235,9 +205,10 @@ def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
         )
     tio.write_report(args.model_dir, report)
     log.info(
-        "trained on %d rows, holdout %d rows; holdout auc=%s; wrote %s",
-        len(train_df),
-        len(hold_df),
+        "trained on %d rows, holdout %d rows (%s matrix); holdout auc=%s; wrote %s",
+        data.train_rows,
+        data.holdout_rows,
+        matrix["kind"],
         hold_metrics["auc"],
         args.model_dir,
     )

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from zipline_runtime import trainer_io as tio
+from zipline_runtime.training import WindowTraining
 
 from trainer.cli import parse_args
 
@@ -43,75 +44,29 @@ def split_metrics(y: Any, p: Any, split: str) -> tuple[dict[str, float | None], 
     return {k: out[k] for k in METRICS}, status
 
 
-def _range(ds_values: list[str]) -> dict[str, str | None]:
-    if not ds_values:
-        return {"start": None, "end": None}
-    return {"start": min(ds_values), "end": max(ds_values)}
-
-
-def _label(frame: Any, column: str, table: str) -> Any:
-    import pandas as pd
-
-    if not pd.api.types.is_numeric_dtype(frame[column]):
-        raise TrainingDataError(
-            f"label column {column!r} of {table} is {frame[column].dtype}, not numeric: a "
-            "regressor's label is a number"
-        )
-    return frame[column].astype(float).to_numpy()
-
-
 def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)  # a bad flag is refused before the heavy imports
 
-    import numpy as np
-
     xgb = tio.import_xgboost()  # without scikit-learn: a CPU-second less in every job
     t0 = time.monotonic()
-    window = tio.window_days(args.start_ds, args.end_ds)
-    eval_days = min(args.eval_days, len(window))
-    holdout_days = window[len(window) - eval_days :] if eval_days else []
-    train_days = window[: len(window) - eval_days]
-    data = tio.read_flags_window(args)
-    if args.label_column not in data.columns:
-        raise TrainingDataError(
-            f"label column {args.label_column!r} is not in {args.input_table}; "
-            f"columns: {sorted(data.columns)}"
-        )
-    features = tio.feature_columns(data, args.features, args.label_column, args.partition_column)
-    if not features:
-        raise TrainingDataError(f"{args.input_table} has no numeric feature columns")
-    part = data[args.partition_column]
-    train_df, hold_df = data[part.isin(train_days)], data[part.isin(holdout_days)]
-    if train_df.empty:
-        raise TrainingDataError(
-            f"empty split: the training set is empty (window {window[0]}..{window[-1]}, "
-            f"eval-days={args.eval_days} holds out {holdout_days}); widen the window or "
-            "lower eval-days"
-        )
-    cols = list(features.values())
-    y_train = _label(train_df, args.label_column, args.input_table)
-    y_hold = _label(hold_df, args.label_column, args.input_table)
-    dtrain = xgb.DMatrix(
-        train_df[cols].to_numpy(dtype=float), label=y_train, feature_names=list(features)
-    )
+    data = WindowTraining(args)
+    features, holdout_days = data.features, data.holdout_days
     params = {
         "objective": "reg:squarederror",
         "eval_metric": "rmse",
         "max_depth": args.max_depth,
         "eta": args.learning_rate,
         "seed": args.seed,
-        "nthread": args.nthread,
-        "base_score": float(y_train.mean()),
+        "nthread": tio.job_threads(args.nthread),
     }
+    dtrain, plan = data.matrix(xgb, params["nthread"])
+    y_train = dtrain.get_label().astype(float)
+    params["base_score"] = float(y_train.mean())
     booster = xgb.train(params, dtrain, num_boost_round=args.num_rounds)
     p_train = booster.predict(dtrain)
-    p_hold = (
-        booster.predict(
-            xgb.DMatrix(hold_df[cols].to_numpy(dtype=float), feature_names=list(features))
-        )
-        if len(hold_df)
-        else np.array([])
-    )
+    del dtrain
+    data.close()
+    y_hold, p_hold = data.predict(booster, holdout_days)
     train_metrics, train_status = split_metrics(y_train, p_train, "train")
     hold_metrics, hold_status = split_metrics(y_hold, p_hold, "holdout")
     status = {f"train.{k}": v for k, v in train_status.items()}
@@ -129,16 +84,8 @@ def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "task": "regression",
         "model_type": "xgboost.reg:squarederror",
         **tio.report_header(args, holdout_days),
-        "train": {
-            "rows": len(train_df),
-            "date_range": _range(sorted(set(train_df[args.partition_column]))),
-            "metrics": train_metrics,
-        },
-        "holdout": {
-            "rows": len(hold_df),
-            "date_range": _range(sorted(set(hold_df[args.partition_column]))),
-            "metrics": hold_metrics,
-        },
+        "train": data.split_report("train", train_metrics),
+        "holdout": data.split_report("holdout", hold_metrics),
         "status": status,
         # name -> column: also what the inference module (trainer.score) reads
         "features": features,
@@ -147,16 +94,19 @@ def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "params": {k: v for k, v in params.items() if k != "nthread"},
         "num_rounds": args.num_rounds,
         "training_seconds": round(time.monotonic() - t0, 3),
-        # what each scored day's drift (PSI) is measured against: the features over the
-        # training rows, the predictions over the holdout
-        "drift_reference": tio.drift_reference(train_df, features, p_hold),
+        # what each scored day's drift (PSI) is measured against: a bounded sample of the
+        # training rows' features, the predictions over the holdout
+        "drift_reference": data.drift_reference(p_hold),
+        # how the training matrix was held (in memory, or external), and why
+        "matrix": plan.to_json(),
     }
     tio.write_bytes(args.model_dir, "model.json", bytes(booster.save_raw(raw_format="json")))
     tio.write_report(args.model_dir, report)
     log.info(
-        "trained on %d rows, holdout %d rows; holdout rmse=%s; wrote %s",
-        len(train_df),
-        len(hold_df),
+        "trained on %d rows, holdout %d rows (%s matrix); holdout rmse=%s; wrote %s",
+        data.train_rows,
+        data.holdout_rows,
+        plan.kind,
         hold_metrics["rmse"],
         args.model_dir,
     )

@@ -305,6 +305,7 @@ class RayJobRunner:
                 metadata=metadata,
                 # A distributed driver holds no CPU its own workers need.
                 entrypoint_num_cpus=job.driver_cpus,
+                entrypoint_memory=job.driver_memory,
                 entrypoint_resources=self.entrypoint_resources or None,
             )
 
