@@ -166,18 +166,20 @@ class WindowStream:
     ) -> Iterator[tuple[str, Any]]:
         """``(day, record batch)`` of ``columns`` over ``days`` (None: the window), file by
         file, ``batch_rows`` rows at most each."""
+        for ds, path in self.paths(days):
+            yield from ((ds, b) for b in self.file_batches(ds, path, columns))
+
+    def file_batches(self, ds: str, path: str, columns: list[str]) -> Iterator[Any]:
+        """The record batches of ``columns`` of one file of day ``ds``, checked."""
         import pyarrow.parquet as pq
 
-        for ds, path in self.paths(days):
-            try:
-                with self.files.fs.open(path, "rb") as f:
-                    parquet = pq.ParquetFile(f, pre_buffer=True)
-                    self._check_file(path, parquet.schema_arrow, columns)
-                    yield from (
-                        (ds, b) for b in parquet.iter_batches(self.batch_rows, columns=columns)
-                    )
-            except FileNotFoundError:  # the day was written again since the listing
-                raise self.files._written_again(ds, path) from None
+        try:
+            with self.files.fs.open(path, "rb") as f:
+                parquet = pq.ParquetFile(f, pre_buffer=True)
+                self._check_file(path, parquet.schema_arrow, columns)
+                yield from parquet.iter_batches(self.batch_rows, columns=columns)
+        except FileNotFoundError:  # the day was written again since the listing
+            raise self.files._written_again(ds, path) from None
 
 
 def as_matrix(batch: Any, columns: list[str]) -> Any:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from zipline_runtime import stats, stream
-from zipline_runtime.tables import TrainingDataError, arrow_filesystem
+from zipline_runtime.tables import TrainingDataError
 
 
 def _numeric(t: Any) -> bool:
@@ -184,20 +184,26 @@ class WindowTraining:
         return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
 
     def train_dataset(self) -> Any:
-        """The training days as a Ray Dataset of the features and the label (the files
-        the snapshot holds, read by Ray Data's parquet reader), for Ray Train's
-        ``datasets=``: each worker reads its shard (``get_dataset_shard``)."""
+        """The training days as a Ray Dataset of the features and the label, for Ray
+        Train's ``datasets=``: each worker reads its shard (``get_dataset_shard``). Its
+        blocks are the snapshot's files of those days, one read task each, read batch by
+        batch with ``WindowStream``'s checks. Read tasks hold no CPU: they run while the
+        workers, which hold theirs, wait for their shards (a task asking for a CPU of
+        its own would wait for one forever on a cluster the workers fill)."""
         import ray.data
 
-        files = self.stream.files
-        self.stream.check_files([*self.columns, self.args.label_column], self.train_days)
-        fs, _ = arrow_filesystem(files.warehouse)
-        paths = [p for _, p in self.stream.paths(self.train_days)]
-        return ray.data.read_parquet(
-            paths,
-            filesystem=fs,
-            columns=[*self.columns, self.args.label_column],
-            partitioning=None,
+        stream, columns = self.stream, [*self.columns, self.args.label_column]
+        items = [{"day": ds, "path": p} for ds, p in stream.paths(self.train_days)]
+
+        def read(files: Any) -> Iterator[Any]:
+            import pyarrow as pa
+
+            for ds, path in zip(files["day"].to_pylist(), files["path"].to_pylist(), strict=True):
+                for batch in stream.file_batches(ds, path, columns):
+                    yield pa.Table.from_batches([batch])
+
+        return ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
+            read, batch_size=1, batch_format="pyarrow", num_cpus=0
         )
 
     def close(self) -> None:
