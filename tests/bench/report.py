@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 
 from tests.bench.record import RESULTS
+from tests.bench.scale import SCALING
+from tests.bench.scale import render as render_scaling
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md"
 
@@ -45,7 +47,10 @@ def main() -> int:
     if not RESULTS.exists():
         print(f"no results at {RESULTS}: run `make bench` first", file=sys.stderr)
         return 1
-    DOC.write_text(render(json.loads(RESULTS.read_text())))
+    text = render(json.loads(RESULTS.read_text()))
+    if SCALING.exists():  # the scaling bench's own results (tests/bench/scale.py)
+        text += "\n" + render_scaling(json.loads(SCALING.read_text()))
+    DOC.write_text(text)
     print(f"wrote {DOC}")
     return 0
 

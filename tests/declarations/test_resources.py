@@ -61,3 +61,25 @@ def test_a_scores_batch_size_is_checked_and_shapes_files_not_versions() -> None:
     assert scores_code_version(transforms_for(model, batch_rows=1000)) == scores_code_version(
         transforms_for(model)
     )
+
+
+def test_a_job_gives_its_trainer_the_threads_of_the_cpus_it_holds() -> None:
+    """A trainer's default threads are its job's CPUs: a job's entrypoint gets
+    ``OMP_NUM_THREADS`` of the CPUs its driver holds (Ray sets it for tasks only), and a
+    job whose driver holds none (Ray Train workers do) sets nothing."""
+    from zipline_dagster.jobs.launchers.ray_job import RayJobRunner
+    from zipline_dagster.jobs.request import build_training_request
+
+    runner = RayJobRunner(address="http://127.0.0.1:1")  # never contacted
+    one = build_training_request(
+        make_model("a" * 12, "file:///w"), "2026-07-10", warehouse="file:///t"
+    )
+    assert one.threads_env == {"OMP_NUM_THREADS": "1"}
+    assert runner.runtime_env(one, [])["env_vars"]["OMP_NUM_THREADS"] == "1"
+    workers = build_training_request(
+        make_model("a" * 12, "file:///w", replicas=2), "2026-07-10", warehouse="file:///t"
+    )
+    assert (
+        workers.threads_env == {}
+        and "OMP_NUM_THREADS" not in runner.runtime_env(workers, [])["env_vars"]
+    )

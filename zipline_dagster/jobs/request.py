@@ -154,6 +154,15 @@ class JobRequest:
         return resources.cpus_per_replica if resources.workers == 0 else 0
 
     @property
+    def threads_env(self) -> dict[str, str]:
+        """``OMP_NUM_THREADS`` of the CPUs the job's driver holds (Ray sets it for tasks,
+        not for a job's entrypoint): a trainer's default threads (``--nthread 0``) are
+        the CPUs its job was given, never every core of a machine it shares. Empty when
+        the driver holds none (its Ray tasks and workers get theirs from Ray)."""
+        cpus = self.driver_cpus
+        return {"OMP_NUM_THREADS": str(max(1, int(cpus)))} if cpus > 0 else {}
+
+    @property
     def driver_memory(self) -> int | None:
         """Bytes of memory the job's driver holds (Ray's ``memory`` resource): the
         model's per-replica memory when the trainer is the driver, else none."""

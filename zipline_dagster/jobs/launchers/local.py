@@ -109,7 +109,7 @@ class LocalRunner:
 
     def _run_in(self, workdir: Path, request: JobRequest, started: float) -> JobOutcome:
         argv = [sys.executable, *request.argv[1:]]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **request.env}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **request.threads_env, **request.env}
         # the model's runtime build first on the path, as Ray's py_modules puts it
         env["PYTHONPATH"] = os.pathsep.join(
             filter(None, [str(workdir / "runtime"), env.get("PYTHONPATH")])

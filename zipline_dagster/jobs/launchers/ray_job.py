@@ -250,7 +250,7 @@ class RayJobRunner:
             # the runtime the project pins, beside the archive (first on the job's path)
             "py_modules": [model_runtime_uri(request.model)],
             # Platform settings only: runtime_env is shown verbatim by the dashboard.
-            "env_vars": {**env_vars, **request.env},
+            "env_vars": {**env_vars, **request.threads_env, **request.env},
         }
         if pip:
             env["pip"] = {"packages": requirements, "pip_check": False}
