@@ -124,14 +124,23 @@ def score_day(root: Path, env: dict[str, str]) -> dict[str, Any]:
             "hand": median_run(hand)}  # fmt: skip
 
 
-def test_training_and_scoring_scale_with_the_data(ray_head: Any, tmp_path: Path) -> None:
+#: the results of this session's cases, saved after each one
+RESULTS: dict[str, Any] = {"rounds": scale.ROUNDS, "sizes": [], "scoring": None}
+
+
+@pytest.mark.timeout(2400)
+@pytest.mark.parametrize("rows", SIZES)
+def test_training_scales_with_the_window(ray_head: Any, tmp_path: Path, rows: int) -> None:
     env = {**os.environ, "RAY_ADDRESS": ray_head.gcs_address}
-    results: dict[str, Any] = {"rounds": scale.ROUNDS, "sizes": [], "scoring": None}
-    for rows in SIZES:
-        results["sizes"].append(train_size(rows, tmp_path, env, ray_head.pid))
-        shutil.rmtree(tmp_path / f"w{rows}")
-        scale.save(results)
-        print(f"\n[bench] scale {rows}: {json.dumps(results['sizes'][-1])[:600]}", flush=True)
-    results["scoring"] = score_day(tmp_path, env)
-    scale.save(results)
-    print(f"\n[bench] scoring: {json.dumps(results['scoring'])[:600]}", flush=True)
+    RESULTS["sizes"].append(train_size(rows, tmp_path, env, ray_head.pid))
+    shutil.rmtree(tmp_path / f"w{rows}")
+    scale.save(RESULTS)
+    print(f"\n[bench] scale {rows}: {json.dumps(RESULTS['sizes'][-1])[:600]}", flush=True)
+
+
+@pytest.mark.timeout(2400)
+def test_a_large_day_scores_in_batches(tmp_path: Path) -> None:
+    env = dict(os.environ)
+    RESULTS["scoring"] = score_day(tmp_path, env)
+    scale.save(RESULTS)
+    print(f"\n[bench] scoring: {json.dumps(RESULTS['scoring'])[:600]}", flush=True)
