@@ -302,6 +302,11 @@ class StridedSample:
             self._parts[c].append(values[first :: self.k].astype(float))
         self._seen += batch.num_rows
 
+    @property
+    def seen(self) -> int:
+        """Rows of the stream seen so far (0: the sample is not taken)."""
+        return self._seen
+
     def values(self, column: str) -> Any:
         import numpy as np
 

@@ -152,11 +152,14 @@ class WindowTraining:
         return m, plan
 
     def predict(self, booster: Any, days: list[str]) -> tuple[Any, Any]:
-        """``(labels, predictions)`` of ``days``, batch by batch."""
+        """``(labels, predictions)`` of ``days``, batch by batch. A pass over the training
+        days takes the drift sample when no matrix built here took it (Ray Train's
+        workers built theirs), so the window is not read once more for it."""
         import numpy as np
 
+        untaken = days == self.train_days and not self.sample.seen
         ys, ps = [], []
-        for x, y in self.xy(days):
+        for x, y in self.xy(days, self.sample if untaken else None):
             ys.append(y)
             ps.append(booster.inplace_predict(x))
         if not ys:
@@ -165,8 +168,9 @@ class WindowTraining:
 
     def drift_reference(self, predictions: Any) -> dict[str, Any]:
         """The report's ``drift_reference``: the training rows' sample (taken while the
-        matrix was built, or here when it was not) and the holdout predictions."""
-        if not self.sample._seen:
+        matrix was built or the training days predicted, else here) and the holdout
+        predictions."""
+        if not self.sample.seen:
             for _ in self.xy(self.train_days, self.sample):
                 pass
         values = {n: self.sample.values(c) for n, c in self.features.items()}

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.bench.ray_share import descendants
+from tests.bench.ray_share import _command, _processes, descendants
 
 SCALING = Path(__file__).resolve().parent / "results" / "scaling.json"
 DAYS = ["2026-07-07", "2026-07-08", "2026-07-09", "2026-07-10"]
@@ -95,27 +95,6 @@ def _rss_kb(pid: int) -> int:
         return 0
 
 
-def _parents() -> dict[int, int]:
-    out = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    stat = f.read()
-            except OSError:
-                continue
-            out[int(entry)] = int(stat[stat.rindex(")") + 2 :].split()[1])
-    return out
-
-
-def _command(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
 @dataclass
 class Peaks:
     """Peak resident memory (MB), sampled 10 times a second over the process trees of
@@ -131,14 +110,14 @@ class Peaks:
 
     def _sample(self) -> None:
         while not self._stop.is_set():
-            parents = _parents()
+            parents = {pid: ppid for pid, (ppid, _) in _processes().items()}
             self.own.update(descendants(self.roots[0], parents))
             pids = {p for r in self.roots for p in descendants(r, parents)}
             rss = {p: _rss_kb(p) / 1024 for p in pids}
             self.total_mb = max(self.total_mb, sum(rss.values()))
             for p, mb in rss.items():
                 self.per_pid[p] = max(self.per_pid.get(p, 0.0), mb)
-                if p not in self.own and "RayTrainWorker" in _command(p):
+                if p not in self.own and "RayTrainWorker" in (_command(p) or ""):
                     self.workers.add(p)
             time.sleep(0.1)
 

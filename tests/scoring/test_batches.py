@@ -10,11 +10,10 @@ from pathlib import Path
 import dagster as dg
 import numpy as np
 import pyarrow.parquet as pq
-import xgboost as xgb
 from zipline_runtime import stats
 
 from tests.helpers import days_ending, tables_of
-from tests.support.scoring import D1, D2, scoring_defs, write_days
+from tests.support.scoring import D1, D2, booster_scores, scoring_defs, write_days
 from tests.support.training import TABLE
 from zipline_dagster.lineage.partitions import table_asset_key
 from zipline_dagster.scoring.drift import PREDICTIONS_PSI, PSI_PREFIX
@@ -50,14 +49,7 @@ def test_a_day_scored_in_batches_is_committed_in_one_snapshot(
     source = tables.days(TABLE)[D2].files
     rows = pq.read_table(io.BytesIO(store.read_bytes(source[0]))).to_pandas()
     model_dir = Path(file_base[len("file://") :]) / "models" / model.name / version / D1
-    booster = xgb.Booster()
-    booster.load_model(str(model_dir / "model.json"))
-    expected = booster.predict(
-        xgb.DMatrix(
-            rows[["price_log", "inventory_count"]].to_numpy(dtype=float),
-            feature_names=["price_log", "inventory_count"],
-        )
-    )
+    expected = booster_scores(model_dir, rows)
     ordered = sorted(parts, key=lambda p: -p.num_rows)  # part-00000 holds the first rows
     listing = np.concatenate([p.column("listing_id").to_numpy() for p in ordered])
     np.testing.assert_array_equal(listing, rows["listing_id"].to_numpy())

@@ -18,7 +18,6 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-import xgboost as xgb
 from sklearn.metrics import log_loss, roc_auc_score
 
 from tests.conftest import TRAINERS
@@ -37,6 +36,7 @@ from tests.support.scoring import (
     D2,
     D3,
     LABELS,
+    booster_scores,
     champion_metadata,
     scoring_defs,
     transforms_for,
@@ -172,14 +172,7 @@ def test_scores_served_by_the_day_before_and_monitored(
     ]
     _, source = read_partition(file_base, TABLE, D2)
     model_dir = Path(file_base[len("file://") :]) / "models" / model.name / version / D1
-    booster = xgb.Booster()
-    booster.load_model(str(model_dir / "model.json"))
-    expected = booster.predict(
-        xgb.DMatrix(
-            source[["price_log", "inventory_count"]].to_numpy(dtype=float),
-            feature_names=["price_log", "inventory_count"],
-        )
-    )
+    expected = booster_scores(model_dir, source)
     assert scores["listing_id"].tolist() == source["listing_id"].tolist()
     np.testing.assert_array_equal(scores["score"].to_numpy(), expected.astype(np.float64))
     assert set(scores["model_version"]) == {version} and set(scores["model_ds"]) == {D1}

@@ -80,3 +80,16 @@ def champion_metadata(result: Any) -> dict[str, Any]:
     (event,) = result.get_asset_materialization_events()
     mat = event.event_specific_data.materialization  # type: ignore[union-attr]
     return {k: v.value for k, v in mat.metadata.items()}
+
+
+def booster_scores(model_dir: Path, frame: Any) -> Any:
+    """What the booster of the model partition at ``model_dir`` predicts for ``frame``'s
+    rows (its two features), computed here with xgboost itself."""
+    import xgboost as xgb
+
+    features = ["price_log", "inventory_count"]
+    booster = xgb.Booster()
+    booster.load_model(str(model_dir / "model.json"))
+    return booster.predict(
+        xgb.DMatrix(frame[features].to_numpy(dtype=float), feature_names=features)
+    )
